@@ -1,0 +1,4 @@
+#ifndef REPLICA_CSODIUM_SHIM_H
+#define REPLICA_CSODIUM_SHIM_H
+#include <sodium.h>
+#endif

@@ -1,0 +1,220 @@
+import Foundation
+import Synchronization
+import CSodium
+
+/// Every source of nondeterminism Replica uses: wall-clock time, randomness, new identifiers, process identity and
+/// where app-group directories live.
+///
+/// Library code never calls `Date()`, `UUID()` or `.random` itself; it asks the environment. Production uses
+/// ``ReplicaEnvironment/live``; tests and the simulator pass a ``ReplicaEnvironment/seeded(seed:directory:startMilliseconds:processIdentity:)``
+/// environment so that a run replays byte for byte.
+public struct ReplicaEnvironment: Sendable {
+    /// The wall clock.
+    public var clock: any WallClock
+    /// The random source (nonces, identifiers).
+    public var random: any RandomSource
+    /// Who is writing: bundle identifier, process name and ID. Recorded in history transactions.
+    public var processIdentity: ProcessIdentity
+    /// Resolves an app-group identifier to the shared directory that holds its stores.
+    public var appGroupDirectory: @Sendable (_ groupIdentifier: String) -> URL
+    /// Where stores of configurations without an explicit URL or app group live.
+    public var defaultStoreDirectory: URL
+
+    public init(
+        clock: any WallClock,
+        random: any RandomSource,
+        processIdentity: ProcessIdentity,
+        appGroupDirectory: @escaping @Sendable (String) -> URL,
+        defaultStoreDirectory: URL
+    ) {
+        self.clock = clock
+        self.random = random
+        self.processIdentity = processIdentity
+        self.appGroupDirectory = appGroupDirectory
+        self.defaultStoreDirectory = defaultStoreDirectory
+    }
+
+    /// The real environment: system clock, libsodium's `randombytes` (the OS CSPRNG), this process's identity,
+    /// app groups under `$REPLICA_APP_GROUPS_DIR` (default `~/.local/share/replica/app-groups`) and default stores
+    /// under `$REPLICA_STORE_DIR` (default `~/.local/share/replica/stores`).
+    public static var live: ReplicaEnvironment {
+        let variables = ProcessInfo.processInfo.environment
+        let home = FileManager.default.homeDirectoryForCurrentUser
+        func directory(_ variable: String, _ fallback: String) -> URL {
+            if let dir = variables[variable], !dir.isEmpty { return URL(fileURLWithPath: dir, isDirectory: true) }
+            return home.appendingPathComponent(fallback, isDirectory: true)
+        }
+        let groups = directory("REPLICA_APP_GROUPS_DIR", ".local/share/replica/app-groups")
+        return ReplicaEnvironment(
+            clock: SystemClock(),
+            random: SodiumRandomSource(),
+            processIdentity: .current,
+            appGroupDirectory: { groups.appendingPathComponent($0, isDirectory: true) },
+            defaultStoreDirectory: directory("REPLICA_STORE_DIR", ".local/share/replica/stores")
+        )
+    }
+
+    /// A fully deterministic environment: a manual clock starting at `startMilliseconds` (Unix epoch), a seeded
+    /// random source, a fixed process identity, default stores in `directory` and app groups in
+    /// `directory/app-groups`.
+    public static func seeded(
+        seed: UInt64,
+        directory: URL,
+        startMilliseconds: Int64 = 1_767_225_600_000,
+        processIdentity: ProcessIdentity = ProcessIdentity(bundleIdentifier: "com.example.replica", processName: "app", processID: 1)
+    ) -> ReplicaEnvironment {
+        let groups = directory.appendingPathComponent("app-groups", isDirectory: true)
+        return ReplicaEnvironment(
+            clock: ManualClock(milliseconds: startMilliseconds),
+            random: SeededRandomSource(seed: seed),
+            processIdentity: processIdentity,
+            appGroupDirectory: { groups.appendingPathComponent($0, isDirectory: true) },
+            defaultStoreDirectory: directory
+        )
+    }
+
+    /// A new time-ordered identifier (UUID version 7, RFC 9562): 48 bits of Unix milliseconds from ``clock``,
+    /// then 74 random bits from ``random``. Identifiers made later by the same environment sort after earlier ones
+    /// unless the clock goes backwards.
+    public func makeIdentifier() -> UUID {
+        let ms = UInt64(max(0, clock.nowMilliseconds()))
+        let r1 = random.next()
+        let r2 = random.next()
+        var bytes = [UInt8](repeating: 0, count: 16)
+        for i in 0..<6 { bytes[i] = UInt8(truncatingIfNeeded: ms >> (8 * (5 - i))) }
+        bytes[6] = 0x70 | UInt8(truncatingIfNeeded: r1 >> 60 & 0x0F)
+        bytes[7] = UInt8(truncatingIfNeeded: r1 >> 52)
+        bytes[8] = 0x80 | UInt8(truncatingIfNeeded: r2 >> 58 & 0x3F)
+        for i in 9..<16 { bytes[i] = UInt8(truncatingIfNeeded: r2 >> (8 * (15 - i))) }
+        return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+    }
+
+    /// The current time from ``clock``.
+    public func now() -> Date { Date(timeIntervalSince1970: Double(clock.nowMilliseconds()) / 1000) }
+}
+
+/// Who is writing to a store: recorded in history so other processes can tell their own changes from others'.
+public struct ProcessIdentity: Sendable, Hashable, Codable {
+    /// The host app's bundle identifier (e.g. `com.example.trips`, or `com.example.trips.widget`).
+    public var bundleIdentifier: String
+    /// The process name (e.g. `Trips`, `TripsWidget`).
+    public var processName: String
+    /// The OS process ID.
+    public var processID: Int32
+
+    public init(bundleIdentifier: String, processName: String, processID: Int32) {
+        self.bundleIdentifier = bundleIdentifier
+        self.processName = processName
+        self.processID = processID
+    }
+
+    /// This process: bundle identifier from `$REPLICA_BUNDLE_IDENTIFIER` (default: the process name),
+    /// process name and PID from the OS.
+    public static var current: ProcessIdentity {
+        let info = ProcessInfo.processInfo
+        return ProcessIdentity(
+            bundleIdentifier: info.environment["REPLICA_BUNDLE_IDENTIFIER"] ?? info.processName,
+            processName: info.processName,
+            processID: info.processIdentifier
+        )
+    }
+}
+
+// MARK: - Clock
+
+/// A wall clock in Unix milliseconds.
+public protocol WallClock: Sendable {
+    /// Milliseconds since 1970-01-01T00:00:00Z.
+    func nowMilliseconds() -> Int64
+}
+
+/// The system's real-time clock.
+public struct SystemClock: WallClock {
+    public init() {}
+    public func nowMilliseconds() -> Int64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Int64(spec.tv_sec) * 1000 + Int64(spec.tv_nsec) / 1_000_000
+    }
+}
+
+/// A clock that moves only when told to: for tests and the simulator (skew and jumps included).
+public final class ManualClock: WallClock {
+    private let state: Mutex<Int64>
+
+    /// - Parameter milliseconds: the starting time, Unix milliseconds.
+    public init(milliseconds: Int64) { state = Mutex(milliseconds) }
+
+    public func nowMilliseconds() -> Int64 { state.withLock { $0 } }
+
+    /// Moves the clock by `milliseconds` (negative values move it backwards, like a jump of the device clock).
+    public func advance(by milliseconds: Int64) { state.withLock { $0 += milliseconds } }
+
+    /// Sets the clock to `milliseconds` since the Unix epoch.
+    public func set(milliseconds: Int64) { state.withLock { $0 = milliseconds } }
+}
+
+// MARK: - Randomness
+
+/// A source of 64-bit random words.
+public protocol RandomSource: Sendable {
+    /// The next random 64-bit word.
+    func next() -> UInt64
+    /// Fills `buffer` with random bytes.
+    func fill(_ buffer: UnsafeMutableRawBufferPointer)
+}
+
+extension RandomSource {
+    public func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+        var index = 0
+        while index < buffer.count {
+            var word = next()
+            for _ in 0..<8 where index < buffer.count {
+                buffer[index] = UInt8(truncatingIfNeeded: word)
+                word >>= 8
+                index += 1
+            }
+        }
+    }
+}
+
+/// The OS CSPRNG through libsodium's `randombytes_buf`.
+/// Source: <https://doc.libsodium.org/generating_random_data>
+public struct SodiumRandomSource: RandomSource {
+    public init() { SodiumRuntime.ensureInitialized() }
+    public func next() -> UInt64 {
+        var value: UInt64 = 0
+        withUnsafeMutableBytes(of: &value) { randombytes_buf($0.baseAddress!, 8) }
+        return value
+    }
+    public func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return }
+        randombytes_buf(base, buffer.count)
+    }
+}
+
+/// A deterministic random source (SplitMix64). Same seed, same sequence.
+public final class SeededRandomSource: RandomSource {
+    private let state: Mutex<UInt64>
+
+    public init(seed: UInt64) { state = Mutex(seed) }
+
+    public func next() -> UInt64 {
+        state.withLock { s in
+            s &+= 0x9E37_79B9_7F4A_7C15
+            var z = s
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+}
+
+/// libsodium must be initialised once per process before use.
+enum SodiumRuntime {
+    private static let initialized: Bool = sodium_init() >= 0
+    static func ensureInitialized() {
+        precondition(initialized, "Replica: libsodium failed to initialise (sodium_init)")
+    }
+}

@@ -1,0 +1,176 @@
+import CSQLite
+import Foundation
+
+/// One SQLite database connection. Internal.
+///
+/// A connection is a non-`Sendable` class: Swift 6's isolation checking confines it to the executor that created it
+/// (one per ``ModelContext``), which is what SQLite's "multi-thread" threading mode requires.
+///
+/// Opening applies Replica's standard settings: `journal_mode=WAL` (file stores), `synchronous=NORMAL`,
+/// `foreign_keys=ON` and a busy timeout.
+/// Sources: <https://www.sqlite.org/wal.html>, <https://www.sqlite.org/pragma.html#pragma_synchronous>,
+/// <https://www.sqlite.org/c3ref/busy_timeout.html>
+final class Connection {
+    /// Where a connection's database lives.
+    enum Location: Equatable {
+        /// A file on disk.
+        case file(URL)
+        /// A named in-memory database shared by every connection of this process that uses the same name
+        /// (SQLite's `memdb` VFS). It lives while at least one connection to it is open.
+        case memory(name: String)
+    }
+
+    let handle: OpaquePointer
+    let location: Location
+    let isReadOnly: Bool
+    private var cache: [String: Statement] = [:]
+    /// Nesting depth of `transaction` calls; inner calls use savepoints.
+    private var transactionDepth = 0
+
+    /// The busy timeout applied to every connection, in milliseconds.
+    static let defaultBusyTimeoutMilliseconds: Int32 = 5_000
+
+    /// Opens (and, unless `readOnly`, creates) the database at `location`.
+    /// - Throws: ``SQLiteError`` when the file cannot be opened or the settings cannot be applied.
+    init(location: Location, readOnly: Bool = false, busyTimeoutMilliseconds: Int32 = defaultBusyTimeoutMilliseconds) throws {
+        var flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI
+        flags |= readOnly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE)
+        let path: String
+        switch location {
+        case let .file(url): path = url.path
+        case let .memory(name): path = "file:/\(name)?vfs=memdb"
+        }
+        var db: OpaquePointer?
+        let code = sqlite3_open_v2(path, &db, flags, nil)
+        guard code == SQLITE_OK, let db else {
+            let error = SQLiteError(code: code, connection: db)
+            sqlite3_close_v2(db)
+            throw error
+        }
+        self.handle = db
+        self.location = location
+        self.isReadOnly = readOnly
+        sqlite3_extended_result_codes(db, 1)
+        sqlite3_busy_timeout(db, busyTimeoutMilliseconds)
+        if case .file = location, !readOnly {
+            try execute("PRAGMA journal_mode=WAL")
+        }
+        try execute("PRAGMA synchronous=NORMAL")
+        try execute("PRAGMA foreign_keys=ON")
+    }
+
+    deinit {
+        cache.removeAll()
+        sqlite3_close_v2(handle)
+    }
+
+    // MARK: Statements
+
+    /// Runs one or more SQL statements that take no parameters and return no rows of interest.
+    func execute(_ sql: String) throws {
+        let code = sqlite3_exec(handle, sql, nil, nil, nil)
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: handle, sql: sql) }
+    }
+
+    /// Returns the cached prepared statement for `sql`, preparing it on first use. The statement is reset.
+    /// Complexity: O(1) amortized (one dictionary lookup).
+    func cachedStatement(_ sql: String) throws -> Statement {
+        if let statement = cache[sql] { return statement }
+        let statement = try Statement(connection: self, sql: sql)
+        cache[sql] = statement
+        return statement
+    }
+
+    /// Number of statements in the cache (for tests).
+    var cachedStatementCount: Int { cache.count }
+
+    /// Runs `sql` with `values` bound and returns every row, each as an array of column values.
+    /// - Parameter cache: keep the prepared statement for reuse (pass `false` for SQL text that varies per call).
+    func rows(_ sql: String, _ values: [SQLiteValue] = [], cache: Bool = true) throws -> [[SQLiteValue]] {
+        let statement = cache ? try cachedStatement(sql) : try Statement(connection: self, sql: sql)
+        defer { statement.reset() }
+        try statement.bind(values)
+        var result: [[SQLiteValue]] = []
+        let count = statement.columnCount
+        while try statement.step() {
+            result.append((0..<count).map { statement.value($0) })
+        }
+        return result
+    }
+
+    /// Runs `sql` with `values` bound and returns the first column of the first row, or `nil` when there is none.
+    func scalar(_ sql: String, _ values: [SQLiteValue] = []) throws -> SQLiteValue? {
+        let statement = try cachedStatement(sql)
+        defer { statement.reset() }
+        try statement.bind(values)
+        return try statement.step() ? statement.value(0) : nil
+    }
+
+    /// Runs a statement that returns no rows, with `values` bound.
+    func run(_ sql: String, _ values: [SQLiteValue] = []) throws {
+        try cachedStatement(sql).run(values)
+    }
+
+    /// Rows changed by the most recent INSERT, UPDATE or DELETE.
+    var changes: Int { Int(sqlite3_changes(handle)) }
+
+    /// `true` while a transaction is open on this connection.
+    var isInTransaction: Bool { sqlite3_get_autocommit(handle) == 0 }
+
+    // MARK: Transactions
+
+    /// How a transaction takes its lock.
+    /// Source: <https://www.sqlite.org/lang_transaction.html>
+    enum TransactionKind: String {
+        /// Takes a read lock at the first read and a write lock at the first write (a read transaction).
+        case deferred = "DEFERRED"
+        /// Takes the write lock at once, waiting up to the busy timeout (a write transaction).
+        case immediate = "IMMEDIATE"
+    }
+
+    /// Runs `body` in a transaction: commits when it returns, rolls back when it throws.
+    /// Nested calls become savepoints of the outer transaction.
+    func transaction<T>(_ kind: TransactionKind = .immediate, _ body: () throws -> T) throws -> T {
+        if transactionDepth > 0 {
+            let name = "replica_sp\(transactionDepth)"
+            try execute("SAVEPOINT \(name)")
+            transactionDepth += 1
+            defer { transactionDepth -= 1 }
+            do {
+                let result = try body()
+                try execute("RELEASE \(name)")
+                return result
+            } catch {
+                try? execute("ROLLBACK TO \(name); RELEASE \(name)")
+                throw error
+            }
+        }
+        try begin(kind)
+        do {
+            let result = try body()
+            try commit()
+            return result
+        } catch {
+            rollback()
+            throw error
+        }
+    }
+
+    /// Opens a transaction that the caller ends with ``commit()`` or ``rollback()`` (used to hold several stores'
+    /// transactions open at once during a two-phase save).
+    func begin(_ kind: TransactionKind) throws {
+        precondition(transactionDepth == 0, "Replica: a transaction is already open on this connection")
+        try execute("BEGIN \(kind.rawValue)")
+        transactionDepth = 1
+    }
+
+    func commit() throws {
+        try execute("COMMIT")
+        transactionDepth = 0
+    }
+
+    func rollback() {
+        if isInTransaction { try? execute("ROLLBACK") }
+        transactionDepth = 0
+    }
+}

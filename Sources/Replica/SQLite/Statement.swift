@@ -1,0 +1,151 @@
+import CSQLite
+import Foundation
+
+/// A prepared SQLite statement. Internal: confined to the connection (and so the executor) that prepared it.
+///
+/// Parameter and column indices are 0-based here (SQLite's bind indices are 1-based; the conversion is internal).
+/// Source: <https://www.sqlite.org/c3ref/stmt.html>
+final class Statement {
+    let handle: OpaquePointer
+    let sql: String
+    private unowned let connection: Connection
+
+    init(connection: Connection, sql: String) throws {
+        var statement: OpaquePointer?
+        let code = sqlite3_prepare_v3(connection.handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard code == SQLITE_OK, let statement else {
+            throw SQLiteError(code: code, connection: connection.handle, sql: sql)
+        }
+        self.handle = statement
+        self.sql = sql
+        self.connection = connection
+    }
+
+    deinit { sqlite3_finalize(handle) }
+
+    // MARK: Binding
+
+    /// Binds `value` to the parameter at 0-based `index`.
+    @inline(__always)
+    func bind(_ value: SQLiteValue, at index: Int32) throws {
+        let code: Int32
+        switch value {
+        case .null: code = sqlite3_bind_null(handle, index + 1)
+        case let .integer(v): code = sqlite3_bind_int64(handle, index + 1, v)
+        case let .real(v): code = sqlite3_bind_double(handle, index + 1, v)
+        case let .text(v): code = bindText(v, at: index)
+        case let .blob(v): code = bindBlob(v, at: index)
+        }
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+    }
+
+    @inline(__always)
+    func bind(_ value: Int64, at index: Int32) throws {
+        let code = sqlite3_bind_int64(handle, index + 1, value)
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+    }
+
+    @inline(__always)
+    func bind(_ value: String, at index: Int32) throws {
+        let code = bindText(value, at: index)
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+    }
+
+    @inline(__always)
+    func bind(_ value: Data, at index: Int32) throws {
+        let code = bindBlob(value, at: index)
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+    }
+
+    @inline(__always)
+    private func bindText(_ value: String, at index: Int32) -> Int32 {
+        var value = value
+        return value.withUTF8 { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { chars in
+                // An empty string still binds TEXT (not NULL): SQLite needs a non-nil pointer for that.
+                guard let base = chars.baseAddress else { return replica_sqlite3_bind_text_transient(handle, index + 1, "", 0) }
+                return replica_sqlite3_bind_text_transient(handle, index + 1, base, Int32(chars.count))
+            }
+        }
+    }
+
+    @inline(__always)
+    private func bindBlob(_ value: Data, at index: Int32) -> Int32 {
+        value.withUnsafeBytes { buffer in
+            // A zero-length blob must still be a blob, not NULL: pass a non-nil pointer.
+            if buffer.isEmpty { return sqlite3_bind_zeroblob(handle, index + 1, 0) }
+            return replica_sqlite3_bind_blob_transient(handle, index + 1, buffer.baseAddress, Int32(buffer.count))
+        }
+    }
+
+    /// Binds each value in order, starting at parameter 0.
+    func bind(_ values: [SQLiteValue]) throws {
+        for (index, value) in values.enumerated() { try bind(value, at: Int32(index)) }
+    }
+
+    // MARK: Stepping
+
+    /// Advances to the next row. Returns `true` when a row is available, `false` when the statement is done.
+    @inline(__always)
+    func step() throws -> Bool {
+        let code = sqlite3_step(handle)
+        if code == SQLITE_ROW { return true }
+        if code == SQLITE_DONE { return false }
+        throw SQLiteError(code: code, connection: connection.handle, sql: sql)
+    }
+
+    /// Resets the statement so it can run again, and clears its bindings.
+    @inline(__always)
+    func reset() {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+    }
+
+    /// Runs the statement to completion with `values` bound, then resets it.
+    func run(_ values: [SQLiteValue] = []) throws {
+        defer { reset() }
+        try bind(values)
+        while try step() {}
+    }
+
+    // MARK: Columns
+
+    var columnCount: Int32 { sqlite3_column_count(handle) }
+
+    func columnName(_ index: Int32) -> String { String(cString: sqlite3_column_name(handle, index)) }
+
+    @inline(__always)
+    func isNull(_ index: Int32) -> Bool { sqlite3_column_type(handle, index) == SQLITE_NULL }
+
+    @inline(__always)
+    func int64(_ index: Int32) -> Int64 { sqlite3_column_int64(handle, index) }
+
+    @inline(__always)
+    func double(_ index: Int32) -> Double { sqlite3_column_double(handle, index) }
+
+    @inline(__always)
+    func string(_ index: Int32) -> String {
+        guard let pointer = sqlite3_column_text(handle, index) else { return "" }
+        let count = Int(sqlite3_column_bytes(handle, index))
+        return String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self)
+    }
+
+    @inline(__always)
+    func data(_ index: Int32) -> Data {
+        let count = Int(sqlite3_column_bytes(handle, index))
+        guard count > 0, let pointer = sqlite3_column_blob(handle, index) else { return Data() }
+        return Data(bytes: pointer, count: count)
+    }
+
+    /// The column at `index` as a dynamic value, in the storage class SQLite reports for it.
+    @inline(__always)
+    func value(_ index: Int32) -> SQLiteValue {
+        switch sqlite3_column_type(handle, index) {
+        case SQLITE_INTEGER: return .integer(int64(index))
+        case SQLITE_FLOAT: return .real(double(index))
+        case SQLITE_TEXT: return .text(string(index))
+        case SQLITE_BLOB: return .blob(data(index))
+        default: return .null
+        }
+    }
+}

@@ -1,0 +1,129 @@
+import Foundation
+
+/// One problem found in a schema or in a configuration's use of it.
+public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
+    /// A name that is not a valid identifier (`[A-Za-z_][A-Za-z0-9_]*`, not starting with `replica_`, at most 64 chars).
+    case invalidName(String)
+    /// Two entities share a name.
+    case duplicateEntity(String)
+    /// Two members (attributes or relationships) of one entity share a name, or a member uses a reserved name (`id`).
+    case duplicateMember(entity: String, member: String)
+    /// A relationship points to an entity the schema does not have.
+    case unknownDestination(entity: String, relationship: String, destination: String)
+    /// A relationship names an inverse that the destination does not have, or whose own inverse is not this one.
+    case inverseMismatch(entity: String, relationship: String, inverse: String)
+    /// A uniqueness constraint names an attribute the entity does not have, or is empty.
+    case unknownUniquenessAttribute(entity: String, attribute: String)
+    /// A declared default value does not have the attribute's storage type.
+    case defaultValueTypeMismatch(entity: String, attribute: String)
+    /// In a synced configuration, every attribute must be optional or have a default value.
+    case syncedAttributeNeedsDefault(entity: String, attribute: String)
+    /// In a synced configuration, every to-one relationship must be optional.
+    case syncedRelationshipNotOptional(entity: String, relationship: String)
+    /// In a synced configuration, the deny delete rule is not supported (it cannot be enforced across devices).
+    case syncedDenyRule(entity: String, relationship: String)
+
+    public var description: String {
+        switch self {
+        case let .invalidName(name): return "'\(name)' is not a valid name (letters, digits and underscores, not starting with a digit or 'replica_', at most 64 characters)"
+        case let .duplicateEntity(name): return "entity '\(name)' is declared more than once"
+        case let .duplicateMember(entity, member): return "\(entity).\(member) is declared more than once or uses a reserved name"
+        case let .unknownDestination(entity, relationship, destination): return "\(entity).\(relationship) points to unknown entity '\(destination)'"
+        case let .inverseMismatch(entity, relationship, inverse): return "\(entity).\(relationship) names inverse '\(inverse)', which does not exist or does not point back"
+        case let .unknownUniquenessAttribute(entity, attribute): return "a uniqueness constraint of \(entity) names unknown attribute '\(attribute)'"
+        case let .defaultValueTypeMismatch(entity, attribute): return "the default value of \(entity).\(attribute) does not match its type"
+        case let .syncedAttributeNeedsDefault(entity, attribute): return "\(entity).\(attribute) is synced, so it must be optional or have a default value"
+        case let .syncedRelationshipNotOptional(entity, relationship): return "\(entity).\(relationship) is synced, so it must be optional"
+        case let .syncedDenyRule(entity, relationship): return "\(entity).\(relationship) is synced, so it cannot use the deny delete rule"
+        }
+    }
+}
+
+/// A schema (or a configuration's use of it) is invalid. Lists every violation found, not just the first.
+public struct SchemaValidationError: Error, Sendable, Hashable, CustomStringConvertible {
+    public let violations: [SchemaViolation]
+    public var description: String {
+        "invalid schema: " + violations.map(\.description).joined(separator: "; ")
+    }
+}
+
+/// Checks a schema's structure. Internal; use ``Schema/validate()``.
+struct SchemaValidator {
+    let schema: Schema
+
+    static func isValidName(_ name: String) -> Bool {
+        guard let first = name.unicodeScalars.first, name.utf8.count <= 64, !name.lowercased().hasPrefix("replica_") else { return false }
+        let isLetter = { (c: Unicode.Scalar) in (c >= "a" && c <= "z") || (c >= "A" && c <= "Z") || c == "_" }
+        return isLetter(first) && name.unicodeScalars.allSatisfy { isLetter($0) || ($0 >= "0" && $0 <= "9") }
+    }
+
+    func violations() -> [SchemaViolation] {
+        var found: [SchemaViolation] = []
+        var entityNames = Set<String>()
+        for entity in schema.entities {
+            if !Self.isValidName(entity.name) { found.append(.invalidName(entity.name)) }
+            if !entityNames.insert(entity.name).inserted { found.append(.duplicateEntity(entity.name)) }
+            var members: Set<String> = ["id"]
+            for name in entity.attributes.map(\.name) + entity.relationships.map(\.name) {
+                if !Self.isValidName(name) { found.append(.invalidName(name)) }
+                if !members.insert(name).inserted { found.append(.duplicateMember(entity: entity.name, member: name)) }
+            }
+            for attribute in entity.attributes {
+                if let value = attribute.defaultValue, !Self.value(value, fits: attribute) {
+                    found.append(.defaultValueTypeMismatch(entity: entity.name, attribute: attribute.name))
+                }
+            }
+            for constraint in entity.uniquenessConstraints {
+                if constraint.isEmpty { found.append(.unknownUniquenessAttribute(entity: entity.name, attribute: "")) }
+                for name in constraint where entity.attribute(named: name) == nil && entity.relationship(named: name).map({ $0.isToMany }) != false {
+                    found.append(.unknownUniquenessAttribute(entity: entity.name, attribute: name))
+                }
+            }
+            for relationship in entity.relationships {
+                guard let destination = schema.entity(named: relationship.destination) else {
+                    found.append(.unknownDestination(entity: entity.name, relationship: relationship.name, destination: relationship.destination))
+                    continue
+                }
+                if let inverse = relationship.inverse {
+                    let back = destination.relationship(named: inverse)
+                    if back == nil || back?.destination != entity.name || (back?.inverse != nil && back?.inverse != relationship.name) {
+                        found.append(.inverseMismatch(entity: entity.name, relationship: relationship.name, inverse: inverse))
+                    }
+                }
+            }
+        }
+        return found
+    }
+
+    /// Whether a stored value has the storage class an attribute of this type uses (NULL fits optionals only).
+    static func value(_ value: SQLiteValue, fits attribute: Schema.Attribute) -> Bool {
+        switch (attribute.type, value) {
+        case (_, .null): return attribute.isOptional
+        case (.string, .text), (.url, .text), (.composite, .text): return true
+        case (.integer, .integer), (.bool, .integer): return true
+        case (.double, .real), (.date, .real), (.double, .integer), (.date, .integer): return true
+        case (.data, .blob): return true
+        case let (.uuid, .blob(data)): return data.count == 16
+        default: return false
+        }
+    }
+
+    /// Rules a synced configuration adds (DESIGN.md, "Additive-only schema for synced stores").
+    static func syncedViolations(of entities: [Schema.Entity]) -> [SchemaViolation] {
+        var found: [SchemaViolation] = []
+        for entity in entities {
+            for attribute in entity.attributes where !attribute.isOptional && attribute.defaultValue == nil {
+                found.append(.syncedAttributeNeedsDefault(entity: entity.name, attribute: attribute.name))
+            }
+            for relationship in entity.relationships {
+                if !relationship.isToMany && !relationship.isOptional {
+                    found.append(.syncedRelationshipNotOptional(entity: entity.name, relationship: relationship.name))
+                }
+                if relationship.deleteRule == .deny {
+                    found.append(.syncedDenyRule(entity: entity.name, relationship: relationship.name))
+                }
+            }
+        }
+        return found
+    }
+}

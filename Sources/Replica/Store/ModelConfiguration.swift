@@ -1,0 +1,92 @@
+import Foundation
+
+/// Describes one store of a container: which entities it holds, where its SQLite file lives, and whether it is
+/// synced, shared with an app group, kept in memory or read-only (SwiftData's `ModelConfiguration`).
+///
+/// Every configuration is one SQLite file (or one in-memory database), with its own replica identity.
+public struct ModelConfiguration: Sendable, Hashable {
+    /// Whether and where the store is synced (SwiftData's `ModelConfiguration.CloudKitDatabase`).
+    public enum CloudKitDatabase: Sendable, Hashable {
+        /// Local only: never leaves the device.
+        case none
+        /// Synced to the private database of the named cloud container (e.g. `iCloud.com.example.trips`).
+        /// Entities of a synced store must follow the additive-only rules (optional or defaulted attributes,
+        /// optional relationships, no deny rule).
+        case `private`(String)
+    }
+
+    /// Whether the store lives in an app group's shared directory (SwiftData's `ModelConfiguration.GroupContainer`).
+    public enum GroupContainer: Sendable, Hashable {
+        /// Not shared.
+        case none
+        /// Shared between the processes of the named app group (e.g. `group.com.example.trips`). The directory comes
+        /// from ``ReplicaEnvironment/appGroupDirectory``.
+        case identifier(String)
+    }
+
+    /// The configuration name; also the store file's base name (`<name>.store`) when no URL is given.
+    public var name: String
+    /// The entities this store holds, or `nil` for "every entity of the container schema that no other
+    /// configuration names".
+    public var schema: Schema?
+    /// Keep the store in memory only (it lives as long as its container).
+    public var isStoredInMemoryOnly: Bool
+    /// `false` opens the store read-only: saves touching it are refused with ``ReplicaError/readOnlyStore(configuration:)``.
+    public var allowsSave: Bool
+    /// App-group sharing.
+    public var groupContainer: GroupContainer
+    /// Cloud sync.
+    public var cloudKitDatabase: CloudKitDatabase
+    /// An explicit store file location, overriding the default directory and the app group.
+    public var explicitURL: URL?
+
+    /// A configuration whose file lives in the environment's default store directory or, with `groupContainer`,
+    /// in the app group's shared directory.
+    public init(
+        _ name: String = "default",
+        schema: Schema? = nil,
+        isStoredInMemoryOnly: Bool = false,
+        allowsSave: Bool = true,
+        groupContainer: GroupContainer = .none,
+        cloudKitDatabase: CloudKitDatabase = .none
+    ) {
+        self.name = name
+        self.schema = schema
+        self.isStoredInMemoryOnly = isStoredInMemoryOnly
+        self.allowsSave = allowsSave
+        self.groupContainer = groupContainer
+        self.cloudKitDatabase = cloudKitDatabase
+        self.explicitURL = nil
+    }
+
+    /// A configuration whose store file is at `url`.
+    public init(_ name: String = "default", schema: Schema? = nil, url: URL, allowsSave: Bool = true,
+                cloudKitDatabase: CloudKitDatabase = .none) {
+        self.init(name, schema: schema, allowsSave: allowsSave, cloudKitDatabase: cloudKitDatabase)
+        self.explicitURL = url
+    }
+
+    /// `true` when the store is synced to a cloud database.
+    public var isSynced: Bool {
+        if case .private = cloudKitDatabase { return true }
+        return false
+    }
+
+    /// The store file this configuration resolves to in `environment` (`nil` for in-memory stores).
+    public func url(in environment: ReplicaEnvironment) -> URL? {
+        if isStoredInMemoryOnly { return nil }
+        if let explicitURL { return explicitURL }
+        switch groupContainer {
+        case let .identifier(group):
+            return environment.appGroupDirectory(group).appendingPathComponent("\(name).store")
+        case .none:
+            return environment.defaultStoreDirectory.appendingPathComponent("\(name).store")
+        }
+    }
+
+    /// Whether `name` can be used as a store file's base name.
+    static func isValidFileName(_ name: String) -> Bool {
+        !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.contains("\0")
+            && name.utf8.count <= 249
+    }
+}

@@ -1,0 +1,119 @@
+import Foundation
+
+/// Owns the schema and the stores of an app: one SQLite store per ``ModelConfiguration`` (SwiftData's
+/// `ModelContainer`). Every entity lives in exactly one store; contexts route reads and writes there.
+///
+/// A container is `Sendable` and immutable; create one ``ModelContext`` per task or actor that reads and writes.
+public final class ModelContainer: Sendable {
+    /// The full schema.
+    public let schema: Schema
+    /// The configurations, in the order given.
+    public let configurations: [ModelConfiguration]
+    /// The environment (clock, randomness, identity) every context of this container uses.
+    public let environment: ReplicaEnvironment
+    let stores: [Store]
+    let storeIndexByEntity: [String: Int]
+
+    /// Opens a container with the given stores.
+    ///
+    /// - Parameters:
+    ///   - schema: every entity the app uses.
+    ///   - configurations: the stores; with none, one default configuration holds every entity.
+    ///   - environment: the sources of time, randomness and identity (``ReplicaEnvironment/live`` in production).
+    /// - Throws: ``ReplicaError``: `.invalidSchema` (every violation at once, including the synced-store rules),
+    ///   `.duplicateConfiguration`, `.configurationFileNameContainsInvalidCharacters`,
+    ///   `.configurationSchemaNotFoundInContainerSchema`, `.entityNotRoutable`, `.crossStoreRelationship`,
+    ///   `.loadIssueModelContainer`.
+    public init(for schema: Schema, configurations: [ModelConfiguration] = [], environment: ReplicaEnvironment = .live) throws {
+        let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
+        do {
+            try schema.validate()
+        } catch let error as SchemaValidationError {
+            throw ReplicaError.invalidSchema(error)
+        }
+
+        // Names and files must be distinct.
+        var names = Set<String>()
+        var files = Set<String>()
+        for configuration in configurations {
+            guard ModelConfiguration.isValidFileName(configuration.name) else {
+                throw ReplicaError.configurationFileNameContainsInvalidCharacters(name: configuration.name)
+            }
+            guard names.insert(configuration.name).inserted else { throw ReplicaError.duplicateConfiguration(name: configuration.name) }
+            if let url = configuration.url(in: environment), !files.insert(url.standardizedFileURL.path).inserted {
+                throw ReplicaError.duplicateConfiguration(name: configuration.name)
+            }
+        }
+
+        // Route each entity to exactly one configuration.
+        var entitiesByConfiguration: [[String]] = Array(repeating: [], count: configurations.count)
+        var owners: [String: [Int]] = [:]
+        for (i, configuration) in configurations.enumerated() {
+            guard let subset = configuration.schema else { continue }
+            let unknown = subset.entityNames.filter { schema.entity(named: $0) == nil }
+            if !unknown.isEmpty {
+                throw ReplicaError.configurationSchemaNotFoundInContainerSchema(configuration: configuration.name, entities: unknown)
+            }
+            entitiesByConfiguration[i] = subset.entityNames
+            for name in subset.entityNames { owners[name, default: []].append(i) }
+        }
+        let catchAll = configurations.firstIndex { $0.schema == nil }
+        for entity in schema.entities {
+            let claimed = owners[entity.name] ?? []
+            if claimed.count > 1 {
+                throw ReplicaError.entityNotRoutable(entity: entity.name, configurations: claimed.map { configurations[$0].name })
+            }
+            if claimed.isEmpty {
+                guard let catchAll else { throw ReplicaError.entityNotRoutable(entity: entity.name, configurations: []) }
+                entitiesByConfiguration[catchAll].append(entity.name)
+                owners[entity.name] = [catchAll]
+            }
+        }
+        var storeIndexByEntity: [String: Int] = [:]
+        for (name, indices) in owners { storeIndexByEntity[name] = indices[0] }
+
+        // References stay within one store; synced stores follow the additive-only rules.
+        var violations: [SchemaViolation] = []
+        for entity in schema.entities {
+            for relationship in entity.relationships where storeIndexByEntity[relationship.destination] != storeIndexByEntity[entity.name] {
+                throw ReplicaError.crossStoreRelationship(entity: entity.name, relationship: relationship.name)
+            }
+        }
+        for (i, configuration) in configurations.enumerated() where configuration.isSynced {
+            violations += SchemaValidator.syncedViolations(of: entitiesByConfiguration[i].compactMap(schema.entity(named:)))
+        }
+        if !violations.isEmpty { throw ReplicaError.invalidSchema(SchemaValidationError(violations: violations)) }
+
+        self.schema = schema
+        self.configurations = configurations
+        self.environment = environment
+        self.storeIndexByEntity = storeIndexByEntity
+        self.stores = try configurations.enumerated().map { i, configuration in
+            try Store(configuration: configuration, entities: entitiesByConfiguration[i].compactMap(schema.entity(named:)),
+                      environment: environment)
+        }
+    }
+
+    /// Opens a container for the given model types.
+    /// - Throws: as ``init(for:configurations:environment:)``.
+    public convenience init(for models: any PersistentModel.Type..., configurations: ModelConfiguration..., environment: ReplicaEnvironment = .live) throws {
+        try self.init(for: Schema(models), configurations: configurations, environment: environment)
+    }
+
+    /// The configuration whose store holds `entityName`, if any.
+    public func configuration(for entityName: String) -> ModelConfiguration? {
+        storeIndexByEntity[entityName].map { configurations[$0] }
+    }
+
+    /// The replica identity of the store of configuration `name`: one per store file, shared by every process.
+    public func storeIdentity(of configurationName: String) -> UUID? {
+        stores.first { $0.configuration.name == configurationName }?.identity
+    }
+
+    /// The store file of configuration `name` (`nil` for in-memory stores and unknown names).
+    public func url(of configurationName: String) -> URL? {
+        guard let store = stores.first(where: { $0.configuration.name == configurationName }),
+              case let .file(url) = store.location else { return nil }
+        return url
+    }
+}

@@ -1,0 +1,82 @@
+import Foundation
+
+/// Errors of containers, configurations and contexts, named as SwiftData names them (`SwiftDataError`).
+///
+/// No case carries attribute values: errors name entities, attributes, configurations and identifiers only, so
+/// user data and encrypted values never leak through them.
+public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// Two configurations of one container share a name (or resolve to the same store file).
+    case duplicateConfiguration(name: String)
+    /// A configuration names entities that the container's schema does not have.
+    case configurationSchemaNotFoundInContainerSchema(configuration: String, entities: [String])
+    /// A configuration's name cannot be used as a file name (empty, `/`, NUL, `..`, or longer than 255 bytes).
+    case configurationFileNameContainsInvalidCharacters(name: String)
+    /// An entity of the container schema is in more than one configuration, or in none.
+    case entityNotRoutable(entity: String, configurations: [String])
+    /// A relationship crosses from one store to another; references must stay within one store.
+    case crossStoreRelationship(entity: String, relationship: String)
+    /// The schema, or a configuration's use of it, is invalid.
+    case invalidSchema(SchemaValidationError)
+    /// A store could not be opened or prepared (missing read-only file, unreadable file, not a database, ...).
+    case loadIssueModelContainer(configuration: String, reason: String)
+    /// A save was refused because models failed validation. Nothing was written.
+    case modelValidationFailure([ModelValidationFailure])
+    /// A save touched a configuration opened with `allowsSave: false`. Nothing was written.
+    case readOnlyStore(configuration: String)
+    /// The model type's entity is not in the container's schema.
+    case unknownEntity(String)
+    /// An update or delete named a record that does not exist (any more) in its store.
+    case recordNotFound(PersistentIdentifier)
+    /// A stored value could not be read as the model's type.
+    case valueConversion(ValueConversionError)
+    /// A save failed while committing: the stores listed in `committed` were committed before the failure and keep
+    /// their changes; the others were rolled back. See ``ModelContext/save()`` for the guarantee.
+    case partialSave(committed: [String], failed: String, underlying: SQLiteError)
+
+    public var description: String {
+        switch self {
+        case let .duplicateConfiguration(name): return "duplicate configuration '\(name)'"
+        case let .configurationSchemaNotFoundInContainerSchema(configuration, entities):
+            return "configuration '\(configuration)' names entities not in the container schema: \(entities.joined(separator: ", "))"
+        case let .configurationFileNameContainsInvalidCharacters(name): return "configuration name '\(name)' is not a valid file name"
+        case let .entityNotRoutable(entity, configurations):
+            return configurations.isEmpty ? "entity '\(entity)' is in no configuration"
+                : "entity '\(entity)' is in several configurations: \(configurations.joined(separator: ", "))"
+        case let .crossStoreRelationship(entity, relationship): return "\(entity).\(relationship) points into another store"
+        case let .invalidSchema(error): return error.description
+        case let .loadIssueModelContainer(configuration, reason): return "cannot load store '\(configuration)': \(reason)"
+        case let .modelValidationFailure(failures): return "validation failed: " + failures.map(\.description).joined(separator: "; ")
+        case let .readOnlyStore(configuration): return "store '\(configuration)' is read-only"
+        case let .unknownEntity(name): return "entity '\(name)' is not in the container's schema"
+        case let .recordNotFound(id): return "no record \(id)"
+        case let .valueConversion(error): return error.description
+        case let .partialSave(committed, failed, underlying):
+            return "save committed \(committed.joined(separator: ", ")) but failed on '\(failed)': \(underlying)"
+        }
+    }
+}
+
+/// Why a model failed validation on save.
+public enum ModelValidationFailure: Sendable, Hashable, CustomStringConvertible {
+    /// Another live record of the entity already has these values for a unique attribute (or compound key).
+    /// The values themselves are not included.
+    case uniqueConstraintViolation(entity: String, attributes: [String], id: PersistentIdentifier)
+    /// A record with this ID already exists.
+    case duplicateIdentifier(PersistentIdentifier)
+    /// A delete was refused by a deny rule: `count` records are still related through `relationship`.
+    case deleteDenied(entity: String, relationship: String, count: Int)
+    /// A required to-one relationship has no value.
+    case missingRequiredRelationship(entity: String, relationship: String, id: PersistentIdentifier)
+
+    public var description: String {
+        switch self {
+        case let .uniqueConstraintViolation(entity, attributes, id):
+            return "\(id): another \(entity) has the same \(attributes.joined(separator: " + "))"
+        case let .duplicateIdentifier(id): return "\(id) already exists"
+        case let .deleteDenied(entity, relationship, count):
+            return "cannot delete \(entity): \(count) related record(s) through '\(relationship)' (deny rule)"
+        case let .missingRequiredRelationship(entity, relationship, id):
+            return "\(id): required relationship \(entity).\(relationship) has no value"
+        }
+    }
+}

@@ -1,0 +1,155 @@
+import Foundation
+import Synchronization
+
+/// One store of a container: a configuration, the entities it holds and its SQLite database. Internal.
+///
+/// Table layout: one table per entity, named after it, with `id BLOB PRIMARY KEY` (the 16-byte record ID), one
+/// column per attribute and one per to-one relationship (the referenced ID), and an index on each reference column.
+/// `replica_metadata` holds the store's replica identity and the schema it was last opened with.
+final class Store: Sendable {
+    let configuration: ModelConfiguration
+    let entities: [Schema.Entity]
+    let entityIndex: [String: Int]
+    let location: Connection.Location
+    /// The store's replica identity: one per store file, shared by every process that opens it.
+    let identity: UUID
+    /// Keeps an in-memory database alive for the container's lifetime.
+    private let anchor: Mutex<Connection?>
+    /// SQL text per entity, built once.
+    let statements: [EntityStatements]
+
+    /// Opens (creating if needed) the store and brings its tables up to `entities`.
+    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
+    init(configuration: ModelConfiguration, entities: [Schema.Entity], environment: ReplicaEnvironment) throws {
+        self.configuration = configuration
+        self.entities = entities
+        var index: [String: Int] = [:]
+        for (i, entity) in entities.enumerated() { index[entity.name] = i }
+        self.entityIndex = index
+        self.statements = entities.map(EntityStatements.init)
+        let name = configuration.name
+        func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: name, reason: reason) }
+
+        if let url = configuration.url(in: environment) {
+            self.location = .file(url)
+            let directory = url.deletingLastPathComponent()
+            if configuration.allowsSave {
+                do {
+                    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+                } catch {
+                    throw loadIssue("cannot create directory \(directory.path)")
+                }
+            } else if !FileManager.default.fileExists(atPath: url.path) {
+                throw loadIssue("read-only store file \(url.path) does not exist")
+            }
+        } else {
+            // A unique name per container: in-memory stores of different containers never share data.
+            self.location = .memory(name: "replica-\(name)-\(environment.makeIdentifier().uuidString)")
+        }
+
+        do {
+            let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
+            if configuration.allowsSave {
+                identity = try Self.prepare(connection, entities: entities, environment: environment)
+            } else {
+                identity = try Self.readIdentity(connection, entities: entities)
+            }
+            anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
+        } catch let error as SQLiteError {
+            throw loadIssue(error.description)
+        }
+    }
+
+    /// Opens a new connection to this store, for one context.
+    func openConnection() throws -> Connection {
+        try Connection(location: location, readOnly: !configuration.allowsSave)
+    }
+
+    /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
+    /// transaction, so two processes opening a new store file at once agree on one identity.
+    private static func prepare(_ db: Connection, entities: [Schema.Entity], environment: ReplicaEnvironment) throws -> UUID {
+        try db.transaction(.immediate) {
+            try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
+            for entity in entities {
+                let table = quoted(entity.name)
+                let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
+                    if case let .text(name) = $0[0] { return name } else { return nil }
+                })
+                if existing.isEmpty {
+                    let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
+                    try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
+                } else {
+                    // Lightweight migration: add columns for new attributes and references. Columns of removed
+                    // attributes stay (their data is kept) and are ignored.
+                    for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
+                        try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                    }
+                }
+                for relationship in entity.toOneRelationships {
+                    try db.execute("CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_\(relationship.name)")) ON \(table) (\(quoted(relationship.name)))")
+                }
+                for (i, constraint) in entity.uniquenessConstraints.enumerated() where !constraint.isEmpty {
+                    let columns = constraint.map(quoted).joined(separator: ", ")
+                    try db.execute("CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_unique\(i)")) ON \(table) (\(columns))")
+                }
+            }
+            if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
+               let identity = try? UUID(sqliteValue: existing) {
+                return identity
+            }
+            let identity = environment.makeIdentifier()
+            try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
+            return identity
+        }
+    }
+
+    private static func readIdentity(_ db: Connection, entities: [Schema.Entity]) throws -> UUID {
+        guard let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
+              let identity = try? UUID(sqliteValue: value) else {
+            throw SQLiteError(extendedResultCode: 1, message: "the file is not a Replica store (no replica identity)")
+        }
+        for entity in entities {
+            let columns = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
+                if case let .text(name) = $0[0] { return name } else { return nil }
+            })
+            let missing = entity.fieldNames.filter { !columns.contains($0) }
+            if columns.isEmpty || !missing.isEmpty {
+                throw SQLiteError(extendedResultCode: 1, message: "read-only store lacks \(entity.name)\(missing.isEmpty ? "" : " columns \(missing.joined(separator: ", "))")")
+            }
+        }
+        return identity
+    }
+
+    private static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
+        entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
+            + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
+    }
+}
+
+/// Quotes an SQL identifier. Names are validated identifiers, so this never needs escaping, but it is done anyway.
+func quoted(_ identifier: String) -> String {
+    "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+}
+
+/// The SQL text Replica uses for one entity's table, built once per store.
+struct EntityStatements: Sendable {
+    let table: String
+    /// `"id", "a", "b", ...` in field order.
+    let columnList: String
+    let insert: String
+    let selectAll: String
+    let selectByID: String
+    let delete: String
+    let exists: String
+
+    init(_ entity: Schema.Entity) {
+        table = quoted(entity.name)
+        let columns = [quoted("id")] + entity.fieldNames.map(quoted)
+        columnList = columns.joined(separator: ", ")
+        insert = "INSERT INTO \(table) (\(columnList)) VALUES (\(Array(repeating: "?", count: columns.count).joined(separator: ", ")))"
+        selectAll = "SELECT \(columnList) FROM \(table)"
+        selectByID = "SELECT \(columnList) FROM \(table) WHERE \"id\" = ?"
+        delete = "DELETE FROM \(table) WHERE \"id\" = ?"
+        exists = "SELECT 1 FROM \(table) WHERE \"id\" = ?"
+    }
+}

@@ -1,0 +1,1 @@
+// ReplicaTesting: property engine and simulator.

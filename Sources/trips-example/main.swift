@@ -1,0 +1,89 @@
+// trips-example: a host app that opens one container with the seed schemas split over a local-only store and a
+// synced store, writes, reads back and prints what it did, store by store.
+//
+// The block between the README markers is quoted verbatim in README.md; a test keeps the two identical.
+import Foundation
+import Replica
+
+// README:begin
+struct Trip: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var name: String = ""
+    var destination: String?
+    var startDate: Date?
+    var items: [Reference<BucketListItem>] = []
+
+    static let entity = ModelEntity<Trip>([
+        .attribute("name", \.name, default: "", options: .preserveValueOnDeletion),
+        .attribute("destination", \.destination),
+        .attribute("startDate", \.startDate),
+        .toMany("items", \.items, inverse: "trip", deleteRule: .cascade),
+    ])
+}
+
+struct BucketListItem: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var title: String = ""
+    var isDone: Bool = false
+    var trip: Reference<Trip>?
+
+    static let entity = ModelEntity<BucketListItem>([
+        .attribute("title", \.title, default: ""),
+        .attribute("isDone", \.isDone, default: false),
+        .toOne("trip", \.trip, inverse: "items"),
+    ])
+}
+
+struct Draft: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var text: String
+    var slug: String
+
+    static let entity = ModelEntity<Draft>([
+        .attribute("text", \.text),
+        .attribute("slug", \.slug, options: .unique),
+    ])
+}
+
+func runExample(in directory: URL) throws -> [String] {
+    var environment = ReplicaEnvironment.live
+    environment.defaultStoreDirectory = directory
+
+    let synced = ModelConfiguration("trips", schema: Schema([Trip.self, BucketListItem.self]),
+                                    cloudKitDatabase: .private("iCloud.com.example.trips"))
+    let local = ModelConfiguration("drafts", schema: Schema([Draft.self]))
+    let container = try ModelContainer(for: Trip.self, BucketListItem.self, Draft.self,
+                                       configurations: synced, local, environment: environment)
+
+    let context = ModelContext(container)
+    let trip = context.insert(Trip(name: "Iceland", destination: "Reykjavík"))
+    context.insert(BucketListItem(title: "See the northern lights", trip: Reference(trip)))
+    context.insert(BucketListItem(title: "Bathe in a hot spring", trip: Reference(trip)))
+    context.insert(Draft(text: "Pack wool socks", slug: "socks"))
+    try context.save()
+
+    var report: [String] = []
+    for trip in try context.fetch(Trip.self) {
+        let items = try trip.items.compactMap { try context.model(BucketListItem.self, id: $0.id)?.title }
+        report.append("store 'trips' (synced):  Trip \(trip.name) → \(trip.destination ?? "?"), items: \(items.joined(separator: "; "))")
+    }
+    for draft in try context.fetch(Draft.self) {
+        report.append("store 'drafts' (local):  Draft '\(draft.slug)': \(draft.text)")
+    }
+    return report
+}
+// README:end
+
+let directory = FileManager.default.temporaryDirectory
+    .appendingPathComponent("replica-trips-example-\(ProcessInfo.processInfo.processIdentifier)", isDirectory: true)
+try? FileManager.default.removeItem(at: directory)
+defer { try? FileManager.default.removeItem(at: directory) }
+do {
+    print("trips-example: one container, two stores, under \(directory.path)")
+    for line in try runExample(in: directory) { print("  " + line) }
+    let files = (try? FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".store") }.sorted()) ?? []
+    print("store files: \(files.joined(separator: ", "))")
+} catch {
+    print("trips-example failed: \(error)")
+    exit(1)
+}
