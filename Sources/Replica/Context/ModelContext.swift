@@ -147,6 +147,7 @@ public final class ModelContext {
 
         var open: [Connection] = []
         var failures: [ModelValidationFailure] = []
+        var saved: [StoreChanges] = []
         do {
             for index in affected {
                 let connection = try connection(for: index)
@@ -155,6 +156,10 @@ public final class ModelContext {
                 var writer = StoreWriter(store: container.stores[index], db: connection)
                 try writer.apply(byStore[index])
                 failures += writer.failures
+                if writer.failures.isEmpty {
+                    _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                    saved.append(writer.changes)
+                }
             }
         } catch {
             open.forEach { $0.rollback() }
@@ -165,10 +170,19 @@ public final class ModelContext {
             throw ReplicaError.modelValidationFailure(failures)
         }
         var committed: [Int] = []
+        if let hook = container.environment.faultHook {
+            do {
+                for index in affected { try hook(.beforeCommit(store: container.stores[index].configuration.name)) }
+            } catch {
+                open.forEach { $0.rollback() }
+                throw error
+            }
+        }
         for (position, index) in affected.enumerated() {
             do {
                 try open[position].commit()
                 committed.append(index)
+                try? container.environment.faultHook?(.afterCommit(store: container.stores[index].configuration.name))
             } catch let error as SQLiteError {
                 open[position...].forEach { $0.rollback() }
                 for store in committed { forgetPending(inStore: store) }
@@ -179,6 +193,7 @@ public final class ModelContext {
             }
         }
         rollback()
+        postDidSave(saved)
     }
 
     private func forgetPending(inStore index: Int) {

@@ -11,7 +11,7 @@ struct StoreWriter {
     let db: Connection
     private(set) var failures: [ModelValidationFailure] = []
     /// What this save did, for history and notifications.
-    private(set) var changes = StoreChanges()
+    var changes = StoreChanges()
     private var deleted = Set<PersistentIdentifier>()
 
     init(store: Store, db: Connection) {

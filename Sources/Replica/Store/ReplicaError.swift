@@ -29,6 +29,11 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case recordNotFound(PersistentIdentifier)
     /// A stored value could not be read as the model's type.
     case valueConversion(ValueConversionError)
+    /// A history token is older than the store's pruned history: the changes after it are gone. Start over from a
+    /// full read (for sync: a full resync).
+    case historyTokenExpired(HistoryToken)
+    /// A history token belongs to a store this container does not have.
+    case historyTokenFromAnotherStore(HistoryToken)
     /// A save failed while committing: the stores listed in `committed` were committed before the failure and keep
     /// their changes; the others were rolled back. See ``ModelContext/save()`` for the guarantee.
     case partialSave(committed: [String], failed: String, underlying: SQLiteError)
@@ -50,6 +55,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .unknownEntity(name): return "entity '\(name)' is not in the container's schema"
         case let .recordNotFound(id): return "no record \(id)"
         case let .valueConversion(error): return error.description
+        case let .historyTokenExpired(token): return "history token \(token) is expired (history before it was pruned)"
+        case let .historyTokenFromAnotherStore(token): return "history token \(token) belongs to a store this container does not have"
         case let .partialSave(committed, failed, underlying):
             return "save committed \(committed.joined(separator: ", ")) but failed on '\(failed)': \(underlying)"
         }

@@ -70,6 +70,7 @@ final class Store: Sendable {
     private static func prepare(_ db: Connection, entities: [Schema.Entity], environment: ReplicaEnvironment) throws -> UUID {
         try db.transaction(.immediate) {
             try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
+            try db.execute(HistoryLog.createSQL)
             for entity in entities {
                 let table = quoted(entity.name)
                 let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
