@@ -50,7 +50,7 @@ final class Store: Sendable {
         do {
             let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
             if configuration.allowsSave {
-                identity = try Self.prepare(connection, entities: entities, environment: environment)
+                identity = try Self.prepare(connection, entities: entities, synced: configuration.isSynced, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
@@ -67,10 +67,11 @@ final class Store: Sendable {
 
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity.
-    private static func prepare(_ db: Connection, entities: [Schema.Entity], environment: ReplicaEnvironment) throws -> UUID {
+    private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, environment: ReplicaEnvironment) throws -> UUID {
         try db.transaction(.immediate) {
             try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
             try db.execute(HistoryLog.createSQL)
+            if synced { try db.execute(SyncLedger.createSQL) }
             for entity in entities {
                 let table = quoted(entity.name)
                 let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
