@@ -3,6 +3,9 @@
 //   replica-widget write DIR TEXT...        insert one Note per TEXT, save, print the new history token value
 //   replica-widget history DIR AFTER        print each transaction after token value AFTER as one JSON line
 //   replica-widget identity DIR             print the store's replica identity
+//   replica-widget sync DIR CLOUD TEXT...     a separate device: insert one Note per TEXT into its synced store in DIR,
+//                                           sync through the SQLiteCloudDatabase file CLOUD, print every note's text
+//                                           (sorted) as one JSON array
 //   replica-widget hold DIR COUNT           insert COUNT notes inside one open transaction, print "ready", then block
 //                                           on stdin (the test kills the process with SIGKILL mid-transaction)
 //
@@ -36,7 +39,33 @@ func container(_ root: String, holdBeforeCommit: Bool = false) throws -> ModelCo
                               environment: environment)
 }
 
+func syncedDevice(_ root: String) throws -> ModelContainer {
+    var environment = ReplicaEnvironment.live
+    environment.defaultStoreDirectory = URL(fileURLWithPath: root, isDirectory: true)
+    return try ModelContainer(for: Schema([Note.self]),
+                              configurations: [ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.replica.tests"))],
+                              environment: environment)
+}
+
 let arguments = CommandLine.arguments
+if arguments.count >= 4, arguments[1] == "sync" {
+    do {
+        let device = try syncedDevice(arguments[2])
+        let cloud = try SQLiteCloudDatabase(url: URL(fileURLWithPath: arguments[3]))
+        let context = ModelContext(device)
+        for text in arguments.dropFirst(4) { context.insert(Note(text: text)) }
+        try context.save()
+        let engine = try SyncEngine(container: device, storeName: "notes")
+        let status = try await SyncDriver.syncUntilIdle(engine, with: cloud)
+        guard status.isUpToDate else { throw ReplicaError.loadIssueModelContainer(configuration: "notes", reason: "sync did not finish") }
+        let texts = try ModelContext(device).fetch(Note.self).map(\.text).sorted()
+        print(String(decoding: try JSONSerialization.data(withJSONObject: texts), as: UTF8.self))
+    } catch {
+        FileHandle.standardError.write(Data("replica-widget: \(error)\n".utf8))
+        exit(1)
+    }
+    exit(0)
+}
 guard arguments.count >= 3 else {
     FileHandle.standardError.write(Data("usage: replica-widget write|history|identity|hold DIR ...\n".utf8))
     exit(2)

@@ -127,3 +127,29 @@ private extension FileHandle {
         }
     }
 }
+
+@Suite("Two OS processes sync through one SQLiteCloudDatabase file")
+struct SQLiteCloudProcessTests {
+    @Test("a device in another process and a device in this one converge through the shared cloud file")
+    func twoProcessesConverge() async throws {
+        let root = temporaryRoot()
+        let cloudFile = root.appendingPathComponent("cloud.sqlite")
+        let other = root.appendingPathComponent("device-other").path
+        #expect(try widget(["sync", other, cloudFile.path, "from the other process"]) == "[\"from the other process\"]\n")
+
+        var environment = ReplicaEnvironment.seeded(seed: 5, directory: root.appendingPathComponent("device-here"))
+        environment.sleep = { _ in await Task.yield() }
+        let here = try ModelContainer(for: Schema([Note.self]), configurations: [
+            ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.replica.tests")),
+        ], environment: environment)
+        let context = ModelContext(here)
+        context.insert(Note(text: "from this process"))
+        try context.save()
+        let engine = try SyncEngine(container: here, storeName: "notes")
+        let cloud = try SQLiteCloudDatabase(url: cloudFile)
+        #expect(try await SyncDriver.syncUntilIdle(engine, with: cloud).isUpToDate)
+        #expect(try ModelContext(here).fetch(Note.self).map(\.text).sorted() == ["from the other process", "from this process"])
+        #expect(try widget(["sync", other, cloudFile.path]) == "[\"from the other process\",\"from this process\"]\n")
+        #expect(try cloud.records(in: "notes").count == 2)
+    }
+}
