@@ -292,7 +292,7 @@ enum SyncLedger {
         if !alive {
             tombstone = (local?.causalLength ?? 0) > remote.causalLength ? (local?.tombstone ?? [:]) : remote.fields
             if let local, local.causalLength == remote.causalLength {
-                for (name, field) in local.tombstone where (tombstone[name]?.stamp ?? field.stamp) < field.stamp { tombstone[name] = field }
+                for (name, field) in local.tombstone where tombstone[name].map({ $0.stamp < field.stamp }) ?? true { tombstone[name] = field }
             }
         }
         if !alive {
@@ -308,6 +308,12 @@ enum SyncLedger {
         var state = local ?? RecordState(
             id: remote.recordID, entity: entity.name, causalLength: causalLength, created: created, stamps: [:], unknown: [:],
             tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: false)
+        // A deleted record carries only its causal length, creation stamp and tombstone values: field stamps of the
+        // dead incarnation can never matter again (a re-insert starts a new incarnation).
+        if !alive {
+            stamps = [:]
+            unknown = [:]
+        }
         state.causalLength = causalLength
         state.created = created
         state.stamps = stamps
