@@ -68,6 +68,16 @@ final class Device {
         return try engine.status()
     }
 
+    /// Performs the engine's requests until it wants to upload; returns that upload request, not yet performed.
+    func nextUpload(_ cloud: InMemoryCloudDatabase) throws -> SyncRequest? {
+        for _ in 0..<50 {
+            guard let request = try engine.nextRequest() else { return nil }
+            if case .modifyRecords = request.operation { return request }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        return nil
+    }
+
     /// Every live record of the store as (id, title, body, rating), sorted by ID.
     func notes() throws -> [SyncNote] { try ModelContext(container).fetch(SyncNote.self) }
 }

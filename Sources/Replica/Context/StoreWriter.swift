@@ -40,7 +40,7 @@ struct StoreWriter {
         for snapshot in written { try checkUniqueness(snapshot) }
     }
 
-    private func entity(_ name: String) -> (Schema.Entity, EntityStatements) {
+    func entity(_ name: String) -> (Schema.Entity, EntityStatements) {
         let index = store.entityIndex[name]!
         return (store.entities[index], store.statements[index])
     }
@@ -117,11 +117,44 @@ struct StoreWriter {
 
     /// Deletes a record and applies its relationships' delete rules (recursively for cascades).
     /// A record that does not exist (deleted earlier, or never saved) is skipped.
-    private mutating func deleteRecord(_ id: PersistentIdentifier) throws {
+    mutating func deleteRecord(_ id: PersistentIdentifier) throws {
         guard deleted.insert(id).inserted else { return }
         let (entity, sql) = entity(id.entityName)
         guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return }
-        let fieldIndex = Dictionary(uniqueKeysWithValues: entity.fieldNames.enumerated().map { ($1, $0 + 1) })
+        try applyDeleteRules(of: id, row: row)
+        try db.run(sql.delete, [id.id.sqliteValue])
+        let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
+        changes.deleted.append(DeletedRecord(
+            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }))
+    }
+
+    /// Applies the delete rules of a record a sync import has already removed: its to-many relationships' members
+    /// (found through their inverse reference) are cascaded or nullified like a local delete, so every device
+    /// treats the children of a deleted parent the same way.
+    mutating func applyDeleteRulesAfterRemoteDelete(of id: PersistentIdentifier) throws {
+        guard deleted.insert(id).inserted else { return }
+        try applyDeleteRules(of: id, row: nil)
+    }
+
+    /// A live record `child` references a deleted record through its to-one `reference`: follow `rule` (the delete
+    /// rule of the deleted record's inverse relationship) — cascade deletes the child, nullify clears the reference.
+    mutating func followDeletedReference(child: PersistentIdentifier, reference: String, rule: Schema.DeleteRule) throws {
+        switch rule {
+        case .cascade:
+            try deleteRecord(child)
+        case .nullify:
+            let (_, sql) = entity(child.entityName)
+            try db.run("UPDATE \(sql.table) SET \(quoted(reference)) = NULL WHERE \"id\" = ?", [child.id.sqliteValue])
+            if db.changes > 0 { changes.updated.append((Snapshot(entityName: child.entityName, id: child.id, values: []), [reference])) }
+        case .deny, .noAction:
+            break
+        }
+    }
+
+    /// Applies the delete rules of record `id`. With `row == nil` (the row is already gone) only to-many
+    /// relationships can be followed.
+    private mutating func applyDeleteRules(of id: PersistentIdentifier, row: [SQLiteValue]?) throws {
+        let (entity, _) = entity(id.entityName)
         for relationship in entity.relationships {
             let (destination, destinationSQL) = self.entity(relationship.destination)
             let targets: [UUID]
@@ -130,7 +163,8 @@ struct StoreWriter {
                 targets = try db.rows("SELECT \"id\" FROM \(destinationSQL.table) WHERE \(quoted(inverse)) = ? ORDER BY \"id\"",
                                       [id.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
             } else {
-                targets = [try? UUID(sqliteValue: row[fieldIndex[relationship.name]!])].compactMap { $0 }
+                guard let row, let index = entity.fieldNames.firstIndex(of: relationship.name) else { continue }
+                targets = [try? UUID(sqliteValue: row[index + 1])].compactMap { $0 }
             }
             if targets.isEmpty { continue }
             switch relationship.deleteRule {
@@ -157,10 +191,6 @@ struct StoreWriter {
                 break
             }
         }
-        try db.run(sql.delete, [id.id.sqliteValue])
-        let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
-        changes.deleted.append(DeletedRecord(
-            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }))
     }
 }
 

@@ -34,6 +34,9 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case historyTokenExpired(HistoryToken)
     /// A history token belongs to a store this container does not have.
     case historyTokenFromAnotherStore(HistoryToken)
+    /// This device's schema contradicts the union schema of the zone (something removed, renamed or retyped).
+    /// The sync engine syncs nothing until the app's schema is fixed.
+    case incompatibleSchema([SchemaDifference])
     /// A save failed while committing: the stores listed in `committed` were committed before the failure and keep
     /// their changes; the others were rolled back. See ``ModelContext/save()`` for the guarantee.
     case partialSave(committed: [String], failed: String, underlying: SQLiteError)
@@ -57,6 +60,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .valueConversion(error): return error.description
         case let .historyTokenExpired(token): return "history token \(token) is expired (history before it was pruned)"
         case let .historyTokenFromAnotherStore(token): return "history token \(token) belongs to a store this container does not have"
+        case let .incompatibleSchema(differences):
+            return "schema incompatible with the zone: " + differences.map(\.description).joined(separator: "; ")
         case let .partialSave(committed, failed, underlying):
             return "save committed \(committed.joined(separator: ", ")) but failed on '\(failed)': \(underlying)"
         }

@@ -21,7 +21,9 @@ enum SyncLedger {
             local_version INTEGER NOT NULL DEFAULT 0,
             pending INTEGER NOT NULL DEFAULT 0,
             state TEXT NOT NULL DEFAULT 'pending',
-            reason TEXT);
+            reason TEXT,
+            waiting_for BLOB);
+        CREATE INDEX IF NOT EXISTS replica_sync_record_waiting ON replica_sync_record (waiting_for) WHERE waiting_for IS NOT NULL;
         CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1;
         CREATE TABLE IF NOT EXISTS replica_sync_unknown_record (
             id BLOB PRIMARY KEY NOT NULL,
@@ -211,6 +213,8 @@ enum SyncLedger {
     /// What merging one remote record did locally.
     struct MergeOutcome {
         var change: Change?
+        /// Set when the merged record is deleted (whether or not a local row existed).
+        var tombstoned: PersistentIdentifier?
         enum Change {
             case inserted(Snapshot)
             case updated(Snapshot, [String])
@@ -347,11 +351,11 @@ enum SyncLedger {
             try db.run(statements.insert, [remote.recordID.sqliteValue] + values)
             return MergeOutcome(change: .inserted(snapshot))
         }
-        guard localRow != nil else { return MergeOutcome(change: nil) }
+        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
         try db.run(statements.delete, [remote.recordID.sqliteValue])
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
-        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)))
+        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
     }
 
     /// The value a field takes when no write of the current incarnation is known: its declared default, else NULL.
@@ -392,6 +396,42 @@ enum SyncLedger {
                    [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description)])
         try db.run("DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?",
                    [.integer(Int64(conflictLogCapacity))])
+    }
+
+    // MARK: Relationships
+
+    /// After merging remote records: the children of records that died follow those records' delete rules; live
+    /// records whose references point at a deleted record follow that record's rule; references to records not here
+    /// yet mark the record as waiting for its parent (it is kept, never deleted for it); records that arrived release
+    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change).
+    static func resolveReferences(after changes: StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+        var writer = StoreWriter(store: store, db: db)
+        for id in tombstoned {
+            try writer.applyDeleteRulesAfterRemoteDelete(of: id)
+            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [id.id.sqliteValue])
+        }
+        let live = changes.inserted + changes.updated.map(\.0)
+        for snapshot in live where !snapshot.values.isEmpty {
+            guard let entity = store.entity(named: snapshot.entityName) else { continue }
+            var waitingFor: UUID?
+            for (offset, relationship) in entity.toOneRelationships.enumerated() {
+                guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
+                      let destination = store.entity(named: relationship.destination),
+                      let destinationSQL = store.statements(for: relationship.destination) else { continue }
+                if try db.scalar(destinationSQL.exists, [target.sqliteValue]) != nil { continue }
+                if let parent = try load(target, db), !parent.isAlive {
+                    let rule = relationship.inverse.flatMap { destination.relationship(named: $0)?.deleteRule } ?? .noAction
+                    try writer.followDeletedReference(child: snapshot.persistentModelID, reference: relationship.name, rule: rule)
+                } else {
+                    waitingFor = waitingFor ?? target
+                }
+            }
+            try db.run("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?", [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
+        }
+        for snapshot in changes.inserted {
+            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
+        }
+        return writer.changes
     }
 
     // MARK: JSON
