@@ -39,12 +39,13 @@ final class Device {
     let clock: ManualClock
     let name: String
 
-    init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], directory: URL? = nil) throws {
+    init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], version: Schema.Version = Schema.Version(1, 0, 0),
+         directory: URL? = nil) throws {
         let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-sync-\(UUID().uuidString)")
         let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
         self.name = name
         self.clock = environment.clock as! ManualClock
-        self.container = try ModelContainer(for: Schema(models), configurations: [
+        self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
             ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test")),
         ], environment: environment)
         self.engine = try SyncEngine(container: container, storeName: "notes")
@@ -76,6 +77,20 @@ final class Device {
             try engine.handle(request.id, cloud.performNow(request.operation))
         }
         return nil
+    }
+
+    /// Delivers `records` as the answer to the engine's next zone fetch (as if the cloud returned exactly them).
+    func deliver(_ records: [CloudRecord], cloud: InMemoryCloudDatabase) throws {
+        engine.setNeedsFetch()
+        for _ in 0..<50 {
+            guard let request = try engine.nextRequest() else { Issue.record("\(name) did not fetch"); return }
+            if case .fetchZoneChanges = request.operation {
+                try engine.handle(request.id, .success(.changes(ZoneChangeBatch(
+                    records: records, token: ServerChangeToken(epoch: 1, sequence: 0), moreComing: false))))
+                return
+            }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
     }
 
     /// Every live record of the store as (id, title, body, rating), sorted by ID.
