@@ -153,3 +153,46 @@ struct SQLiteCloudProcessTests {
         #expect(try cloud.records(in: "notes").count == 2)
     }
 }
+
+@Suite("App-group synced store shared by two OS processes")
+struct AppGroupSyncProcessTests {
+    @Test("both processes write; one uploads at a time; the lease of a killed holder is taken over; nothing uploads twice")
+    func leaseTakeover() async throws {
+        let root = temporaryRoot()
+        let cloudFile = root.appendingPathComponent("cloud.sqlite")
+        let process = Process()
+        process.executableURL = widgetExecutable()
+        process.arguments = ["lease-hold", root.path, cloudFile.path, "1500"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardInput = Pipe()
+        try process.run()
+        #expect(output.fileHandleForReading.availableLine() == "ready")
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+
+        var environment = ReplicaEnvironment.live
+        environment.appGroupDirectory = { root.appendingPathComponent($0, isDirectory: true) }
+        environment.processIdentity = ProcessIdentity(bundleIdentifier: "com.example.trips", processName: "app", processID: ProcessInfo.processInfo.processIdentifier)
+        let app = try ModelContainer(for: Schema([Note.self]), configurations: [
+            ModelConfiguration("shared-synced", groupContainer: .identifier("group.replica.tests"), cloudKitDatabase: .private("iCloud.replica.tests")),
+        ], environment: environment)
+        let context = ModelContext(app)
+        context.insert(Note(text: "written by the app"))
+        try context.save()
+        var options = SyncEngine.Options()
+        options.leaseDurationMilliseconds = 1500
+        let engine = try SyncEngine(container: app, storeName: "shared-synced", options: options)
+        // The dead widget still holds the lease: this engine must wait, not upload.
+        #expect(try engine.nextRequest() == nil)
+        #expect(engine.wakeTime != nil)
+        let cloud = try SQLiteCloudDatabase(url: cloudFile)
+        let status = try await SyncDriver.syncUntilIdle(engine, with: cloud)
+        #expect(status.isUpToDate)
+        let records = try cloud.records(in: "shared-synced")
+        #expect(records.count == 2)
+        // Each record was saved exactly once: change tags are "epoch.sequence" and the zone saw two saves in all.
+        #expect(Set(records.compactMap(\.changeTag)) == ["1.1", "1.2"])
+        #expect(try ModelContext(app).fetch(Note.self).count == 2)
+    }
+}
