@@ -117,7 +117,7 @@ struct StoreWriter {
 
     /// Deletes a record and applies its relationships' delete rules (recursively for cascades).
     /// A record that does not exist (deleted earlier, or never saved) is skipped.
-    mutating func deleteRecord(_ id: PersistentIdentifier) throws {
+    mutating func deleteRecord(_ id: PersistentIdentifier, viaCascade: Bool = false) throws {
         guard deleted.insert(id).inserted else { return }
         let (entity, sql) = entity(id.entityName)
         guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return }
@@ -125,7 +125,7 @@ struct StoreWriter {
         try db.run(sql.delete, [id.id.sqliteValue])
         let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
         changes.deleted.append(DeletedRecord(
-            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }))
+            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: viaCascade))
     }
 
     /// Applies the delete rules of a record a sync import has already removed: its to-many relationships' members
@@ -171,7 +171,7 @@ struct StoreWriter {
             case .deny:
                 failures.append(.deleteDenied(entity: entity.name, relationship: relationship.name, count: targets.count))
             case .cascade:
-                for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target)) }
+                for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target), viaCascade: true) }
             case .nullify:
                 guard let inverseName = relationship.inverse, let inverse = destination.relationship(named: inverseName),
                       !inverse.isToMany else { continue }
@@ -207,4 +207,6 @@ struct StoreChanges {
 struct DeletedRecord {
     let id: PersistentIdentifier
     let preservedValues: [(String, SQLiteValue)]
+    /// `true` when a delete rule (cascade) deleted it rather than the app.
+    var viaCascade = false
 }

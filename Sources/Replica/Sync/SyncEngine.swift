@@ -314,6 +314,13 @@ public final class SyncEngine {
 
     /// Merges fetched records and stores the new token, in one transaction.
     private func importBatch(_ batch: ZoneChangeBatch) throws {
+        if container.environment.canaries.contains(.tokenBeforeApply) {
+            try db.transaction(.immediate) { try saveToken(batch.token) }
+            try container.environment.faultHook?(.beforeImport(store: storeName))
+            try db.transaction(.immediate) { try mergeRecords(batch.records) }
+            return
+        }
+        try container.environment.faultHook?(.beforeImport(store: storeName))
         try db.transaction(.immediate) {
             try mergeRecords(batch.records)
             try saveToken(batch.token)
@@ -329,7 +336,7 @@ public final class SyncEngine {
         var changes = StoreChanges()
         var tombstoned: [PersistentIdentifier] = []
         for record in records {
-            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now)
+            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries)
             changes.add(outcome)
             if let id = outcome.tombstoned { tombstoned.append(id) }
         }
@@ -353,7 +360,15 @@ public final class SyncEngine {
                     state.changeTag = changeTag
                     if versions[id] == state.localVersion { state.pending = false }
                     try SyncLedger.store(state, db)
+                    if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
+                        try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
+                    }
                 case let .conflict(serverRecord):
+                    if container.environment.canaries.contains(.conflictClobbers), var state = try SyncLedger.load(serverRecord.recordID, db) {
+                        state.changeTag = serverRecord.changeTag
+                        try SyncLedger.store(state, db)
+                        continue
+                    }
                     conflicts.append(serverRecord)
                 case let .failed(id, error):
                     if error.isTransient {

@@ -125,7 +125,10 @@ enum SyncLedger {
     /// touched record enters the outbox.
     static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment) throws {
         guard !changes.isEmpty else { return }
-        let hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        if environment.canaries.contains(.lwwByWallClock) {
+            hlc = HLC(physical: environment.clock.nowMilliseconds(), logical: 0, replica: store.identity)
+        }
         for snapshot in changes.inserted {
             guard let entity = store.entity(named: snapshot.entityName) else { continue }
             var state = try load(snapshot.id, db) ?? RecordState(
@@ -152,6 +155,7 @@ enum SyncLedger {
             try self.store(state, db)
         }
         for record in changes.deleted {
+            if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
             guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
             state.causalLength += 1
             var tombstone: [String: CloudField] = [:]
@@ -225,7 +229,9 @@ enum SyncLedger {
     /// Merges a remote record (from a fetch or a save conflict) into the local store: causal length by max, each
     /// field by its stamp (absent fields keep their local value), unknown fields and record types kept. Writes the
     /// data row and the bookkeeping; returns what changed for history. Idempotent, commutative and associative.
-    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64) throws -> MergeOutcome {
+    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
+                      canaries: Set<Canary> = []) throws -> MergeOutcome {
+        var remote = remote
         // Advance the local clock past every stamp seen.
         var newest = remote.created.clock
         for field in remote.fields.values where field.stamp.clock > newest { newest = field.stamp.clock }
@@ -237,8 +243,15 @@ enum SyncLedger {
         }
         let local = try load(remote.recordID, db)
         let localRow: [SQLiteValue]? = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
+        if canaries.contains(.absentAsNull), remote.isAlive {
+            let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
+            for name in entity.fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
+        }
 
-        let causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        var causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        if canaries.contains(.nonIdempotentApply), let local, local.causalLength == remote.causalLength, local.changeTag == remote.changeTag {
+            causalLength += 1
+        }
         let incarnation = causalLength % 2 == 1 ? causalLength : causalLength - 1
         var created: FieldStamp
         switch (local, remote) {
