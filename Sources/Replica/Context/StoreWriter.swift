@@ -151,6 +151,27 @@ struct StoreWriter {
         }
     }
 
+    /// Points every to-one reference to `loser` at `winner` instead (a resolved duplicate), as local updates.
+    mutating func retargetReferences(from loser: PersistentIdentifier, to winner: UUID) throws {
+        for entity in store.entities {
+            for relationship in entity.toOneRelationships where relationship.destination == loser.entityName {
+                let (_, sql) = self.entity(entity.name)
+                let children = try db.rows("SELECT \"id\" FROM \(sql.table) WHERE \(quoted(relationship.name)) = ? ORDER BY \"id\"",
+                                           [loser.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
+                for child in children {
+                    try retargetReference(child: PersistentIdentifier(entityName: entity.name, id: child), reference: relationship.name, to: winner)
+                }
+            }
+        }
+    }
+
+    /// Points one record's to-one `reference` at `target`, as a local update.
+    mutating func retargetReference(child: PersistentIdentifier, reference: String, to target: UUID) throws {
+        let (_, sql) = entity(child.entityName)
+        try db.run("UPDATE \(sql.table) SET \(quoted(reference)) = ? WHERE \"id\" = ?", [target.sqliteValue, child.id.sqliteValue])
+        if db.changes > 0 { changes.updated.append((Snapshot(entityName: child.entityName, id: child.id, values: []), [reference])) }
+    }
+
     /// Applies the delete rules of record `id`. With `row == nil` (the row is already gone) only to-many
     /// relationships can be followed.
     private mutating func applyDeleteRules(of id: PersistentIdentifier, row: [SQLiteValue]?) throws {

@@ -16,6 +16,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     case tombstonesDroppedEarly = "tombstones-dropped-early"
     /// A local cascade deletes children but does not emit their tombstones: other devices keep orphans.
     case cascadeForgetsChildTombstones = "child-tombstones-forgotten"
+    /// Duplicates of unique keys created on different devices are not resolved: both stay alive.
+    case dedupSkipped = "dedup-skipped"
     /// On a save conflict the local record overwrites the server's without merging: other devices' writes are lost.
     case conflictClobbers = "conflict-clobbers"
 }

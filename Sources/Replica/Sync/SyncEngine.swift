@@ -222,13 +222,14 @@ public final class SyncEngine {
 
     /// The newest merge decisions in which a local, not yet uploaded value lost (at most `limit`, newest first).
     public func conflictLog(limit: Int = 100) throws -> [ConflictLogEntry] {
-        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
+        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp, winner FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
                     [.integer(Int64(limit))]).compactMap { row in
             guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .text(field) = row[2],
                   case let .text(local) = row[3], case let .text(winning) = row[4],
                   let localStamp = FieldStamp(local), let winningStamp = FieldStamp(winning) else { return nil }
+            let winner = (try? UUID(sqliteValue: row[5])).map { PersistentIdentifier(entityName: entity, id: $0) }
             return ConflictLogEntry(id: PersistentIdentifier(entityName: entity, id: id), field: field,
-                                    localStamp: localStamp, winningStamp: winningStamp)
+                                    localStamp: localStamp, winningStamp: winningStamp, duplicateOf: winner)
         }
     }
 
@@ -341,6 +342,10 @@ public final class SyncEngine {
             if let id = outcome.tombstoned { tombstoned.append(id) }
         }
         try SyncLedger.saveHLC(hlc, db)
+        if !container.environment.canaries.contains(.dedupSkipped) {
+            let touched = changes.inserted + changes.updated.map(\.0)
+            tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
+        }
         let consequences = try SyncLedger.resolveReferences(after: changes, tombstoned: tombstoned, store: store, db: db)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         changes.inserted += consequences.inserted
@@ -480,12 +485,19 @@ public struct LedgerEntry: Hashable, Sendable {
     public let changeTag: String?
 }
 
-/// A merge decision in which a local value that was not uploaded yet lost to a newer remote write.
+/// A merge decision in which a local value lost: a field whose local, not yet uploaded value lost to a newer remote
+/// write, or a duplicate of a unique key resolved into the winner.
 public struct ConflictLogEntry: Hashable, Sendable {
+    /// The record whose value lost (for a duplicate: the loser).
     public let id: PersistentIdentifier
+    /// The field (`"*"` for a duplicate).
     public let field: String
+    /// The losing stamp (for a duplicate: the loser's creation stamp).
     public let localStamp: FieldStamp
+    /// The winning stamp (for a duplicate: the winner's creation stamp).
     public let winningStamp: FieldStamp
+    /// For a resolved duplicate: the record it was merged into.
+    public let duplicateOf: PersistentIdentifier?
 }
 
 extension StoreChanges {

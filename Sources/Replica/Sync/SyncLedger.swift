@@ -29,13 +29,16 @@ enum SyncLedger {
             id BLOB PRIMARY KEY NOT NULL,
             record_type TEXT NOT NULL,
             record TEXT NOT NULL);
+        CREATE INDEX IF NOT EXISTS replica_sync_record_redirect ON replica_sync_record (redirect) WHERE redirect IS NOT NULL;
         CREATE TABLE IF NOT EXISTS replica_sync_conflict (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
             id BLOB NOT NULL,
             entity TEXT NOT NULL,
             field TEXT NOT NULL,
             local_stamp TEXT NOT NULL,
-            winning_stamp TEXT NOT NULL);
+            winning_stamp TEXT NOT NULL,
+            kind TEXT NOT NULL DEFAULT 'field',
+            winner BLOB);
         """
 
     /// The conflict log keeps at most this many entries (oldest dropped first).
@@ -311,13 +314,20 @@ enum SyncLedger {
             if let local, local.causalLength == remote.causalLength {
                 for (name, field) in local.tombstone where tombstone[name].map({ $0.stamp < field.stamp }) ?? true { tombstone[name] = field }
             }
+            // A duplicate that lost (a tombstone redirecting to the winner) carries every field, so that edits made
+            // to it anywhere reach the winner: fold in what this device knew of the live record.
+            if (remote.redirect ?? local?.redirect) != nil, let local, local.isAlive, let localRow {
+                for (index, name) in fieldNames.enumerated() {
+                    guard let stamp = local.stamps[name] else { continue }
+                    let field = CloudField(value: localRow[index + 1], stamp: stamp,
+                                           isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
+                    if tombstone[name].map({ $0.stamp < stamp }) ?? true { tombstone[name] = field }
+                }
+            }
         }
         if !alive {
-            // A tombstone: only the causal length and the preserved fields matter.
-            localNewer = false
-            if let local, local.causalLength == remote.causalLength {
-                localNewer = local.tombstone.contains { name, field in (remote.fields[name]?.stamp).map { $0 < field.stamp } ?? true }
-            }
+            // A tombstone: only the causal length and its fields matter.
+            localNewer = tombstone.contains { name, field in (remote.fields[name]?.stamp).map { $0 < field.stamp } ?? true }
         }
         if let local, local.causalLength > remote.causalLength { localNewer = true }
         if let local, local.causalLength == remote.causalLength, alive, local.created < remote.created { localNewer = true }
@@ -404,9 +414,11 @@ enum SyncLedger {
         return result
     }
 
-    static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp, _ db: Connection) throws {
-        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp) VALUES (?, ?, ?, ?, ?)",
-                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description)])
+    static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp,
+                            duplicateOf winner: UUID? = nil, _ db: Connection) throws {
+        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
+                    .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
         try db.run("DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?",
                    [.integer(Int64(conflictLogCapacity))])
     }
@@ -420,7 +432,13 @@ enum SyncLedger {
     static func resolveReferences(after changes: StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
         var writer = StoreWriter(store: store, db: db)
         for id in tombstoned {
-            try writer.applyDeleteRulesAfterRemoteDelete(of: id)
+            if let winner = try liveRedirectTarget(of: id.id, db) {
+                // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
+                try writer.retargetReferences(from: id, to: winner)
+                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &writer.changes)
+            } else {
+                try writer.applyDeleteRulesAfterRemoteDelete(of: id)
+            }
             try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [id.id.sqliteValue])
         }
         let live = changes.inserted + changes.updated.map(\.0)
@@ -433,6 +451,10 @@ enum SyncLedger {
                       let destinationSQL = store.statements(for: relationship.destination) else { continue }
                 if try db.scalar(destinationSQL.exists, [target.sqliteValue]) != nil { continue }
                 if let parent = try load(target, db), !parent.isAlive {
+                    if let winner = try liveRedirectTarget(of: target, db) {
+                        try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
+                        continue
+                    }
                     let rule = relationship.inverse.flatMap { destination.relationship(named: $0)?.deleteRule } ?? .noAction
                     try writer.followDeletedReference(child: snapshot.persistentModelID, reference: relationship.name, rule: rule)
                 } else {
@@ -445,6 +467,18 @@ enum SyncLedger {
             try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
         }
         return writer.changes
+    }
+
+    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops).
+    static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
+        var current = id
+        for _ in 0..<16 {
+            guard let state = try load(current, db) else { return nil }
+            if state.isAlive { return current == id ? nil : current }
+            guard let next = state.redirect else { return nil }
+            current = next
+        }
+        return nil
     }
 
     // MARK: JSON
