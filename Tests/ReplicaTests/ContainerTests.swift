@@ -209,6 +209,18 @@ struct ContainerTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.url.path).isEmpty)
     }
 
+    @Test func inMemoryStoresOfTwoContainersAreSeparate() throws {
+        let configuration = ModelConfiguration("memory", isStoredInMemoryOnly: true)
+        // Same seed, same directory: the environments produce the same identifiers, yet the stores must not be shared.
+        let first = try ModelContainer(for: Trip.self, Item.self, configurations: configuration, environment: directory.environment(seed: 7))
+        let second = try ModelContainer(for: Trip.self, Item.self, configurations: configuration, environment: directory.environment(seed: 7))
+        let context = ModelContext(first)
+        context.insert(Trip(name: "Only in the first"))
+        try context.save()
+        #expect(try ModelContext(first).fetch(Trip.self).count == 1)
+        #expect(try ModelContext(second).fetch(Trip.self).isEmpty)
+    }
+
     @Test func inMemoryDataDiesWithItsContainer() throws {
         let configuration = ModelConfiguration("memory", isStoredInMemoryOnly: true)
         do {
