@@ -221,6 +221,20 @@ struct ContainerTests {
         #expect(try ModelContext(second).fetch(Trip.self).isEmpty)
     }
 
+    @Test(arguments: ["a?b", "a#b", "100%", "50%25", "a&vfs=unix", "a b"])
+    func inMemoryStoreNamesMayContainURICharacters(name: String) throws {
+        let configuration = ModelConfiguration(name, isStoredInMemoryOnly: true)
+        let first = try ModelContainer(for: Trip.self, Item.self, configurations: configuration, environment: directory.environment(seed: 1))
+        let second = try ModelContainer(for: Trip.self, Item.self, configurations: configuration, environment: directory.environment(seed: 2))
+        let context = ModelContext(first)
+        let trip = context.insert(Trip(name: name))
+        try context.save()
+        #expect(try ModelContext(first).model(Trip.self, id: trip.id)?.name == name)
+        // The name must not cut the database URI short and open a file shared by every container of that name.
+        #expect(try ModelContext(second).fetch(Trip.self).isEmpty)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.url.path).isEmpty)
+    }
+
     @Test func inMemoryDataDiesWithItsContainer() throws {
         let configuration = ModelConfiguration("memory", isStoredInMemoryOnly: true)
         do {
