@@ -351,12 +351,22 @@ struct ContainerTests {
         }
     }
 
-    @Test(arguments: ["", ".", "..", "a/b", "/abs", "nul\u{0}byte", String(repeating: "x", count: 250)])
+    @Test(arguments: ["", ".", "..", "a/b", "/abs", "nul\u{0}byte", String(repeating: "x", count: 242)])
     func configurationNamesMustBeFileNames(name: String) throws {
         #expect(throws: ReplicaError.configurationFileNameContainsInvalidCharacters(name: name)) {
             _ = try ModelContainer(for: Note.self, configurations: ModelConfiguration(name), environment: directory.environment())
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.url.path).isEmpty)
+    }
+
+    @Test func longestValidConfigurationNameOpensAndSaves() throws {
+        // 241 + ".store" + "-journal" = 255 bytes, the file-name limit: every file SQLite makes beside the store fits.
+        let name = String(repeating: "x", count: 241)
+        let container = try ModelContainer(for: Note.self, configurations: ModelConfiguration(name), environment: directory.environment())
+        let context = ModelContext(container)
+        context.insert(Note(text: "fits", slug: "fits"))
+        try context.save()
+        #expect(try rowCount("Note", in: directory.storeURL(name)) == 1)
     }
 
     @Test func aDirectoryAtTheStorePathIsALoadIssue() throws {
