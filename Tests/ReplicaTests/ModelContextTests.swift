@@ -345,6 +345,19 @@ struct ModelContextTests {
         #expect(try context.model(Item.self, id: trip.id) == nil)
     }
 
+    @Test func fetchReturnsEveryModelOfTheEntityInCreationOrder() throws {
+        let container = try tripsContainer()
+        let context = ModelContext(container)
+        // Many inserts within one millisecond of the (manual) clock.
+        let trips = (0..<50).map { context.insert(Trip(name: "trip \($0)")) }
+        context.insert(Item(title: "not a trip"))
+        try context.save()
+        let fetched = try ModelContext(container).fetch(Trip.self)
+        #expect(fetched.map(\.name) == trips.map(\.name))
+        #expect(try ModelContext(container).fetch(Item.self).count == 1)
+        #expect(try ModelContext(container).fetch(Note.self).isEmpty)
+    }
+
     // MARK: Save across stores
 
     private func twoStoreContainer() throws -> ModelContainer {

@@ -19,6 +19,8 @@ public struct ReplicaEnvironment: Sendable {
     public var appGroupDirectory: @Sendable (_ groupIdentifier: String) -> URL
     /// Where stores of configurations without an explicit URL or app group live.
     public var defaultStoreDirectory: URL
+    /// The last identifier made (shared by copies, like the clock and random source).
+    private let identifierSequence = IdentifierSequence()
 
     public init(
         clock: any WallClock,
@@ -75,23 +77,61 @@ public struct ReplicaEnvironment: Sendable {
 
     /// A new time-ordered identifier (UUID version 7, RFC 9562): 48 bits of Unix milliseconds from ``clock``,
     /// then 74 random bits from ``random``. Identifiers made later by the same environment sort after earlier ones
-    /// unless the clock goes backwards.
+    /// unless the clock goes backwards: within one millisecond, the 74 bits count up from the previous identifier's
+    /// (RFC 9562 §6.2, method 2).
     public func makeIdentifier() -> UUID {
         let ms = UInt64(max(0, clock.nowMilliseconds()))
-        let r1 = random.next()
-        let r2 = random.next()
+        let next = identifierSequence.last.withLock { last -> IdentifierSequence.Bits in
+            var next: IdentifierSequence.Bits
+            if var previous = last, previous.clock == ms {
+                previous.increment()
+                next = previous
+            } else {
+                let r1 = random.next()
+                let r2 = random.next()
+                next = IdentifierSequence.Bits(clock: ms, time: ms, randA: UInt16(truncatingIfNeeded: r1 >> 52),
+                                               randB: (r2 >> 58) << 56 | r2 & 0x00FF_FFFF_FFFF_FFFF)
+            }
+            last = next
+            return next
+        }
         var bytes = [UInt8](repeating: 0, count: 16)
-        for i in 0..<6 { bytes[i] = UInt8(truncatingIfNeeded: ms >> (8 * (5 - i))) }
-        bytes[6] = 0x70 | UInt8(truncatingIfNeeded: r1 >> 60 & 0x0F)
-        bytes[7] = UInt8(truncatingIfNeeded: r1 >> 52)
-        bytes[8] = 0x80 | UInt8(truncatingIfNeeded: r2 >> 58 & 0x3F)
-        for i in 9..<16 { bytes[i] = UInt8(truncatingIfNeeded: r2 >> (8 * (15 - i))) }
+        for i in 0..<6 { bytes[i] = UInt8(truncatingIfNeeded: next.time >> (8 * (5 - i))) }
+        bytes[6] = 0x70 | UInt8(truncatingIfNeeded: next.randA >> 8 & 0x0F)
+        bytes[7] = UInt8(truncatingIfNeeded: next.randA)
+        bytes[8] = 0x80 | UInt8(truncatingIfNeeded: next.randB >> 56 & 0x3F)
+        for i in 9..<16 { bytes[i] = UInt8(truncatingIfNeeded: next.randB >> (8 * (15 - i))) }
         return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
                            bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
     }
 
     /// The current time from ``clock``.
     public func now() -> Date { Date(timeIntervalSince1970: Double(clock.nowMilliseconds()) / 1000) }
+}
+
+/// The state behind ``ReplicaEnvironment/makeIdentifier()``'s ordering: the bits of the last identifier made.
+final class IdentifierSequence: Sendable {
+    struct Bits {
+        /// The clock reading the identifier was made at.
+        var clock: UInt64
+        /// The 48-bit timestamp written (the clock reading, unless counting overflowed into it).
+        var time: UInt64
+        /// 12 bits (`rand_a`).
+        var randA: UInt16
+        /// 62 bits (`rand_b`).
+        var randB: UInt64
+
+        /// Adds one to the 74-bit number `randA:randB`, carrying into the timestamp when it overflows.
+        mutating func increment() {
+            if randB < (1 << 62) - 1 { randB += 1; return }
+            randB = 0
+            if randA < 0xFFF { randA += 1; return }
+            randA = 0
+            time += 1
+        }
+    }
+
+    let last = Mutex<Bits?>(nil)
 }
 
 /// Who is writing to a store: recorded in history so other processes can tell their own changes from others'.
