@@ -1,0 +1,217 @@
+// Relationships: to-many members filled on fetch, delete rules (cascade, nullify, deny, noAction) and required to-one
+// relationships.
+import Foundation
+import Testing
+@testable import Replica
+
+@Suite("Relationships and delete rules")
+struct RelationshipTests {
+    let directory = TestDirectory()
+    let container: ModelContainer
+
+    init() throws {
+        container = try ModelContainer(
+            for: Trip.self, Item.self, Folder.self, Document.self, Page.self, Shelf.self, Book.self, Team.self, Player.self,
+            Person.self, Account.self, Album.self, Photo.self, environment: directory.environment())
+    }
+
+    private func count(_ table: String) throws -> Int64 { try rowCount(table, in: directory.storeURL()) }
+
+    // MARK: To-many
+
+    @Test func toManyMembersAreFilledOnFetch() throws {
+        let context = ModelContext(container)
+        let iceland = context.insert(Trip(name: "Iceland"))
+        let japan = context.insert(Trip(name: "Japan"))
+        let empty = context.insert(Trip(name: "Empty"))
+        let lights = context.insert(Item(title: "Lights", trip: Reference(iceland)))
+        let sushi = context.insert(Item(title: "Sushi", trip: Reference(japan)))
+        let springs = context.insert(Item(title: "Springs", trip: Reference(iceland)))
+        context.insert(Item(title: "Unassigned"))
+        try context.save()
+
+        let reader = ModelContext(container)
+        let trips = try reader.fetch(Trip.self)
+        #expect(trips.map(\.name) == ["Iceland", "Japan", "Empty"])
+        #expect(trips.map { $0.items.map(\.id) } == [[lights.id, springs.id], [sushi.id], []])
+        #expect(try reader.model(Trip.self, id: iceland.id)?.items.map(\.id) == [lights.id, springs.id])
+        #expect(try reader.model(Trip.self, id: empty.id)?.items == [])
+        #expect(try reader.model(Item.self, id: sushi.id)?.trip == Reference(japan))
+
+        // Moving an item moves it between the arrays.
+        var moved = try #require(try reader.model(Item.self, id: springs.id))
+        moved.trip = Reference(japan)
+        reader.update(moved)
+        try reader.save()
+        let after = try ModelContext(container).fetch(Trip.self)
+        #expect(after.map { $0.items.map(\.id) } == [[lights.id], [sushi.id, springs.id], []])
+    }
+
+    @Test func toManyMembersAreLoadedForLargeBatches() throws {
+        let context = ModelContext(container)
+        let trips = (0..<600).map { context.insert(Trip(name: "t\($0)")) }
+        for (i, trip) in trips.enumerated() where i % 2 == 0 { context.insert(Item(title: "i\(i)", trip: Reference(trip))) }
+        try context.save()
+        let fetched = try ModelContext(container).fetch(Trip.self)
+        #expect(fetched.count == 600)
+        #expect(fetched.enumerated().allSatisfy { $0.element.items.count == ($0.offset % 2 == 0 ? 1 : 0) })
+    }
+
+    // MARK: Cascade
+
+    @Test func cascadeDeletesOverSeveralLevels() throws {
+        let context = ModelContext(container)
+        let folder = context.insert(Folder(name: "Work"))
+        let other = context.insert(Folder(name: "Home"))
+        for d in 0..<3 {
+            let document = context.insert(Document(title: "doc \(d)", folder: Reference(folder)))
+            for p in 0..<4 { context.insert(Page(number: p, document: Reference(document))) }
+        }
+        let kept = context.insert(Document(title: "kept", folder: Reference(other)))
+        let keptPage = context.insert(Page(number: 1, document: Reference(kept)))
+        let loose = context.insert(Page(number: 99))
+        try context.save()
+        #expect(try count("Document") == 4)
+        #expect(try count("Page") == 14)
+
+        context.delete(folder)
+        try context.save()
+        #expect(try count("Folder") == 1)
+        #expect(try ModelContext(container).fetch(Document.self).map(\.id) == [kept.id])
+        #expect(try Set(ModelContext(container).fetch(Page.self).map(\.id)) == [keptPage.id, loose.id])
+    }
+
+    @Test func cascadeIsReportedInTheStoreChanges() throws {
+        let context = ModelContext(container)
+        let trip = context.insert(Trip(name: "Preserved name"))
+        let a = context.insert(Item(title: "a", trip: Reference(trip)))
+        let b = context.insert(Item(title: "b", trip: Reference(trip)))
+        try context.save()
+
+        let store = container.stores[0]
+        let db = try store.openConnection()
+        try db.begin(.immediate)
+        defer { db.rollback() }
+        var writer = StoreWriter(store: store, db: db)
+        try writer.apply([(trip.persistentModelID, .delete)])
+        #expect(writer.failures.isEmpty)
+        #expect(writer.changes.deleted.map(\.id) == [a.persistentModelID, b.persistentModelID, trip.persistentModelID])
+        // Attributes marked preserveValueOnDeletion keep their value in the deletion record; others do not.
+        let tripDeletion = try #require(writer.changes.deleted.last)
+        #expect(tripDeletion.preservedValues.map(\.0) == ["name"])
+        #expect(tripDeletion.preservedValues.map(\.1) == [.text("Preserved name")])
+        #expect(writer.changes.deleted.first?.preservedValues.isEmpty == true)
+    }
+
+    // MARK: Nullify
+
+    @Test func nullifyClearsTheChildrensReferences() throws {
+        let context = ModelContext(container)
+        let team = context.insert(Team(name: "Reds"))
+        let other = context.insert(Team(name: "Blues"))
+        let a = context.insert(Player(name: "a", team: Reference(team)))
+        let b = context.insert(Player(name: "b", team: Reference(team)))
+        let c = context.insert(Player(name: "c", team: Reference(other)))
+        try context.save()
+
+        context.delete(team)
+        try context.save()
+        let reader = ModelContext(container)
+        #expect(try reader.fetch(Team.self).map(\.id) == [other.id])
+        #expect(try reader.fetch(Player.self).count == 3)
+        #expect(try reader.model(Player.self, id: a.id)?.team == nil)
+        #expect(try reader.model(Player.self, id: b.id)?.team == nil)
+        #expect(try reader.model(Player.self, id: c.id)?.team == Reference(other))
+        #expect(try reader.model(Team.self, id: other.id)?.players.map(\.id) == [c.id])
+    }
+
+    @Test func nullifyIsReportedInTheStoreChanges() throws {
+        let context = ModelContext(container)
+        let team = context.insert(Team(name: "Reds"))
+        let player = context.insert(Player(name: "a", team: Reference(team)))
+        try context.save()
+        let store = container.stores[0]
+        let db = try store.openConnection()
+        try db.begin(.immediate)
+        defer { db.rollback() }
+        var writer = StoreWriter(store: store, db: db)
+        try writer.apply([(team.persistentModelID, .delete)])
+        #expect(writer.changes.updated.map(\.0.id) == [player.id])
+        #expect(writer.changes.updated.map(\.1) == [["team"]])
+    }
+
+    @Test func deletingAChildLeavesTheParent() throws {
+        let context = ModelContext(container)
+        let trip = context.insert(Trip(name: "Trip"))
+        let a = context.insert(Item(title: "a", trip: Reference(trip)))
+        let b = context.insert(Item(title: "b", trip: Reference(trip)))
+        try context.save()
+        context.delete(a)
+        try context.save()
+        #expect(try ModelContext(container).model(Trip.self, id: trip.id)?.items.map(\.id) == [b.id])
+    }
+
+    // MARK: No action
+
+    @Test func noActionLeavesReferencesDangling() throws {
+        let context = ModelContext(container)
+        let album = context.insert(Album(title: "Holiday"))
+        let photo = context.insert(Photo(caption: "Beach", album: Reference(album)))
+        try context.save()
+        context.delete(album)
+        try context.save()
+        let reader = ModelContext(container)
+        #expect(try reader.fetch(Album.self).isEmpty)
+        #expect(try reader.model(Photo.self, id: photo.id)?.album == Reference(album))
+    }
+
+    // MARK: Deny
+
+    @Test func denyRefusesToDeleteWhileRelatedRecordsExist() throws {
+        let context = ModelContext(container)
+        let shelf = context.insert(Shelf(label: "Fiction"))
+        var first = context.insert(Book(title: "One", shelf: Reference(shelf)))
+        var second = context.insert(Book(title: "Two", shelf: Reference(shelf)))
+        let empty = context.insert(Shelf(label: "Empty"))
+        try context.save()
+
+        context.delete(shelf)
+        #expect(throws: ReplicaError.modelValidationFailure([.deleteDenied(entity: "Shelf", relationship: "books", count: 2)])) {
+            try context.save()
+        }
+        #expect(try count("Shelf") == 2)
+        #expect(try count("Book") == 2)
+        context.rollback()
+
+        // An empty shelf can go; once its books have moved, so can the other.
+        context.delete(empty)
+        try context.save()
+        first.shelf = nil
+        second.shelf = nil
+        context.update(first)
+        context.update(second)
+        try context.save()
+        context.delete(shelf)
+        try context.save()
+        #expect(try count("Shelf") == 0)
+        #expect(try count("Book") == 2)
+    }
+
+    // MARK: Required to-one
+
+    @Test func deletingTheTargetOfARequiredRelationshipIsRefused() throws {
+        let context = ModelContext(container)
+        let person = context.insert(Person(name: "Ada"))
+        let checking = context.insert(Account(number: "1", owner: Reference(person)))
+        let savings = context.insert(Account(number: "2", owner: Reference(person)))
+        try context.save()
+
+        context.delete(person)
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .missingRequiredRelationship(entity: "Account", relationship: "owner", id: checking.persistentModelID),
+            .missingRequiredRelationship(entity: "Account", relationship: "owner", id: savings.persistentModelID),
+        ])) { try context.save() }
+        #expect(try count("Person") == 1)
+        #expect(try count("Account") == 2)
+    }
+}
