@@ -197,6 +197,55 @@ struct RelationshipTests {
         #expect(try count("Book") == 2)
     }
 
+    @Test(arguments: [true, false])
+    func denyAllowsDeletingTheRelatedRecordsInTheSameSave(booksFirst: Bool) throws {
+        let context = ModelContext(container)
+        let shelf = context.insert(Shelf(label: "Fiction"))
+        let books = (0..<2).map { context.insert(Book(title: "\($0)", shelf: Reference(shelf))) }
+        try context.save()
+
+        // The outcome of a save does not depend on the order the deletes were registered in.
+        if booksFirst {
+            books.forEach(context.delete)
+            context.delete(shelf)
+        } else {
+            context.delete(shelf)
+            books.forEach(context.delete)
+        }
+        try context.save()
+        #expect(try count("Shelf") == 0)
+        #expect(try count("Book") == 0)
+    }
+
+
+    @Test func denyAllowsDeletingAfterMovingTheRelatedRecordsInTheSameSave() throws {
+        let context = ModelContext(container)
+        let old = context.insert(Shelf(label: "Old"))
+        let new = context.insert(Shelf(label: "New"))
+        var book = context.insert(Book(title: "Moved", shelf: Reference(old)))
+        try context.save()
+        context.delete(old)
+        book.shelf = Reference(new)
+        context.update(book)
+        try context.save()
+        #expect(try ModelContext(container).model(Shelf.self, id: new.id)?.books.map(\.id) == [book.id])
+        #expect(try count("Shelf") == 1)
+    }
+
+    @Test func denyCountsOnlyTheRecordsThatRemain() throws {
+        let context = ModelContext(container)
+        let shelf = context.insert(Shelf(label: "Fiction"))
+        let books = (0..<3).map { context.insert(Book(title: "\($0)", shelf: Reference(shelf))) }
+        try context.save()
+        context.delete(shelf)
+        context.delete(books[1])
+        #expect(throws: ReplicaError.modelValidationFailure([.deleteDenied(entity: "Shelf", relationship: "books", count: 2)])) {
+            try context.save()
+        }
+        #expect(try count("Book") == 3)
+    }
+
+
     // MARK: Required to-one
 
     @Test func deletingTheTargetOfARequiredRelationshipIsRefused() throws {
@@ -213,5 +262,23 @@ struct RelationshipTests {
         ])) { try context.save() }
         #expect(try count("Person") == 1)
         #expect(try count("Account") == 2)
+    }
+
+    @Test(arguments: [true, false])
+    func deletingTheTargetWithItsDependentsInOneSaveIsAllowed(dependentsFirst: Bool) throws {
+        let context = ModelContext(container)
+        let person = context.insert(Person(name: "Ada"))
+        let accounts = (0..<2).map { context.insert(Account(number: "\($0)", owner: Reference(person))) }
+        try context.save()
+        if dependentsFirst {
+            accounts.forEach(context.delete)
+            context.delete(person)
+        } else {
+            context.delete(person)
+            accounts.forEach(context.delete)
+        }
+        try context.save()
+        #expect(try count("Person") == 0)
+        #expect(try count("Account") == 0)
     }
 }
