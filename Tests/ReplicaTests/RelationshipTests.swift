@@ -281,4 +281,25 @@ struct RelationshipTests {
         #expect(try count("Person") == 0)
         #expect(try count("Account") == 0)
     }
+
+    @Test func aRequiredRelationshipLeftUnassignedIsRefused() throws {
+        let context = ModelContext(container)
+        let orphan = context.insert(Account(number: "orphan", owner: Reference(UUID.unassigned)))
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .missingRequiredRelationship(entity: "Account", relationship: "owner", id: orphan.persistentModelID),
+        ])) { try context.save() }
+        #expect(try count("Account") == 0)
+        context.rollback()
+
+        // The same on update.
+        let person = context.insert(Person(name: "Ada"))
+        var account = context.insert(Account(number: "1", owner: Reference(person)))
+        try context.save()
+        account.owner = Reference(UUID.unassigned)
+        context.update(account)
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .missingRequiredRelationship(entity: "Account", relationship: "owner", id: account.persistentModelID),
+        ])) { try context.save() }
+        #expect(try ModelContext(container).model(Account.self, id: account.id)?.owner == Reference(person))
+    }
 }
