@@ -87,6 +87,10 @@ final class Store: Sendable {
                     // attributes stay (their data is kept) and are ignored.
                     for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
                         try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                        // Records written before the attribute existed take its declared default.
+                        if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
+                            _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
+                        }
                     }
                 }
                 for relationship in entity.toOneRelationships {
