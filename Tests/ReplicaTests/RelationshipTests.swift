@@ -57,6 +57,38 @@ struct RelationshipTests {
         #expect(fetched.enumerated().allSatisfy { $0.element.items.count == ($0.offset % 2 == 0 ? 1 : 0) })
     }
 
+    @Test func toManyMembersReflectPendingChanges() throws {
+        let context = ModelContext(container)
+        let trip = context.insert(Trip(name: "Trip"))
+        let other = context.insert(Trip(name: "Other"))
+        let deleted = context.insert(Item(title: "deleted", trip: Reference(trip)))
+        var moved = context.insert(Item(title: "moved", trip: Reference(trip)))
+        try context.save()
+
+        let added = context.insert(Item(title: "added", trip: Reference(trip)))
+        moved.trip = Reference(other)
+        context.update(moved)
+        context.delete(deleted)
+
+        // The context's own view includes its pending changes, as for the records themselves...
+        #expect(try context.model(Item.self, id: deleted.id) == nil)
+        #expect(try context.model(Trip.self, id: trip.id)?.items.map(\.id) == [added.id])
+        #expect(try context.model(Trip.self, id: other.id)?.items.map(\.id) == [moved.id])
+        #expect(try context.fetch(Trip.self).map { $0.items.map(\.id) } == [[added.id], [moved.id]])
+        let newTrip = context.insert(Trip(name: "New"))
+        let newItem = context.insert(Item(title: "new", trip: Reference(newTrip)))
+        #expect(try context.model(Trip.self, id: newTrip.id)?.items.map(\.id) == [newItem.id])
+
+        // ...unless they are excluded, and other contexts never see them.
+        var storedOnly = FetchDescriptor<Trip>()
+        storedOnly.includePendingChanges = false
+        #expect(try context.fetch(storedOnly).map { $0.items.map(\.id) } == [[deleted.id, moved.id], []])
+        #expect(try ModelContext(container).fetch(Trip.self).map { $0.items.map(\.id) } == [[deleted.id, moved.id], []])
+
+        try context.save()
+        #expect(try ModelContext(container).fetch(Trip.self).map { $0.items.map(\.id) } == [[added.id], [moved.id], [newItem.id]])
+    }
+
     // MARK: Cascade
 
     @Test func cascadeDeletesOverSeveralLevels() throws {
