@@ -473,4 +473,42 @@ struct ModelContextTests {
             #expect(!text.contains("very-private"))
         }
     }
+
+    // MARK: Programming errors trap
+
+    /// A context on an in-memory container of notes only (nothing on disk: a trapping child process cannot clean up).
+    static func notesContext() throws -> ModelContext {
+        let environment = ReplicaEnvironment.seeded(seed: 1, directory: URL(fileURLWithPath: "/nonexistent-replica-tests"))
+        let container = try ModelContainer(for: Note.self, configurations: ModelConfiguration("notes", isStoredInMemoryOnly: true),
+                                           environment: environment)
+        return ModelContext(container)
+    }
+
+    @Test func programmingErrorsTrap() async throws {
+        // The control: the same set-up without the mistake exits normally.
+        await #expect(processExitsWith: .success) {
+            let context = try ModelContextTests.notesContext()
+            context.insert(Note(text: "t", slug: "s"))
+            try context.save()
+        }
+        await #expect(processExitsWith: .failure, "insert of a model whose entity is not in the container") {
+            try ModelContextTests.notesContext().insert(Trip(name: "not in the schema"))
+        }
+        await #expect(processExitsWith: .failure, "delete of an identifier whose entity is not in the container") {
+            try ModelContextTests.notesContext().delete(PersistentIdentifier(entityName: "Trip", id: UUID()))
+        }
+        await #expect(processExitsWith: .failure, "update of a model that was never inserted") {
+            try ModelContextTests.notesContext().update(Note(text: "t", slug: "s"))
+        }
+        await #expect(processExitsWith: .failure, "update of a model deleted in the same context") {
+            let context = try ModelContextTests.notesContext()
+            let note = context.insert(Note(text: "t", slug: "s"))
+            try context.save()
+            context.delete(note)
+            context.update(note)
+        }
+        await #expect(processExitsWith: .failure, "a reference to a model that was never inserted") {
+            _ = Reference(Trip(name: "no id"))
+        }
+    }
 }

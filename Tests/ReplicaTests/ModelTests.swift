@@ -270,4 +270,17 @@ struct ModelTests {
         #expect(fast.name == "T")
         #expect(fast.items.map(\.id) == [first.id, second.id])
     }
+
+    @Test func notANumberIsAKnownIssue() throws {
+        let container = try ModelContainer(for: Everything.self, environment: directory.environment())
+        let context = ModelContext(container)
+        context.insert(Everything(double: .nan))
+        try context.save()
+        // SQLite stores a bound NaN as NULL, so the record cannot be read back as a non-optional Double and every fetch
+        // of the entity fails. Open until it is decided whether a save refuses NaN or the store encodes it.
+        withKnownIssue("NaN is stored as NULL") {
+            let fetched = try ModelContext(container).fetch(Everything.self)
+            #expect(fetched.first?.double.isNaN == true)
+        }
+    }
 }
