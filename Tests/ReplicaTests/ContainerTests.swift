@@ -148,6 +148,26 @@ struct ContainerTests {
         #expect(error?.schemaViolations == [.duplicateMember(entity: "A", member: "id"), .duplicateEntity("A")])
     }
 
+    @Test func structuralAndSyncViolationsAreReportedTogether() {
+        let schema = Schema(entities: [
+            Schema.Entity(name: "A", attributes: [
+                Schema.Attribute(name: "count", type: .integer, isOptional: false, defaultValue: .text("zero")),
+                Schema.Attribute(name: "required", type: .string, isOptional: false),
+            ]),
+            Schema.Entity(name: "B", attributes: [Schema.Attribute(name: "required", type: .string, isOptional: false)]),
+        ])
+        let synced = ModelConfiguration("synced", schema: Schema(entities: [schema.entities[0]]), cloudKitDatabase: .private("iCloud.x"))
+        let rest = ModelConfiguration("rest", cloudKitDatabase: .private("iCloud.x"))
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: schema, configurations: [synced, rest], environment: directory.environment())
+        }
+        #expect(error?.schemaViolations == [
+            .defaultValueTypeMismatch(entity: "A", attribute: "count"),
+            .syncedAttributeNeedsDefault(entity: "A", attribute: "required"),
+            .syncedAttributeNeedsDefault(entity: "B", attribute: "required"),
+        ])
+    }
+
     // MARK: App groups
 
     @Test func appGroupStoresLiveInTheGroupDirectoryFromTheEnvironment() throws {
