@@ -55,4 +55,34 @@ struct MigrationTests {
         #expect(try ModelContext(container).fetch(PinV2.self).map(\.rating) == [3, 5])
         #expect(try ModelContext(container).model(PinV2.self, id: new.id)?.label == "")
     }
+
+    @Test func readOnlyStoresAreNotMigrated() throws {
+        do {
+            let container = try ModelContainer(for: PinV1.self, environment: directory.environment(seed: 1))
+            let context = ModelContext(container)
+            context.insert(PinV1(title: "v1"))
+            try context.save()
+        }
+        let readOnly = ModelConfiguration("default", allowsSave: false)
+        // Columns are missing, and cannot be added to a read-only store.
+        let missingColumns = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: PinV2.self, configurations: readOnly, environment: directory.environment(seed: 2))
+        }
+        guard case let .loadIssueModelContainer(configuration, reason)? = missingColumns else {
+            Issue.record("expected .loadIssueModelContainer, got \(String(describing: missingColumns))")
+            return
+        }
+        #expect(configuration == "default")
+        #expect(reason.contains("rating"))
+        // So is a whole table.
+        let missingTable = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: PinV1.self, Note.self, configurations: readOnly, environment: directory.environment(seed: 3))
+        }
+        #expect(missingTable?.description.contains("Note") == true)
+        // The file is untouched, and opens read-only with its own version of the schema.
+        let columns = try rawConnection(directory.storeURL(), readOnly: true).rows("SELECT name FROM pragma_table_info('Pin')")
+        #expect(columns.count == 2)
+        let container = try ModelContainer(for: PinV1.self, configurations: readOnly, environment: directory.environment(seed: 4))
+        #expect(try ModelContext(container).fetch(PinV1.self).map(\.title) == ["v1"])
+    }
 }
