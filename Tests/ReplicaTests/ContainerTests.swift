@@ -61,6 +61,23 @@ struct ContainerTests {
         #expect(container.storeIdentity(of: "nope") == nil)
     }
 
+    @Test func storeConnectionsUseTheStandardSettings() throws {
+        let file = ModelConfiguration("file", schema: Schema([Note.self]))
+        let memory = ModelConfiguration("memory", schema: tripsOnly, isStoredInMemoryOnly: true)
+        let container = try ModelContainer(for: Note.self, Trip.self, Item.self, configurations: file, memory,
+                                           environment: directory.environment())
+        let context = ModelContext(container)
+        for index in 0..<2 {
+            let db = try context.connection(for: index)
+            #expect(try db.scalar("PRAGMA synchronous") == .integer(1))
+            #expect(try db.scalar("PRAGMA foreign_keys") == .integer(1))
+            #expect(try db.scalar("PRAGMA busy_timeout") == .integer(5_000))
+        }
+        #expect(try context.connection(for: 0).scalar("PRAGMA journal_mode") == .text("wal"))
+        // WAL is recorded in the file itself: any other connection sees it.
+        #expect(try rawConnection(directory.storeURL("file"), readOnly: true).scalar("PRAGMA journal_mode") == .text("wal"))
+    }
+
     @Test func reopeningAStoreKeepsItsIdentityAndData() throws {
         let first = try ModelContainer(for: Trip.self, Item.self, environment: directory.environment(seed: 1))
         let context = ModelContext(first)

@@ -42,8 +42,10 @@ struct SQLiteConnectionTests {
         #expect(error?.isConstraintViolation == true)
     }
 
-    @Test func defaultBusyTimeoutIsFiveSeconds() {
+    @Test func busyTimeoutIsApplied() throws {
         #expect(Connection.defaultBusyTimeoutMilliseconds == 5_000)
+        #expect(try integer(Connection(location: .file(databaseURL)), "PRAGMA busy_timeout") == 5_000)
+        #expect(try integer(Connection(location: .file(databaseURL), busyTimeoutMilliseconds: 250), "PRAGMA busy_timeout") == 250)
     }
 
     @Test func secondWriterWaitsForTheBusyTimeoutThenGetsBusy() throws {
