@@ -113,6 +113,25 @@ struct SQLiteConnectionTests {
         #expect(try db.scalar("SELECT count(*) FROM t WHERE v IS NULL") == .integer(1))
     }
 
+    // MARK: Values
+
+    @Test func valueDescriptionsNeverShowTheValue() {
+        #expect(SQLiteValue.text("secret").description == "TEXT(6 bytes)")
+        #expect(SQLiteValue.blob(Data([1, 2, 3])).description == "BLOB(3 bytes)")
+        #expect(SQLiteValue.integer(123_456).description == "INTEGER")
+        #expect(SQLiteValue.real(3.25).description == "REAL")
+        #expect(SQLiteValue.null.description == "NULL")
+        #expect(!"\([SQLiteValue.text("secret")])".contains("secret"))
+    }
+
+    @Test func storageOrderFollowsSQLite() {
+        let sorted: [SQLiteValue] = [.null, .integer(-5), .real(-1.5), .integer(0), .real(0.5), .integer(1), .text(""),
+                                     .text("B"), .text("a"), .text("é"), .blob(Data()), .blob(Data([0])), .blob(Data([1]))]
+        #expect(sorted.shuffled().sorted(by: SQLiteValue.storageOrder) == sorted)
+        #expect(!SQLiteValue.storageOrder(.integer(1), .real(1)))
+        #expect(!SQLiteValue.storageOrder(.real(1), .integer(1)))
+    }
+
     // MARK: Errors
 
     @Test func errorsCarryExtendedCodeMessageAndSQL() throws {
