@@ -433,6 +433,21 @@ struct ContainerTests {
         #expect(try Data(contentsOf: directory.storeURL()) == garbage)
     }
 
+    @Test func anUncreatableStoreDirectoryIsALoadIssue() throws {
+        let blocker = directory.url.appendingPathComponent("blocker")
+        try Data("a file where a directory should be".utf8).write(to: blocker)
+        var environment = directory.environment()
+        environment.defaultStoreDirectory = blocker.appendingPathComponent("stores")
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: Note.self, environment: environment)
+        }
+        guard case let .loadIssueModelContainer(configuration, _)? = error else {
+            Issue.record("expected .loadIssueModelContainer, got \(String(describing: error))")
+            return
+        }
+        #expect(configuration == "default")
+    }
+
     @Test func anEntityMustBeInExactlyOneConfiguration() {
         let a = ModelConfiguration("a", schema: Schema([Trip.self, Item.self, Note.self]))
         let b = ModelConfiguration("b", schema: Schema([Note.self]))
