@@ -252,7 +252,7 @@ public final class ModelContext {
             if !removed.isEmpty { snapshots = snapshots.enumerated().filter { !removed.contains($0.offset) }.map(\.element) }
             snapshots.sort { $0.id.bytes.lexicographicallyPrecedes($1.id.bytes) }
         }
-        var models = try decodeModels(Model.self, snapshots, store: index)
+        var models = try decodeModels(Model.self, snapshots, store: index, includePendingChanges: descriptor.includePendingChanges)
         if let predicate = descriptor.predicate {
             models = try models.filter { try predicate.evaluate($0) }
         }
@@ -310,11 +310,14 @@ public final class ModelContext {
     }
 
     /// Decodes snapshots into models, loading each to-many relationship with one query for the whole batch.
-    private func decodeModels<Model: PersistentModel>(_ type: Model.Type, _ snapshots: [Snapshot], store index: Int) throws -> [Model] {
+    private func decodeModels<Model: PersistentModel>(_ type: Model.Type, _ snapshots: [Snapshot], store index: Int,
+                                                      includePendingChanges: Bool = true) throws -> [Model] {
         let entity = Model.entity
         var members: [String: [UUID: [UUID]]] = [:]
         for (relationship, _) in entity.toManyMembers {
-            members[relationship.name] = try loadToMany(relationship, for: snapshots.map(\.id), store: index)
+            var loaded = try loadToMany(relationship, for: snapshots.map(\.id), store: index)
+            if includePendingChanges { applyPendingMembers(relationship, for: snapshots.map(\.id), store: index, to: &loaded) }
+            members[relationship.name] = loaded
         }
         do {
             return try snapshots.map { snapshot in
@@ -349,5 +352,31 @@ public final class ModelContext {
             }
         }
         return result
+    }
+
+    /// Applies this context's pending inserts, updates and deletes of `relationship`'s destination records to the
+    /// stored members of each owner; a changed list stays in member ID order.
+    private func applyPendingMembers(_ relationship: Schema.Relationship, for owners: [UUID], store index: Int,
+                                     to members: inout [UUID: [UUID]]) {
+        let store = container.stores[index]
+        guard let inverse = relationship.inverse, let destination = store.entityIndex[relationship.destination],
+              let field = store.entities[destination].fieldNames.firstIndex(of: inverse) else { return }
+        let changed = pendingOrder.filter { $0.entityName == relationship.destination }
+        if changed.isEmpty || owners.isEmpty { return }
+        let changedIDs = Set(changed.map(\.id))
+        for owner in owners {
+            if let list = members[owner], list.contains(where: changedIDs.contains) {
+                members[owner] = list.filter { !changedIDs.contains($0) }
+            }
+        }
+        let ownerSet = Set(owners)
+        var touched: [UUID] = []
+        for id in changed {
+            guard case let .blob(bytes)? = pending[id]?.snapshot?.values[field], let owner = UUID(bytes: bytes),
+                  ownerSet.contains(owner) else { continue }
+            members[owner, default: []].append(id.id)
+            touched.append(owner)
+        }
+        for owner in touched { members[owner]?.sort { $0.bytes.lexicographicallyPrecedes($1.bytes) } }
     }
 }

@@ -3,8 +3,9 @@ import Foundation
 
 /// Applies one save's changes to one store inside an open write transaction. Internal.
 ///
-/// Order: deletes (with delete rules), then inserts and updates, then uniqueness checks over every record written,
-/// so keys may be swapped between records within one save. Validation failures are collected, not thrown, so that
+/// Order: deletes (with delete rules), then inserts and updates, then the deny rules and required relationships of
+/// the deleted records and uniqueness checks over every record written, so keys may be swapped between records, and a
+/// record may be deleted together with (or after moving) the records that depend on it, in one save. Validation failures are collected, not thrown, so that
 /// the caller can report all of them at once and roll back.
 struct StoreWriter {
     let store: Store
@@ -13,6 +14,24 @@ struct StoreWriter {
     /// What this save did, for history and notifications.
     var changes = StoreChanges()
     private var deleted = Set<PersistentIdentifier>()
+    /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
+    private var deferredChecks: [DeferredCheck] = []
+
+    /// A deleted record's relationship whose related records must be gone (or point elsewhere) by the end of the save.
+    private struct DeferredCheck {
+        enum Kind {
+            /// The relationship has the deny rule: no related record may remain.
+            case deny
+            /// The related records' inverse to-one relationship is required: none may still point to the record.
+            case requiredInverse(String)
+        }
+        let kind: Kind
+        let entity: String
+        let relationship: Schema.Relationship
+        let id: UUID
+        /// The related records when the record was deleted.
+        let targets: [UUID]
+    }
 
     init(store: Store, db: Connection) {
         self.store = store
@@ -37,6 +56,7 @@ struct StoreWriter {
                 _ = id
             }
         }
+        try checkDeletedRelationships()
         for snapshot in written { try checkUniqueness(snapshot) }
     }
 
@@ -190,17 +210,15 @@ struct StoreWriter {
             if targets.isEmpty { continue }
             switch relationship.deleteRule {
             case .deny:
-                failures.append(.deleteDenied(entity: entity.name, relationship: relationship.name, count: targets.count))
+                deferredChecks.append(DeferredCheck(kind: .deny, entity: entity.name, relationship: relationship, id: id.id, targets: targets))
             case .cascade:
                 for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target), viaCascade: true) }
             case .nullify:
                 guard let inverseName = relationship.inverse, let inverse = destination.relationship(named: inverseName),
                       !inverse.isToMany else { continue }
                 if !inverse.isOptional {
-                    for target in targets where !deleted.contains(PersistentIdentifier(entityName: destination.name, id: target)) {
-                        failures.append(.missingRequiredRelationship(entity: destination.name, relationship: inverseName,
-                                                                     id: PersistentIdentifier(entityName: destination.name, id: target)))
-                    }
+                    deferredChecks.append(DeferredCheck(kind: .requiredInverse(inverseName), entity: entity.name,
+                                                        relationship: relationship, id: id.id, targets: targets))
                     continue
                 }
                 try db.run("UPDATE \(destinationSQL.table) SET \(quoted(inverseName)) = NULL WHERE \(quoted(inverseName)) = ?",
@@ -210,6 +228,38 @@ struct StoreWriter {
                 }
             case .noAction:
                 break
+            }
+        }
+    }
+}
+
+extension StoreWriter {
+    /// Applies the deny rules and required inverse relationships of the records this save deleted, now that every
+    /// delete, insert and update is applied: related records deleted or moved elsewhere by the same save do not
+    /// count, whatever order the changes were registered in.
+    private mutating func checkDeletedRelationships() throws {
+        for check in deferredChecks {
+            let (destination, sql) = entity(check.relationship.destination)
+            func referencing(_ column: String) throws -> [UUID] {
+                try db.rows("SELECT \"id\" FROM \(sql.table) WHERE \(quoted(column)) = ? ORDER BY \"id\"",
+                            [check.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
+            }
+            switch check.kind {
+            case .deny:
+                let remaining: [UUID]
+                if check.relationship.isToMany, let inverse = check.relationship.inverse {
+                    remaining = try referencing(inverse)
+                } else {
+                    remaining = try check.targets.filter { try db.scalar(sql.exists, [$0.sqliteValue]) != nil }
+                }
+                if !remaining.isEmpty {
+                    failures.append(.deleteDenied(entity: check.entity, relationship: check.relationship.name, count: remaining.count))
+                }
+            case let .requiredInverse(inverse):
+                for target in try referencing(inverse) {
+                    failures.append(.missingRequiredRelationship(entity: destination.name, relationship: inverse,
+                                                                 id: PersistentIdentifier(entityName: destination.name, id: target)))
+                }
             }
         }
     }

@@ -9,7 +9,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case duplicateConfiguration(name: String)
     /// A configuration names entities that the container's schema does not have.
     case configurationSchemaNotFoundInContainerSchema(configuration: String, entities: [String])
-    /// A configuration's name cannot be used as a file name (empty, `/`, NUL, `..`, or longer than 255 bytes).
+    /// A configuration's name cannot be used as a file name (empty, `/`, NUL, `..`, or longer than 241 bytes,
+    /// so that `<name>.store-journal` fits the 255-byte file-name limit).
     case configurationFileNameContainsInvalidCharacters(name: String)
     /// An entity of the container schema is in more than one configuration, or in none.
     case entityNotRoutable(entity: String, configurations: [String])
