@@ -127,14 +127,14 @@ struct ModelContextTests {
         try db.begin(.immediate)
         defer { db.rollback() }
         var writer = StoreWriter(store: store, db: db)
-        try writer.apply([(trip.persistentModelID, .update(Trip.entity.snapshot(of: changed)))])
+        try writer.apply([(trip.persistentModelID, .update(Trip.entity.snapshot(of: changed), fields: nil))])
         #expect(writer.failures.isEmpty)
         #expect(writer.changes.inserted.isEmpty)
         #expect(writer.changes.updated.map(\.0.id) == [trip.id])
         #expect(writer.changes.updated.map(\.1) == [["destination", "rating"]])
 
         var unchanged = StoreWriter(store: store, db: db)
-        try unchanged.apply([(trip.persistentModelID, .update(Trip.entity.snapshot(of: changed)))])
+        try unchanged.apply([(trip.persistentModelID, .update(Trip.entity.snapshot(of: changed), fields: nil))])
         #expect(unchanged.changes.updated.isEmpty)
     }
 
@@ -510,5 +510,39 @@ struct ModelContextTests {
         await #expect(processExitsWith: .failure, "a reference to a model that was never inserted") {
             _ = Reference(Trip(name: "no id"))
         }
+    }
+}
+
+@Suite("Field-level change tracking")
+struct FieldLevelChangeTrackingTests {
+    struct Card: PersistentModel, Codable {
+        var id = UUID.unassigned
+        var front: String = ""
+        var back: String = ""
+        static let entity = ModelEntity<Card>([.attribute("front", \.front, default: ""), .attribute("back", \.back, default: "")])
+    }
+
+    @Test("a stale copy writes only the fields the app changed, never back values another writer changed meanwhile")
+    func staleCopyKeepsOthersChanges() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-ftrack-\(UUID().uuidString)")
+        let container = try ModelContainer(for: Card.self, environment: .seeded(seed: 1, directory: directory))
+        let setup = ModelContext(container)
+        let card = setup.insert(Card(front: "f", back: "b"))
+        try setup.save()
+
+        let mine = ModelContext(container)
+        var stale = try #require(try mine.model(Card.self, id: card.id))
+        let other = ModelContext(container)
+        var theirs = try #require(try other.model(Card.self, id: card.id))
+        theirs.front = "front by the other writer"
+        other.update(theirs)
+        try other.save()
+
+        stale.back = "back by me"
+        mine.update(stale)
+        try mine.save()
+        let stored = try #require(try ModelContext(container).model(Card.self, id: card.id))
+        #expect(stored.front == "front by the other writer")
+        #expect(stored.back == "back by me")
     }
 }

@@ -50,8 +50,8 @@ struct StoreWriter {
             switch change {
             case let .insert(snapshot), let .replace(snapshot):
                 if try insert(snapshot) { written.append(snapshot) }
-            case let .update(snapshot):
-                if try update(snapshot) { written.append(snapshot) }
+            case let .update(snapshot, fields):
+                if let stored = try update(snapshot, fields: fields) { written.append(stored) }
             case .delete:
                 _ = id
             }
@@ -93,26 +93,31 @@ struct StoreWriter {
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.
     /// - Throws: ``ReplicaError/recordNotFound(_:)`` when the record does not exist.
-    private mutating func update(_ snapshot: Snapshot) throws -> Bool {
+    /// Returns the record as stored after the update, or `nil` when nothing was written.
+    private mutating func update(_ snapshot: Snapshot, fields: Set<Int>?) throws -> Snapshot? {
         let (entity, sql) = entity(snapshot.entityName)
         guard let current = try db.rows(sql.selectByID, [snapshot.id.sqliteValue]).first else {
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
         let names = entity.fieldNames
         var changed: [Int] = []
-        for (i, value) in snapshot.values.enumerated() where current[i + 1] != value { changed.append(i) }
-        guard !changed.isEmpty else { return false }
+        for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
+            changed.append(i)
+        }
+        guard !changed.isEmpty else { return nil }
+        var stored = Snapshot(entityName: snapshot.entityName, id: snapshot.id, values: Array(current.dropFirst()))
+        for index in changed { stored.values[index] = snapshot.values[index] }
         for (offset, relationship) in entity.toOneRelationships.enumerated() where !relationship.isOptional {
-            if snapshot.values[entity.attributes.count + offset].isNull {
+            if stored.values[entity.attributes.count + offset].isNull {
                 failures.append(.missingRequiredRelationship(entity: entity.name, relationship: relationship.name, id: snapshot.persistentModelID))
-                return false
+                return nil
             }
         }
         let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
         try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
                    changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
-        changes.updated.append((snapshot, changed.map { names[$0] }))
-        return true
+        changes.updated.append((stored, changed.map { names[$0] }))
+        return stored
     }
 
     // MARK: Uniqueness
