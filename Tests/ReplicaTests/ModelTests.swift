@@ -271,16 +271,15 @@ struct ModelTests {
         #expect(fast.items.map(\.id) == [first.id, second.id])
     }
 
-    @Test func notANumberIsAKnownIssue() throws {
+    @Test func notANumberIsRefusedOnSave() throws {
+        // SQLite stores a bound NaN as NULL (https://www.sqlite.org/datatype3.html), which would make the record
+        // unreadable: a save refuses it with a typed validation failure and writes nothing.
         let container = try ModelContainer(for: Everything.self, environment: directory.environment())
         let context = ModelContext(container)
-        context.insert(Everything(double: .nan))
-        try context.save()
-        // SQLite stores a bound NaN as NULL, so the record cannot be read back as a non-optional Double and every fetch
-        // of the entity fails. Open until it is decided whether a save refuses NaN or the store encodes it.
-        withKnownIssue("NaN is stored as NULL") {
-            let fetched = try ModelContext(container).fetch(Everything.self)
-            #expect(fetched.first?.double.isNaN == true)
-        }
+        let record = context.insert(Everything(double: .nan))
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .unrepresentableValue(entity: "Everything", attribute: "double", id: record.persistentModelID),
+        ])) { try context.save() }
+        #expect(try ModelContext(container).fetch(Everything.self).isEmpty)
     }
 }

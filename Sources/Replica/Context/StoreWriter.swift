@@ -76,6 +76,7 @@ struct StoreWriter {
                 return false
             }
         }
+        if !representable(snapshot, entity: entity, fields: nil) { return false }
         let statement = try db.cachedStatement(sql.insert)
         defer { statement.reset() }
         try statement.bind(snapshot.id.sqliteValue, at: 0)
@@ -105,6 +106,7 @@ struct StoreWriter {
             changed.append(i)
         }
         guard !changed.isEmpty else { return nil }
+        if !representable(snapshot, entity: entity, fields: Set(changed)) { return nil }
         var stored = Snapshot(entityName: snapshot.entityName, id: snapshot.id, values: Array(current.dropFirst()))
         for index in changed { stored.values[index] = snapshot.values[index] }
         for (offset, relationship) in entity.toOneRelationships.enumerated() where !relationship.isOptional {
@@ -118,6 +120,18 @@ struct StoreWriter {
                    changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
         changes.updated.append((stored, changed.map { names[$0] }))
         return stored
+    }
+
+    /// Records a failure for every NaN among `fields` (all fields when `nil`): SQLite would store it as NULL.
+    private mutating func representable(_ snapshot: Snapshot, entity: Schema.Entity, fields: Set<Int>?) -> Bool {
+        var ok = true
+        for (index, value) in snapshot.values.enumerated() where fields?.contains(index) ?? true {
+            if case let .real(v) = value, v.isNaN {
+                failures.append(.unrepresentableValue(entity: entity.name, attribute: entity.fieldNames[index], id: snapshot.persistentModelID))
+                ok = false
+            }
+        }
+        return ok
     }
 
     // MARK: Uniqueness

@@ -78,6 +78,8 @@ public enum ModelValidationFailure: Sendable, Hashable, CustomStringConvertible 
     case duplicateIdentifier(PersistentIdentifier)
     /// A delete was refused by a deny rule: `count` records are still related through `relationship`.
     case deleteDenied(entity: String, relationship: String, count: Int)
+    /// A value SQLite cannot store faithfully (a floating-point NaN, which SQLite turns into NULL).
+    case unrepresentableValue(entity: String, attribute: String, id: PersistentIdentifier)
     /// A required to-one relationship has no value.
     case missingRequiredRelationship(entity: String, relationship: String, id: PersistentIdentifier)
 
@@ -88,6 +90,8 @@ public enum ModelValidationFailure: Sendable, Hashable, CustomStringConvertible 
         case let .duplicateIdentifier(id): return "\(id) already exists"
         case let .deleteDenied(entity, relationship, count):
             return "cannot delete \(entity): \(count) related record(s) through '\(relationship)' (deny rule)"
+        case let .unrepresentableValue(entity, attribute, id):
+            return "\(id): \(entity).\(attribute) holds a value SQLite cannot store (NaN)"
         case let .missingRequiredRelationship(entity, relationship, id):
             return "\(id): required relationship \(entity).\(relationship) has no value"
         }
