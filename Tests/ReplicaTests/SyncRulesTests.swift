@@ -259,6 +259,22 @@ struct SyncFaultTests {
         #expect(records.first { $0.recordID == gone.id }?.isAlive == false)
     }
 
+    @Test("a zone reset and re-created by another device: records the zone lost are uploaded again (found by the property test)")
+    func zoneRecreatedElsewhere() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1)
+        let b = try Device("B", seed: 2)
+        let note = a.context.insert(SyncNote(title: "only on A"))
+        try a.context.save()
+        try a.sync(cloud)
+        cloud.resetZone("notes")
+        try b.sync(cloud)  // B re-creates the zone: A's token is now expired, not "zone not found"
+        try a.sync(cloud)
+        try b.sync(cloud)
+        #expect(cloud.records(in: "notes").map(\.recordID) == [note.id])
+        #expect(try b.notes().map(\.title) == ["only on A"])
+    }
+
     @Test("the same response delivered twice changes nothing")
     func duplicateResponse() throws {
         let cloud = InMemoryCloudDatabase()

@@ -40,13 +40,14 @@ final class Device {
     let name: String
 
     init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], version: Schema.Version = Schema.Version(1, 0, 0),
-         directory: URL? = nil) throws {
+         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = []) throws {
         let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-sync-\(UUID().uuidString)")
-        let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+        var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+        environment.canaries = canaries
         self.name = name
         self.clock = environment.clock as! ManualClock
         self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
-            ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test")),
+            ModelConfiguration("notes", isStoredInMemoryOnly: inMemory, cloudKitDatabase: .private("iCloud.test")),
         ], environment: environment)
         self.engine = try SyncEngine(container: container, storeName: "notes")
         self.context = ModelContext(container)
@@ -80,17 +81,24 @@ final class Device {
     }
 
     /// Delivers `records` as the answer to the engine's next zone fetch (as if the cloud returned exactly them).
-    func deliver(_ records: [CloudRecord], cloud: InMemoryCloudDatabase) throws {
+    /// Returns `false` when the engine would not fetch (e.g. blocked).
+    @discardableResult
+    func deliver(_ records: [CloudRecord], cloud: InMemoryCloudDatabase) throws -> Bool {
         engine.setNeedsFetch()
         for _ in 0..<50 {
-            guard let request = try engine.nextRequest() else { Issue.record("\(name) did not fetch"); return }
+            guard let request = try engine.nextRequest() else {
+                guard let wake = engine.wakeTime else { return false }
+                clock.set(milliseconds: wake)
+                continue
+            }
             if case .fetchZoneChanges = request.operation {
                 try engine.handle(request.id, .success(.changes(ZoneChangeBatch(
                     records: records, token: ServerChangeToken(epoch: 1, sequence: 0), moreComing: false))))
-                return
+                return true
             }
             try engine.handle(request.id, cloud.performNow(request.operation))
         }
+        return false
     }
 
     /// Every live record of the store as (id, title, body, rating), sorted by ID.

@@ -127,7 +127,9 @@ public final class SyncEngine {
                 operation = .fetchZoneMetadata(zone: zone)
             }
         } else if needsFetch {
-            operation = .fetchZoneChanges(zone: zone, since: try loadToken(), limit: options.fetchLimit)
+            let token = try loadToken()
+            if token == nil { try beginFullResync() }
+            operation = .fetchZoneChanges(zone: zone, since: token, limit: options.fetchLimit)
         } else {
             let outbox = try SyncLedger.outbox(limit: options.uploadBatchSize, store: store, db: db)
             guard !outbox.isEmpty else { return nil }
@@ -325,7 +327,41 @@ public final class SyncEngine {
         try db.transaction(.immediate) {
             try mergeRecords(batch.records)
             try saveToken(batch.token)
+            try noteSeenDuringResync(batch)
         }
+    }
+
+    // MARK: Full resync
+
+    /// A fetch from no token reads the whole zone. Records this device has that the zone turns out not to have (the
+    /// zone was reset and re-created by another device, or lost them) are uploaded again when the read completes.
+    /// The generation and the records seen are stored in the store, so a crash mid-resync resumes correctly.
+    private func beginFullResync() throws {
+        try db.transaction(.immediate) {
+            let active = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+            guard active == nil else { return }
+            try db.run("""
+                INSERT INTO replica_metadata (key, value) VALUES ('resync_generation', 1)
+                ON CONFLICT (key) DO UPDATE SET value = value + 1
+                """)
+            try db.run("INSERT INTO replica_metadata (key, value) VALUES ('resync_active', 1)")
+        }
+    }
+
+    private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
+        guard try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'") != nil,
+              case let .integer(generation)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+        else { return }
+        for record in batch.records {
+            try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+        }
+        guard !batch.moreComing else { return }
+        try db.run("""
+            UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
+                state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END
+            WHERE seen <> ?
+            """, [.integer(generation)])
+        try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
     }
 
     /// Merges remote records (inside the caller's transaction), then resolves references (delete rules of deleted

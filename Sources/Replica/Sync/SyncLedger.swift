@@ -22,7 +22,8 @@ enum SyncLedger {
             pending INTEGER NOT NULL DEFAULT 0,
             state TEXT NOT NULL DEFAULT 'pending',
             reason TEXT,
-            waiting_for BLOB);
+            waiting_for BLOB,
+            seen INTEGER NOT NULL DEFAULT 0);
         CREATE INDEX IF NOT EXISTS replica_sync_record_waiting ON replica_sync_record (waiting_for) WHERE waiting_for IS NOT NULL;
         CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1;
         CREATE TABLE IF NOT EXISTS replica_sync_unknown_record (
