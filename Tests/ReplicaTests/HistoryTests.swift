@@ -223,6 +223,48 @@ struct HistoryTests {
     }
 }
 
+@Suite("History tracking switch")
+struct HistoryTrackingSwitchTests {
+    @Test("a local store with tracksHistory off saves without history; the other stores keep theirs")
+    func untrackedStoreWritesNoHistory() throws {
+        var trips = ModelConfiguration("trips", schema: Schema([HTrip.self, HItem.self]))
+        trips.tracksHistory = false
+        let container = try ModelContainer(
+            for: Schema([HTrip.self, HItem.self, HDraft.self]),
+            configurations: [trips, ModelConfiguration("drafts", schema: Schema([HDraft.self]))],
+            environment: .seeded(seed: 1, directory: makeDirectory()))
+        let context = ModelContext(container)
+        let trip = context.insert(HTrip(name: "Iceland"))
+        context.insert(HDraft(text: "socks"))
+        try context.save()
+        context.delete(trip)
+        try context.save()
+
+        let transactions = try context.fetchHistory()
+        #expect(transactions.map(\.storeName) == ["drafts"])
+        #expect(try context.currentHistoryToken(of: "trips")?.value == 0)
+        #expect(try ModelContext(container).fetch(HTrip.self).isEmpty)
+    }
+
+    @Test("synced and app-group stores refuse to run without history")
+    func syncedAndAppGroupStoresNeedHistory() throws {
+        var synced = ModelConfiguration("trips", cloudKitDatabase: .private("iCloud.test"))
+        synced.tracksHistory = false
+        #expect(throws: ReplicaError.self) {
+            try ModelContainer(for: HDraft.self, configurations: synced, environment: .seeded(seed: 1, directory: makeDirectory()))
+        }
+        var shared = ModelConfiguration("trips", groupContainer: .identifier("group.test"))
+        shared.tracksHistory = false
+        do {
+            _ = try ModelContainer(for: HDraft.self, configurations: shared, environment: .seeded(seed: 1, directory: makeDirectory()))
+            Issue.record("an app-group store without history was opened")
+        } catch let ReplicaError.loadIssueModelContainer(configuration, reason) {
+            #expect(configuration == "trips")
+            #expect(reason.contains("history"))
+        }
+    }
+}
+
 @Suite("History observation")
 struct HistoryObservationTests {
     @Test("the observer announces transactions of other processes, not its own, in token order")

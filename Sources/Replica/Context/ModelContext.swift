@@ -169,7 +169,9 @@ public final class ModelContext {
                 try writer.apply(byStore[index])
                 failures += writer.failures
                 if writer.failures.isEmpty {
-                    _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                    if container.stores[index].configuration.tracksHistory {
+                        _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                    }
                     if container.stores[index].configuration.isSynced {
                         try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
                                                           environment: container.environment)

@@ -39,6 +39,12 @@ public struct ModelConfiguration: Sendable, Hashable {
     public var cloudKitDatabase: CloudKitDatabase
     /// An explicit store file location, overriding the default directory and the app group.
     public var explicitURL: URL?
+    /// Whether saves record history transactions (default `true`; Core Data's persistent history tracking).
+    /// Turn it off for a local store whose history nobody reads (bulk imports, caches): saves then skip the history
+    /// tables, and ``ModelContext/fetchHistory(_:)`` finds no transactions of this store. Synced and app-group
+    /// stores need their history (sync imports and other processes are observed through it): a container refuses
+    /// them with ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when it is off.
+    public var tracksHistory = true
 
     /// A configuration whose file lives in the environment's default store directory or, with `groupContainer`,
     /// in the app group's shared directory.

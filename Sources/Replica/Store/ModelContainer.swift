@@ -43,6 +43,10 @@ public final class ModelContainer: Sendable {
             if let url = configuration.url(in: environment), !files.insert(url.standardizedFileURL.path).inserted {
                 throw ReplicaError.duplicateConfiguration(name: configuration.name)
             }
+            if !configuration.tracksHistory && (configuration.isSynced || configuration.groupContainer != .none) {
+                throw ReplicaError.loadIssueModelContainer(
+                    configuration: configuration.name, reason: "synced and app-group stores must track history")
+            }
         }
 
         // Route each entity to exactly one configuration.
