@@ -33,5 +33,12 @@ run: setup
 
 example: run
 
+## bench: replica-bench in a release build, full sizes (several minutes). `make bench ARGS=--quick` runs reduced sizes
+## in under two minutes; `ARGS="--json"` prints one JSON object per workload; `ARGS="--only B1,B3"` picks workloads.
+## BUILD_FLAGS passes build options (e.g. BUILD_FLAGS="--scratch-path /tmp/build").
+bench: setup
+	$(SWIFT) build -c release $(BUILD_FLAGS) --product replica-bench
+	$$($(SWIFT) build -c release $(BUILD_FLAGS) --show-bin-path)/replica-bench $(ARGS)
+
 clean:
 	rm -rf .build

@@ -35,6 +35,12 @@ let package = Package(
             name: "replica-widget",
             dependencies: ["Replica"]
         ),
+        // Benchmarks against raw SQLite/libsodium C calls (`make bench`). Meaningful in release builds only: the
+        // executable refuses to run when built in debug.
+        .executableTarget(
+            name: "replica-bench",
+            dependencies: ["Replica", "ReplicaTesting", "CSQLite", "CSodium"]
+        ),
         .testTarget(
             name: "ReplicaTests",
             dependencies: ["Replica", "ReplicaTesting", "replica-widget"]

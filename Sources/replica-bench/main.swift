@@ -1,0 +1,107 @@
+// replica-bench: Replica against the raw sqlite3 / libsodium C API doing the same work (same SQL text, same PRAGMAs,
+// same transaction boundaries), in one process, as ratios. See README.md, "Performance".
+//
+//   replica-bench [--quick] [--json] [--only B1,B3] [--reps N] [--warmups N] [--clock cpu|wall]
+//
+// Each workload runs a warm-up and then N repetitions; within a repetition the two sides run back to back, the
+// order alternating between repetitions, each on fresh state prepared outside the timed region. Reported: the
+// median time of each side and the median of the per-repetition ratios.
+import Foundation
+
+#if DEBUG
+FileHandle.standardError.write(Data("replica-bench measures release builds only: run `swift run -c release replica-bench` or `make bench`.\n".utf8))
+exit(2)
+#else
+
+func usage() -> Never {
+    print("""
+        usage: replica-bench [--quick] [--json] [--only B1,B3,...] [--reps N] [--warmups N] [--clock cpu|wall]
+          --quick     reduced sizes (1/5) and 3 repetitions: under two minutes
+          --json      one JSON object per workload per line (instead of the table)
+          --only      run only these workload IDs
+          --reps      repetitions after the warm-up (default 5, quick 3)
+          --warmups   warm-up runs per workload (default 1)
+          --clock     cpu (thread CPU time, default: robust on a shared machine) or wall
+        """)
+    exit(1)
+}
+
+var options = Options()
+var arguments = CommandLine.arguments.dropFirst().makeIterator()
+while let argument = arguments.next() {
+    switch argument {
+    case "--quick": options.quick = true
+    case "--json": options.json = true
+    case "--only": options.only = Set((arguments.next() ?? "").split(separator: ",").map { String($0).uppercased() })
+    case "--reps": options.repetitions = arguments.next().flatMap(Int.init) ?? { usage() }()
+    case "--warmups": options.warmups = arguments.next().flatMap(Int.init) ?? { usage() }()
+    case "--clock": options.clock = arguments.next().flatMap(ClockKind.init(rawValue:)) ?? { usage() }()
+    case "-h", "--help": usage()
+    default: usage()
+    }
+}
+
+let workloads: [Workload] = [
+    Workload(id: "B1", title: "insert 100k rows (10 columns), one transaction, typed path", target: .ratio(1.3),
+             count: { $0.scaled(100_000) },
+             replica: { size in try replicaInsertTrial(makeRecords(size.scaled(100_000)), tracksHistory: false, name: "B1-replica") },
+             raw: { size in try rawInsertTrial(makeRecords(size.scaled(100_000)), history: false, name: "B1-raw") }),
+    .notYetBuilt("B2", "B1 through the Codable convenience path", .ratio(2.0), "the Codable encoding path is not in this build"),
+    Workload(id: "B3", title: "fetch 200k rows into models (typed init(row:))", target: .ratio(1.3),
+             count: { $0.scaled(200_000) },
+             replica: { size in try replicaFetchTrial(size.scaled(200_000)) },
+             raw: { size in try rawFetchTrial(size.scaled(200_000)) }),
+    Workload(id: "B4", title: "B1 with history on (raw writes the same history rows)", target: .ratio(1.3),
+             count: { $0.scaled(100_000) },
+             replica: { size in try replicaInsertTrial(makeRecords(size.scaled(100_000)), tracksHistory: true, name: "B4-replica") },
+             raw: { size in try rawInsertTrial(makeRecords(size.scaled(100_000)), history: true, name: "B4-raw") }),
+    Workload(id: "B5", title: "10k single-row save transactions (with history)", target: .ratio(1.15),
+             count: { $0.scaled(10_000) },
+             replica: { size in try replicaSingleSavesTrial(makeRecords(size.scaled(10_000))) },
+             raw: { size in try rawSingleSavesTrial(makeRecords(size.scaled(10_000))) }),
+    .notYetBuilt("B6", "insert + fetch 100k records, two ~64-byte encrypted fields", .ratio(1.2),
+                 "field encryption is not in this build (issue: encryption)"),
+    Workload(id: "B8", title: "read 100k history changes after a token", target: .ratio(1.3),
+             count: { $0.scaled(100_000) },
+             replica: { size in try replicaHistoryTrial(size.scaled(100_000)) },
+             raw: { size in try rawHistoryTrial(size.scaled(100_000)) }),
+    Workload(id: "B9", title: "apply a 10k-record remote batch (merge + history) vs upserts", target: .ratio(2.0),
+             count: { $0.scaled(10_000) },
+             replica: { size in try replicaMergeTrial(size.scaled(10_000)) },
+             raw: { size in try rawMergeTrial(size.scaled(10_000)) }),
+    .notYetBuilt("B10", "enumerate 1M rows", .peakRSSAbove(50),
+                 "ModelContext.enumerate is not in this build (issue: queries)"),
+    .notYetBuilt("B11", "simulator, trips scenario", .perSecond(20_000, units: "device-ops/s"),
+                 "the simulator is not in this build (issue: simulator)"),
+    Workload(id: "B12", title: "property engine, 3 devices × 50 steps", target: .perSecond(100, units: "cases/s"),
+             count: { $0.scaled(100, quickDivisor: 4) },
+             replica: { size in propertyTrial(size.scaled(100, quickDivisor: 4)) }, raw: nil),
+]
+
+let selected = workloads.filter { options.only?.contains($0.id) ?? true }
+try? FileManager.default.createDirectory(at: benchRoot, withIntermediateDirectories: true)
+defer { try? FileManager.default.removeItem(at: benchRoot) }
+
+func log(_ line: String) {
+    FileHandle.standardError.write(Data((line + "\n").utf8))
+}
+
+log("replica-bench: \(options.quick ? "quick" : "full") sizes, clock \(options.clock.rawValue), files under \(benchRoot.path)")
+/// Writes one line to standard output at once (unbuffered, so a long run shows each row as it is measured).
+func output(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+if !options.json { output(tableHeader(options.clock)) }
+var results: [BenchResult] = []
+for workload in selected {
+    let result = run(workload, options: options, log: log)
+    results.append(result)
+    output(options.json ? jsonLine(result, options: options) : tableLine(result))
+}
+try? FileManager.default.removeItem(at: benchRoot)
+let measured = results.filter { $0.workload.notBuilt == nil }
+log("replica-bench: \(measured.filter(\.met).count) of \(measured.count) measured workloads met their targets; "
+    + "\(results.count - measured.count) not yet built")
+exit(results.contains { $0.error != nil } ? 1 : 0)
+#endif
