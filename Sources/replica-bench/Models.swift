@@ -145,3 +145,40 @@ struct CheckFailed: Error, CustomStringConvertible {
 func require(_ condition: Bool, _ message: @autoclosure () -> String) throws {
     if !condition { throw CheckFailed(message()) }
 }
+
+/// The same record through the Codable convenience path: encoded by the synthesized `encode(to:)` and decoded by the
+/// synthesized `init(from:)` (B2). Same table as `BenchRecord`, so the raw baseline is B1's.
+struct BenchCodableRecord: CodablePersistentModel, Equatable {
+    static var entityName: String { "BenchRecord" }
+    var id = UUID.unassigned
+    var name: String = ""
+    var email: String = ""
+    var age: Int = 0
+    var score: Double = 0
+    var active: Bool = false
+    var created: Date = Date(timeIntervalSince1970: 0)
+    var note: String?
+    var count: Int = 0
+    var ratio: Double = 0
+    var tag: String = ""
+
+    static let entity = ModelEntity<BenchCodableRecord>([
+        .attribute("name", \.name, default: ""),
+        .attribute("email", \.email, default: ""),
+        .attribute("age", \.age, default: 0),
+        .attribute("score", \.score, default: 0),
+        .attribute("active", \.active, default: false),
+        .attribute("created", \.created, default: Date(timeIntervalSince1970: 0)),
+        .attribute("note", \.note),
+        .attribute("count", \.count, default: 0),
+        .attribute("ratio", \.ratio, default: 0),
+        .attribute("tag", \.tag, default: ""),
+    ])
+
+    init(_ r: BenchRecord) {
+        id = r.id; name = r.name; email = r.email; age = r.age; score = r.score; active = r.active
+        created = r.created; note = r.note; count = r.count; ratio = r.ratio; tag = r.tag
+    }
+}
+
+func makeCodableRecords(_ n: Int) -> [BenchCodableRecord] { makeRecords(n).map(BenchCodableRecord.init) }

@@ -89,6 +89,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     let fieldIndexByName: [String: Int]
     /// To-many relationships with the closure that assigns their members.
     let toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]
+    /// For a ``CodablePersistentModel``: encodes every field value through `encode(to:)`.
+    let codableEncoder: ((Model) -> [SQLiteValue])?
 
     /// Describes the entity of `Model` (named ``PersistentModel/entityName``).
     /// - Parameters:
@@ -128,11 +130,19 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         for (index, name) in entity.fieldNames.enumerated() { byName[name] = index }
         self.fieldIndexByName = byName
         self.toManyMembers = toMany
+        if let codable = Model.self as? any CodablePersistentModel.Type {
+            self.codableEncoder = (makeCodableRowEncoder(codable, layout: RowEncodingLayout(entity: entity), fallback: fieldEncoders)
+                as! (Model) -> [SQLiteValue])
+        } else {
+            self.codableEncoder = nil
+        }
     }
 
-    /// The snapshot of `model`: its ID and every field's stored value. Complexity: O(fields), no reflection.
+    /// The snapshot of `model`: its ID and every field's stored value, read with the key paths (or, for a
+    /// ``CodablePersistentModel``, through `encode(to:)`). Complexity: O(fields), no reflection.
     public func snapshot(of model: Model) -> Snapshot {
-        Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) })
+        if let codableEncoder { return Snapshot(entityName: schemaEntity.name, id: model.id, values: codableEncoder(model)) }
+        return Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) })
     }
 
     /// The field name bound to `keyPath`, if it is an attribute or to-one relationship of this entity.

@@ -21,7 +21,8 @@ import Foundation
 /// ```
 ///
 /// Property names must equal attribute names when the default (`Decodable`) row decoding is used.
-/// A type can instead implement ``init(row:)`` by hand for the fastest reads.
+/// A type can instead implement ``init(row:)`` by hand for the fastest reads. Writes read the entity's key paths;
+/// a model that adopts ``CodablePersistentModel`` is written through its `Encodable` conformance instead.
 public protocol PersistentModel: Sendable, Identifiable where ID == UUID {
     /// The entity (record type) name: the SQLite table and the cloud record type. Defaults to the type's name.
     static var entityName: String { get }
