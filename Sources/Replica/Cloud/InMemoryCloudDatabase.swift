@@ -68,7 +68,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     /// Every record of `zone`, in ID order (for tests and invariants).
     public func records(in zone: String) -> [CloudRecord] {
         state.withLock { state in
-            (state.zones[zone]?.records.values.map(\.record) ?? []).sorted { $0.recordID.bytes.lexicographicallyPrecedes($1.recordID.bytes) }
+            (state.zones[zone]?.records.values.map(\.record) ?? []).sorted { $0.recordID.bytesPrecede($1.recordID) }
         }
     }
 

@@ -270,7 +270,7 @@ public final class ModelContext {
                 }
             }
             if !removed.isEmpty { snapshots = snapshots.enumerated().filter { !removed.contains($0.offset) }.map(\.element) }
-            snapshots.sort { $0.id.bytes.lexicographicallyPrecedes($1.id.bytes) }
+            snapshots.sort { $0.id.bytesPrecede($1.id) }
         }
         var models = try decodeModels(Model.self, snapshots, store: index, includePendingChanges: descriptor.includePendingChanges)
         if let predicate = descriptor.predicate {
@@ -399,6 +399,6 @@ public final class ModelContext {
             members[owner, default: []].append(id.id)
             touched.append(owner)
         }
-        for owner in touched { members[owner]?.sort { $0.bytes.lexicographicallyPrecedes($1.bytes) } }
+        for owner in touched { members[owner]?.sort { $0.bytesPrecede($1) } }
     }
 }

@@ -16,7 +16,7 @@ public struct HistoryToken: Hashable, Comparable, Sendable, Codable, CustomStrin
     /// Orders tokens of one store by value (tokens of different stores order by store identity first).
     public static func < (lhs: HistoryToken, rhs: HistoryToken) -> Bool {
         if lhs.storeIdentity != rhs.storeIdentity {
-            return lhs.storeIdentity.bytes.lexicographicallyPrecedes(rhs.storeIdentity.bytes)
+            return lhs.storeIdentity.bytesPrecede(rhs.storeIdentity)
         }
         return lhs.value < rhs.value
     }

@@ -12,14 +12,43 @@ extension ModelContext {
     }
 
     func postDidSave(_ changes: [StoreChanges]) {
-        let inserted = Set(changes.flatMap { $0.inserted.map(\.persistentModelID) })
-        let deleted = Set(changes.flatMap { $0.deleted.map(\.id) })
-        let updated = Set(changes.flatMap { $0.updated.map(\.0.persistentModelID) }).subtracting(inserted).subtracting(deleted)
+        // Sorted, duplicate-free lists; updated leaves out records also inserted or deleted by the save.
+        // Complexity: O(n log n) comparisons without hashing (O(n) for IDs saved in creation order, the usual case).
+        let inserted = Self.sortedUnique(changes.flatMap { $0.inserted.map(\.persistentModelID) })
+        let deleted = Self.sortedUnique(changes.flatMap { $0.deleted.map(\.id) })
+        var updated = Self.sortedUnique(changes.flatMap { $0.updated.map(\.0.persistentModelID) })
+        if !updated.isEmpty && !(inserted.isEmpty && deleted.isEmpty) {
+            updated.removeAll { Self.sortedContains(inserted, $0) || Self.sortedContains(deleted, $0) }
+        }
         NotificationCenter.default.post(name: Self.didSave, object: self, userInfo: [
-            NotificationKey.insertedIdentifiers.rawValue: inserted.sorted(),
-            NotificationKey.updatedIdentifiers.rawValue: updated.sorted(),
-            NotificationKey.deletedIdentifiers.rawValue: deleted.sorted(),
+            NotificationKey.insertedIdentifiers.rawValue: inserted,
+            NotificationKey.updatedIdentifiers.rawValue: updated,
+            NotificationKey.deletedIdentifiers.rawValue: deleted,
         ])
+    }
+
+    private static func sortedUnique(_ ids: [PersistentIdentifier]) -> [PersistentIdentifier] {
+        var ids = ids
+        var sorted = true
+        for i in ids.indices.dropFirst() where !(ids[i - 1] < ids[i]) {
+            sorted = false
+            break
+        }
+        if sorted { return ids }
+        ids.sort()
+        var unique: [PersistentIdentifier] = []
+        unique.reserveCapacity(ids.count)
+        for id in ids where unique.last != id { unique.append(id) }
+        return unique
+    }
+
+    private static func sortedContains(_ ids: [PersistentIdentifier], _ id: PersistentIdentifier) -> Bool {
+        var low = 0, high = ids.count
+        while low < high {
+            let mid = (low + high) / 2
+            if ids[mid] < id { low = mid + 1 } else { high = mid }
+        }
+        return low < ids.count && ids[low] == id
     }
 
     /// Reads history transactions (SwiftData's `fetchHistory(_:)`).

@@ -122,6 +122,23 @@ extension UUID: AttributeValue {
         withUnsafeBytes(of: uuid) { Data($0) }
     }
 
+    /// The UUID's bytes as two big-endian halves: comparing them compares the bytes in order.
+    @inline(__always)
+    var orderedHalves: (UInt64, UInt64) {
+        withUnsafeBytes(of: uuid) { raw in
+            (UInt64(bigEndian: raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self)),
+             UInt64(bigEndian: raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self)))
+        }
+    }
+
+    /// Whether this UUID's bytes precede `other`'s in lexicographic order (`bytes.lexicographicallyPrecedes`,
+    /// without allocating): the order of time-ordered IDs.
+    @inline(__always)
+    func bytesPrecede(_ other: UUID) -> Bool {
+        let (a0, a1) = orderedHalves, (b0, b1) = other.orderedHalves
+        return a0 != b0 ? a0 < b0 : a1 < b1
+    }
+
     /// A UUID from exactly 16 bytes.
     init?(bytes: Data) {
         guard bytes.count == 16 else { return nil }

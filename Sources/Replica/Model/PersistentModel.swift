@@ -75,10 +75,16 @@ public struct PersistentIdentifier: Hashable, Comparable, Sendable, Codable, Cus
     /// Orders by entity name, then by ID bytes (time order for IDs made by ``ReplicaEnvironment/makeIdentifier()``).
     public static func < (lhs: PersistentIdentifier, rhs: PersistentIdentifier) -> Bool {
         if lhs.entityName != rhs.entityName { return lhs.entityName < rhs.entityName }
-        return lhs.id.bytes.lexicographicallyPrecedes(rhs.id.bytes)
+        return lhs.id.bytesPrecede(rhs.id)
     }
 
     public var description: String { "\(entityName)/\(id.uuidString.lowercased())" }
+
+    /// Hashes the record ID only: IDs are globally unique, so the entity name adds no information, and hashing 16
+    /// bytes instead of both keeps the context's per-record dictionaries cheap. (Equality still compares both.)
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(id)
+    }
 }
 
 /// A reference from one model to a record of `Target`: how relationships are held in value-type models.

@@ -29,7 +29,7 @@ extension SyncLedger {
                 guard ids.count > 1 else { continue }
                 let states = try ids.compactMap { try load($0, db) }.filter(\.isAlive)
                 guard let winner = states.min(by: { a, b in
-                    a.created.clock != b.created.clock ? a.created.clock < b.created.clock : a.id.bytes.lexicographicallyPrecedes(b.id.bytes)
+                    a.created.clock != b.created.clock ? a.created.clock < b.created.clock : a.id.bytesPrecede(b.id)
                 }) else { continue }
                 for loser in states where loser.id != winner.id {
                     try absorb(loser, into: winner, entity: entity, store: store, db: db, changes: &changes)

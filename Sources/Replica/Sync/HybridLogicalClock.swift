@@ -23,7 +23,7 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
     public static func < (lhs: HLC, rhs: HLC) -> Bool {
         if lhs.physical != rhs.physical { return lhs.physical < rhs.physical }
         if lhs.logical != rhs.logical { return lhs.logical < rhs.logical }
-        return lhs.replica.bytes.lexicographicallyPrecedes(rhs.replica.bytes)
+        return lhs.replica.bytesPrecede(rhs.replica)
     }
 
     /// The stamp for a local event at wall time `wall` (ms) after this one, on `replica`.
