@@ -37,6 +37,8 @@ public final class ModelContext {
     private var pending: [PersistentIdentifier: PendingChange] = [:]
     /// First-registration order of pending IDs: saves apply changes in this order, deterministically.
     private var pendingOrder: [PersistentIdentifier] = []
+    /// The model type looked up last and its store (most code works with one type at a time).
+    private var lastModelStore: (type: ObjectIdentifier, index: Int)?
 
     /// Creates a context on `container`.
     public init(_ container: ModelContainer) {
@@ -57,10 +59,11 @@ public final class ModelContext {
         if model.id == .unassigned { model.id = container.environment.makeIdentifier() }
         let snapshot = Model.entity.snapshot(of: model)
         let id = snapshot.persistentModelID
-        switch pending[id] {
-        case .delete?, .replace?: register(id, .replace(snapshot))
-        case .insert?: register(id, .insert(snapshot))
-        case .update?, nil: register(id, .insert(snapshot))
+        // One hash lookup in the usual case (a new record).
+        switch pending.updateValue(.insert(snapshot), forKey: id) {
+        case nil: pendingOrder.append(id)
+        case .delete?, .replace?: pending[id] = .replace(snapshot)
+        case .insert?, .update?: break
         }
         return model
     }
@@ -148,9 +151,15 @@ public final class ModelContext {
         guard hasChanges else { return }
         // Group changes by store, in registration order.
         var byStore: [[(PersistentIdentifier, PendingChange)]] = Array(repeating: [], count: container.stores.count)
+        let singleStore = container.stores.count == 1
+        if singleStore { byStore[0].reserveCapacity(pendingOrder.count) }
         for id in pendingOrder {
-            guard let change = pending[id], let index = container.storeIndexByEntity[id.entityName] else { continue }
-            byStore[index].append((id, change))
+            guard let change = pending[id] else { continue }
+            if singleStore {
+                byStore[0].append((id, change))
+            } else if let index = container.storeIndexByEntity[id.entityName] {
+                byStore[index].append((id, change))
+            }
         }
         let affected = byStore.indices.filter { !byStore[$0].isEmpty }
         for index in affected where !container.stores[index].configuration.allowsSave {
@@ -210,10 +219,13 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
-        for id in pendingOrder {
-            switch pending[id] {
-            case let .insert(snapshot)?, let .replace(snapshot)?: registered[id] = snapshot
-            default: registered[id] = nil  // updated or deleted: the next read registers the stored state again
+        registered.reserveCapacity(registered.count + pendingOrder.count)
+        for index in affected {
+            for (id, change) in byStore[index] {
+                switch change {
+                case let .insert(snapshot), let .replace(snapshot): registered[id] = snapshot
+                default: registered[id] = nil  // updated or deleted: the next read registers the stored state again
+                }
             }
         }
         rollback()
@@ -299,9 +311,13 @@ public final class ModelContext {
     // MARK: Internals
 
     func storeIndex<Model: PersistentModel>(of type: Model.Type) -> Int {
-        guard let index = container.storeIndexByEntity[Model.entityName] else {
-            preconditionFailure("Replica: \(Model.self) (entity '\(Model.entityName)') is not in the container's schema")
+        let key = ObjectIdentifier(Model.self)
+        if let last = lastModelStore, last.type == key { return last.index }
+        let name = Model.entity.name
+        guard let index = container.storeIndexByEntity[name] else {
+            preconditionFailure("Replica: \(Model.self) (entity '\(name)') is not in the container's schema")
         }
+        lastModelStore = (key, index)
         return index
     }
 

@@ -16,6 +16,27 @@ struct StoreWriter {
     private var deleted = Set<PersistentIdentifier>()
     /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
     private var deferredChecks: [DeferredCheck] = []
+    /// What inserts of the entity written last need, looked up once per entity rather than once per row.
+    private var insertContext: InsertContext?
+
+    /// An entity's description, SQL, prepared INSERT and the facts row checks need.
+    private final class InsertContext {
+        let entity: Schema.Entity
+        let sql: EntityStatements
+        let insert: Statement
+        /// Field indices of required to-one relationships.
+        let requiredReferences: [(field: Int, relationship: Schema.Relationship)]
+        let hasUniquenessConstraints: Bool
+
+        init(entity: Schema.Entity, sql: EntityStatements, insert: Statement,
+             requiredReferences: [(field: Int, relationship: Schema.Relationship)], hasUniquenessConstraints: Bool) {
+            self.entity = entity
+            self.sql = sql
+            self.insert = insert
+            self.requiredReferences = requiredReferences
+            self.hasUniquenessConstraints = hasUniquenessConstraints
+        }
+    }
 
     /// A deleted record's relationship whose related records must be gone (or point elsewhere) by the end of the save.
     private struct DeferredCheck {
@@ -45,11 +66,13 @@ struct StoreWriter {
             case .insert, .update: break
             }
         }
+        // Records whose unique keys must be checked once everything is written.
         var written: [Snapshot] = []
+        changes.inserted.reserveCapacity(batch.count)
         for (id, change) in batch {
             switch change {
             case let .insert(snapshot), let .replace(snapshot):
-                if try insert(snapshot) { written.append(snapshot) }
+                if try insert(snapshot), insertContext?.hasUniquenessConstraints ?? true { written.append(snapshot) }
             case let .update(snapshot, fields):
                 if let stored = try update(snapshot, fields: fields) { written.append(stored) }
             case .delete:
@@ -58,6 +81,20 @@ struct StoreWriter {
         }
         try checkDeletedRelationships()
         for snapshot in written { try checkUniqueness(snapshot) }
+    }
+
+    /// The insert context of `entityName` (the one used last, or a new one).
+    private mutating func insertContext(for entityName: String) throws -> InsertContext {
+        if let context = insertContext, context.entity.name == entityName { return context }
+        let (entity, sql) = entity(entityName)
+        let references = entity.toOneRelationships.enumerated().compactMap { offset, relationship in
+            relationship.isOptional ? nil : (entity.attributes.count + offset, relationship)
+        }
+        let context = InsertContext(entity: entity, sql: sql, insert: try db.cachedStatement(sql.insert),
+                                    requiredReferences: references,
+                                    hasUniquenessConstraints: entity.uniquenessConstraints.contains { !$0.isEmpty })
+        insertContext = context
+        return context
     }
 
     func entity(_ name: String) -> (Schema.Entity, EntityStatements) {
@@ -69,20 +106,18 @@ struct StoreWriter {
 
     /// Inserts a record. Returns `false` (and records a failure) when it cannot be written.
     private mutating func insert(_ snapshot: Snapshot) throws -> Bool {
-        let (entity, sql) = entity(snapshot.entityName)
-        for (offset, relationship) in entity.toOneRelationships.enumerated() where !relationship.isOptional {
-            if snapshot.values[entity.attributes.count + offset].isNull {
-                failures.append(.missingRequiredRelationship(entity: entity.name, relationship: relationship.name, id: snapshot.persistentModelID))
-                return false
-            }
+        let context = try insertContext(for: snapshot.entityName)
+        for (field, relationship) in context.requiredReferences where snapshot.values[field].isNull {
+            failures.append(.missingRequiredRelationship(entity: context.entity.name, relationship: relationship.name, id: snapshot.persistentModelID))
+            return false
         }
-        if !representable(snapshot, entity: entity, fields: nil) { return false }
-        let statement = try db.cachedStatement(sql.insert)
+        if !representable(snapshot, entity: context.entity, fields: nil) { return false }
+        let statement = context.insert
         defer { statement.reset() }
-        try statement.bind(snapshot.id.sqliteValue, at: 0)
-        for (i, value) in snapshot.values.enumerated() { try statement.bind(value, at: Int32(i + 1)) }
         do {
-            while try statement.step() {}
+            try statement.withBound(id: snapshot.id, snapshot.values) {
+                while try statement.step() {}
+            }
         } catch let error as SQLiteError where error.extendedResultCode == SQLiteError.constraintPrimaryKey
                                             || error.extendedResultCode == SQLiteError.constraintUnique {
             failures.append(.duplicateIdentifier(snapshot.persistentModelID))
@@ -125,8 +160,8 @@ struct StoreWriter {
     /// Records a failure for every NaN among `fields` (all fields when `nil`): SQLite would store it as NULL.
     private mutating func representable(_ snapshot: Snapshot, entity: Schema.Entity, fields: Set<Int>?) -> Bool {
         var ok = true
-        for (index, value) in snapshot.values.enumerated() where fields?.contains(index) ?? true {
-            if case let .real(v) = value, v.isNaN {
+        for (index, value) in snapshot.values.enumerated() {
+            if case let .real(v) = value, v.isNaN, fields?.contains(index) ?? true {
                 failures.append(.unrepresentableValue(entity: entity.name, attribute: entity.fieldNames[index], id: snapshot.persistentModelID))
                 ok = false
             }

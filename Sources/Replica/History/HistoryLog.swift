@@ -69,7 +69,7 @@ enum HistoryLog {
                 try flush()
                 group = (entity, kind, fields)
             }
-            ids.append(id.bytes)
+            withUnsafeBytes(of: id.uuid) { ids.append(contentsOf: $0) }
         }
         for snapshot in changes.inserted { try add(snapshot.entityName, .insert, nil, snapshot.id) }
         for (snapshot, fields) in changes.updated { try add(snapshot.entityName, .update, fields.joined(separator: ","), snapshot.id) }

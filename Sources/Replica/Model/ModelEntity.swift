@@ -16,6 +16,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         }
         let kind: Kind
         let keyPath: PartialKeyPath<Model>
+        /// For an attribute that is a stored property of a common type: where and how to load it directly.
+        var load: FieldLoad?
 
         /// A stored attribute.
         /// - Parameters:
@@ -31,7 +33,24 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             let attribute = Schema.Attribute(
                 name: name, type: Value.attributeType, isOptional: Value.isOptionalAttribute,
                 defaultValue: defaultValue?.sqliteValue, options: options)
-            return Member(kind: .attribute(attribute, encode: { $0[keyPath: keyPath].sqliteValue }), keyPath: keyPath)
+            var member = Member(kind: .attribute(attribute, encode: fieldReader(keyPath) { $0.sqliteValue }), keyPath: keyPath)
+            member.load = FieldLoad.stored(keyPath)
+            return member
+        }
+
+        /// A getter for the property at `keyPath` followed by `convert`. A key path to a stored property of a struct
+        /// is read straight from the property's offset in the value (`MemoryLayout.offset(of:)`), several times
+        /// cheaper than a key-path projection; other key paths (computed properties, classes) are projected.
+        static func fieldReader<Value, Result>(_ keyPath: WritableKeyPath<Model, Value>,
+                                              _ convert: @escaping (Value) -> Result) -> (Model) -> Result {
+            guard let offset = MemoryLayout<Model>.offset(of: keyPath) else {
+                return { convert($0[keyPath: keyPath]) }
+            }
+            return { model in
+                withUnsafePointer(to: model) { pointer in
+                    convert(UnsafeRawPointer(pointer).load(fromByteOffset: offset, as: Value.self))
+                }
+            }
         }
 
         /// A to-one relationship, stored as the referenced record's ID.
@@ -44,7 +63,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: true)
-            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath]?.id.sqliteValue ?? .null }), keyPath: keyPath)
+            return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { $0?.id.sqliteValue ?? .null }), keyPath: keyPath)
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
@@ -56,9 +75,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: false)
-            return Member(kind: .toOne(relationship, encode: { model in
-                let id = model[keyPath: keyPath].id
-                return id == .unassigned ? .null : id.sqliteValue
+            return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { reference in
+                reference.id == .unassigned ? .null : reference.id.sqliteValue
             }), keyPath: keyPath)
         }
 
@@ -79,18 +97,56 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         }
     }
 
+    /// The entity's description and encoders, built once and shared: copying a `ModelEntity` (every access to a
+    /// model's `static let entity`) costs one retain.
+    final class Storage: @unchecked Sendable {
+        let schemaEntity: Schema.Entity
+        let fieldNames: [String]
+        let fieldEncoders: [(Model) -> SQLiteValue]
+        /// How ``snapshot(of:)`` reads each field directly (`nil`: through its encoder).
+        let fieldLoads: [FieldLoad?]
+        let fieldIndexByKeyPath: [PartialKeyPath<Model>: Int]
+        let fieldIndexByName: [String: Int]
+        let toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]
+        let codableEncoder: ((Model) -> [SQLiteValue])?
+
+        init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
+             fieldIndexByKeyPath: [PartialKeyPath<Model>: Int],
+             toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]) {
+            self.schemaEntity = schemaEntity
+            self.fieldNames = schemaEntity.fieldNames
+            self.fieldEncoders = fieldEncoders
+            self.fieldLoads = fieldLoads
+            self.fieldIndexByKeyPath = fieldIndexByKeyPath
+            var byName: [String: Int] = [:]
+            for (index, name) in fieldNames.enumerated() { byName[name] = index }
+            self.fieldIndexByName = byName
+            self.toManyMembers = toManyMembers
+            if let codable = Model.self as? any CodablePersistentModel.Type {
+                self.codableEncoder = (makeCodableRowEncoder(codable, layout: RowEncodingLayout(entity: schemaEntity), fallback: fieldEncoders)
+                    as! (Model) -> [SQLiteValue])
+            } else {
+                self.codableEncoder = nil
+            }
+        }
+    }
+
+    let storage: Storage
+
     /// The type-erased schema entity.
-    public let schemaEntity: Schema.Entity
+    public var schemaEntity: Schema.Entity { storage.schemaEntity }
+    /// The entity name (``PersistentModel/entityName``, computed once).
+    var name: String { storage.schemaEntity.name }
     /// Field encoders in ``Schema/Entity/fieldNames`` order.
-    let fieldEncoders: [(Model) -> SQLiteValue]
+    var fieldEncoders: [(Model) -> SQLiteValue] { storage.fieldEncoders }
     /// Field index (in ``Schema/Entity/fieldNames`` order) by key path.
-    let fieldIndexByKeyPath: [PartialKeyPath<Model>: Int]
+    var fieldIndexByKeyPath: [PartialKeyPath<Model>: Int] { storage.fieldIndexByKeyPath }
     /// Field index by name.
-    let fieldIndexByName: [String: Int]
+    var fieldIndexByName: [String: Int] { storage.fieldIndexByName }
     /// To-many relationships with the closure that assigns their members.
-    let toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]
+    var toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)] { storage.toManyMembers }
     /// For a ``CodablePersistentModel``: encodes every field value through `encode(to:)`.
-    let codableEncoder: ((Model) -> [SQLiteValue])?
+    var codableEncoder: ((Model) -> [SQLiteValue])? { storage.codableEncoder }
 
     /// Describes the entity of `Model` (named ``PersistentModel/entityName``).
     /// - Parameters:
@@ -101,6 +157,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var relationships: [Schema.Relationship] = []
         var attributeEncoders: [(Model) -> SQLiteValue] = []
         var referenceEncoders: [(Model) -> SQLiteValue] = []
+        var attributeLoads: [FieldLoad?] = []
         var attributeKeyPaths: [PartialKeyPath<Model>] = []
         var referenceKeyPaths: [PartialKeyPath<Model>] = []
         var toMany: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)] = []
@@ -109,6 +166,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             case let .attribute(attribute, encode):
                 attributes.append(attribute)
                 attributeEncoders.append(encode)
+                attributeLoads.append(member.load)
                 attributeKeyPaths.append(member.keyPath)
             case let .toOne(relationship, encode):
                 relationships.append(relationship)
@@ -121,32 +179,88 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         }
         let entity = Schema.Entity(name: Model.entityName, attributes: attributes, relationships: relationships,
                                    uniquenessConstraints: uniquenessConstraints)
-        self.schemaEntity = entity
-        self.fieldEncoders = attributeEncoders + referenceEncoders
         var byKeyPath: [PartialKeyPath<Model>: Int] = [:]
         for (index, keyPath) in (attributeKeyPaths + referenceKeyPaths).enumerated() { byKeyPath[keyPath] = index }
-        self.fieldIndexByKeyPath = byKeyPath
-        var byName: [String: Int] = [:]
-        for (index, name) in entity.fieldNames.enumerated() { byName[name] = index }
-        self.fieldIndexByName = byName
-        self.toManyMembers = toMany
-        if let codable = Model.self as? any CodablePersistentModel.Type {
-            self.codableEncoder = (makeCodableRowEncoder(codable, layout: RowEncodingLayout(entity: entity), fallback: fieldEncoders)
-                as! (Model) -> [SQLiteValue])
-        } else {
-            self.codableEncoder = nil
-        }
+        storage = Storage(schemaEntity: entity, fieldEncoders: attributeEncoders + referenceEncoders,
+                          fieldLoads: attributeLoads + referenceEncoders.map { _ in nil },
+                          fieldIndexByKeyPath: byKeyPath, toManyMembers: toMany)
     }
 
     /// The snapshot of `model`: its ID and every field's stored value, read with the key paths (or, for a
     /// ``CodablePersistentModel``, through `encode(to:)`). Complexity: O(fields), no reflection.
     public func snapshot(of model: Model) -> Snapshot {
-        if let codableEncoder { return Snapshot(entityName: schemaEntity.name, id: model.id, values: codableEncoder(model)) }
-        return Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) })
+        let storage = storage
+        if let codableEncoder = storage.codableEncoder {
+            return Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: codableEncoder(model))
+        }
+        let loads = storage.fieldLoads
+        let encoders = storage.fieldEncoders
+        let values = [SQLiteValue](unsafeUninitializedCapacity: loads.count) { buffer, count in
+            withUnsafePointer(to: model) { pointer in
+                let base = UnsafeRawPointer(pointer)
+                for index in 0..<loads.count {
+                    (buffer.baseAddress! + index).initialize(to: loads[index]?.value(base) ?? encoders[index](model))
+                }
+            }
+            count = loads.count
+        }
+        return Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: values)
     }
 
     /// The field name bound to `keyPath`, if it is an attribute or to-one relationship of this entity.
     public func fieldName(for keyPath: PartialKeyPath<Model>) -> String? {
-        fieldIndexByKeyPath[keyPath].map { schemaEntity.fieldNames[$0] }
+        storage.fieldIndexByKeyPath[keyPath].map { storage.fieldNames[$0] }
+    }
+}
+
+/// How ``snapshot(of:)`` reads one field: straight from a stored property's offset for the common attribute
+/// types, without a closure call or generic dispatch (other fields go through their encoders).
+enum FieldLoad {
+    case string(Int), int(Int), double(Int), bool(Int), date(Int), data(Int), uuid(Int)
+    case optionalString(Int), optionalInt(Int), optionalDouble(Int), optionalBool(Int), optionalDate(Int)
+    case optionalData(Int), optionalUUID(Int)
+
+    /// The direct load of the stored property at `keyPath`, or `nil` (not a stored property of the model's own
+    /// storage, per `MemoryLayout.offset(of:)`, or another type).
+    static func stored<Model, Value: AttributeValue>(_ keyPath: WritableKeyPath<Model, Value>) -> FieldLoad? {
+        guard let offset = MemoryLayout<Model>.offset(of: keyPath) else { return nil }
+        switch Value.self {
+        case is String.Type: return .string(offset)
+        case is Int.Type: return .int(offset)
+        case is Double.Type: return .double(offset)
+        case is Bool.Type: return .bool(offset)
+        case is Date.Type: return .date(offset)
+        case is Data.Type: return .data(offset)
+        case is UUID.Type: return .uuid(offset)
+        case is String?.Type: return .optionalString(offset)
+        case is Int?.Type: return .optionalInt(offset)
+        case is Double?.Type: return .optionalDouble(offset)
+        case is Bool?.Type: return .optionalBool(offset)
+        case is Date?.Type: return .optionalDate(offset)
+        case is Data?.Type: return .optionalData(offset)
+        case is UUID?.Type: return .optionalUUID(offset)
+        default: return nil
+        }
+    }
+
+    /// The stored value of this field of the model at `base`.
+    @inline(__always)
+    func value(_ base: UnsafeRawPointer) -> SQLiteValue {
+        switch self {
+        case let .string(o): return base.load(fromByteOffset: o, as: String.self).sqliteValue
+        case let .int(o): return base.load(fromByteOffset: o, as: Int.self).sqliteValue
+        case let .double(o): return base.load(fromByteOffset: o, as: Double.self).sqliteValue
+        case let .bool(o): return base.load(fromByteOffset: o, as: Bool.self).sqliteValue
+        case let .date(o): return base.load(fromByteOffset: o, as: Date.self).sqliteValue
+        case let .data(o): return base.load(fromByteOffset: o, as: Data.self).sqliteValue
+        case let .uuid(o): return base.load(fromByteOffset: o, as: UUID.self).sqliteValue
+        case let .optionalString(o): return base.load(fromByteOffset: o, as: String?.self).sqliteValue
+        case let .optionalInt(o): return base.load(fromByteOffset: o, as: Int?.self).sqliteValue
+        case let .optionalDouble(o): return base.load(fromByteOffset: o, as: Double?.self).sqliteValue
+        case let .optionalBool(o): return base.load(fromByteOffset: o, as: Bool?.self).sqliteValue
+        case let .optionalDate(o): return base.load(fromByteOffset: o, as: Date?.self).sqliteValue
+        case let .optionalData(o): return base.load(fromByteOffset: o, as: Data?.self).sqliteValue
+        case let .optionalUUID(o): return base.load(fromByteOffset: o, as: UUID?.self).sqliteValue
+        }
     }
 }
