@@ -1,6 +1,13 @@
 import CSQLite
 import Foundation
 
+/// The SQL text of a statement run on a hot path, as a static constant: connections cache its prepared statement by
+/// the key's identity. Keys live for the whole process (declare them as `static let`).
+final class StatementKey: Sendable {
+    let sql: String
+    init(_ sql: String) { self.sql = sql }
+}
+
 /// One SQLite database connection. Internal.
 ///
 /// A connection is a non-`Sendable` class: Swift 6's isolation checking confines it to the executor that created it
@@ -24,6 +31,8 @@ final class Connection {
     let location: Location
     let isReadOnly: Bool
     private var cache: [String: Statement] = [:]
+    /// Statements of hot paths, cached by key identity (see ``StatementKey``).
+    private var keyedCache: [ObjectIdentifier: Statement] = [:]
     /// Nesting depth of `transaction` calls; inner calls use savepoints.
     private var transactionDepth = 0
 
@@ -65,6 +74,7 @@ final class Connection {
 
     deinit {
         cache.removeAll()
+        keyedCache.removeAll()
         sqlite3_close_v2(handle)
     }
 
@@ -85,8 +95,22 @@ final class Connection {
         return statement
     }
 
+    /// The cached prepared statement for `key`, preparing it on first use: like ``cachedStatement(_:)`` without
+    /// hashing the SQL text on every call (long statements on per-record paths).
+    func cachedStatement(_ key: StatementKey) throws -> Statement {
+        if let statement = keyedCache[ObjectIdentifier(key)] { return statement }
+        let statement = try Statement(connection: self, sql: key.sql)
+        keyedCache[ObjectIdentifier(key)] = statement
+        return statement
+    }
+
+    /// Runs the statement of `key` (which returns no rows) with `values` bound.
+    func run(_ key: StatementKey, _ values: [SQLiteValue] = []) throws {
+        try cachedStatement(key).run(values)
+    }
+
     /// Number of statements in the cache (for tests).
-    var cachedStatementCount: Int { cache.count }
+    var cachedStatementCount: Int { cache.count + keyedCache.count }
 
     /// Runs `sql` with `values` bound and returns every row, each as an array of column values.
     /// - Parameter cache: keep the prepared statement for reuse (pass `false` for SQL text that varies per call).

@@ -48,11 +48,17 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var description: String { hex }
 
     var hex: String {
-        hexDigits(UInt64(max(0, physical)), width: 12) + hexDigits(UInt64(max(0, logical)), width: 4)
+        if fitsHex { return String(unsafeUninitializedCapacity: 48) { writeHex(into: $0, at: 0); return 48 } }
+        return hexDigits(UInt64(max(0, physical)), width: 12) + hexDigits(UInt64(max(0, logical)), width: 4)
             + replica.bytes.map { hexDigits(UInt64($0), width: 2) }.joined()
     }
 
     init?(hex: Substring) {
+        var text = hex
+        if text.utf8.count == 48, let parsed = text.withUTF8({ HLC.parse($0, at: 0) }) {
+            self = parsed
+            return
+        }
         guard hex.utf8.count == 48, let physical = UInt64(hex.prefix(12), radix: 16),
               let logical = UInt64(hex.dropFirst(12).prefix(4), radix: 16) else { return nil }
         var bytes = Data()
@@ -87,9 +93,17 @@ public struct FieldStamp: Hashable, Comparable, Sendable, Codable, CustomStringC
     }
 
     /// 16 hex digits of incarnation, then the HLC's 48: 64 characters whose lexicographic order is the stamp order.
-    public var description: String { hexDigits(UInt64(max(0, incarnation)), width: 16) + clock.hex }
+    public var description: String {
+        if fitsHex { return String(unsafeUninitializedCapacity: 64) { writeHex(into: $0, at: 0); return 64 } }
+        return hexDigits(UInt64(max(0, incarnation)), width: 16) + clock.hex
+    }
 
     public init?(_ text: String) {
+        var bytes = text
+        if bytes.utf8.count == 64, let parsed = bytes.withUTF8({ FieldStamp.parse($0, at: 0) }) {
+            self = parsed
+            return
+        }
         let text = Substring(text)
         guard text.utf8.count == 64, let incarnation = UInt64(text.prefix(16), radix: 16),
               let clock = HLC(hex: text.dropFirst(16)) else { return nil }

@@ -83,18 +83,20 @@ enum SyncLedger {
 
     // MARK: Record state
 
+    private static let loadSQL = StatementKey("""
+        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
+        FROM replica_sync_record WHERE id = ?
+        """)
+
     static func load(_ id: UUID, _ db: Connection) throws -> RecordState? {
-        let statement = try db.cachedStatement("""
-            SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
-            FROM replica_sync_record WHERE id = ?
-            """)
+        let statement = try db.cachedStatement(loadSQL)
         defer { statement.reset() }
         try statement.bind(id.sqliteValue, at: 0)
         guard try statement.step() else { return nil }
         return RecordState(
             id: id, entity: statement.string(0), causalLength: statement.int64(1),
             created: FieldStamp(statement.string(2)) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
-            stamps: decode([String: FieldStamp].self, statement.isNull(3) ? nil : statement.string(3)) ?? [:],
+            stamps: decodeStamps(statement.isNull(3) ? nil : statement.string(3)) ?? [:],
             unknown: decode([String: CloudField].self, statement.isNull(4) ? nil : statement.string(4)) ?? [:],
             tombstone: decode([String: CloudField].self, statement.isNull(5) ? nil : statement.string(5)) ?? [:],
             redirect: statement.isNull(6) ? nil : UUID(bytes: statement.data(6)),
@@ -102,20 +104,22 @@ enum SyncLedger {
             localVersion: statement.int64(8), pending: statement.int64(9) != 0)
     }
 
+    private static let storeSQL = StatementKey("""
+        INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
+                                         change_tag, local_version, pending, state)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
+            created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
+            tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
+            local_version = excluded.local_version, pending = excluded.pending,
+            state = CASE WHEN excluded.pending = 1 AND replica_sync_record.state NOT IN ('rejected', 'undecryptable')
+                         THEN 'pending' WHEN excluded.pending = 0 THEN 'synced' ELSE replica_sync_record.state END
+        """)
+
     static func store(_ state: RecordState, _ db: Connection) throws {
-        try db.run("""
-            INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
-                                             change_tag, local_version, pending, state)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
-                created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
-                tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
-                local_version = excluded.local_version, pending = excluded.pending,
-                state = CASE WHEN excluded.pending = 1 AND replica_sync_record.state NOT IN ('rejected', 'undecryptable')
-                             THEN 'pending' WHEN excluded.pending = 0 THEN 'synced' ELSE replica_sync_record.state END
-            """, [
+        try db.run(storeSQL, [
                 state.id.sqliteValue, .text(state.entity), .integer(state.causalLength), .text(state.created.description),
-                .text(encode(state.stamps)), state.unknown.isEmpty ? .null : .text(encode(state.unknown)),
+                .text(encodeStamps(state.stamps)), state.unknown.isEmpty ? .null : .text(encode(state.unknown)),
                 state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), state.redirect?.sqliteValue ?? .null,
                 state.changeTag.map(SQLiteValue.text) ?? .null, .integer(state.localVersion), .integer(state.pending ? 1 : 0),
                 .text(state.pending ? "pending" : "synced"),
@@ -246,7 +250,10 @@ enum SyncLedger {
             return MergeOutcome(change: nil)
         }
         let local = try load(remote.recordID, db)
-        let localRow: [SQLiteValue]? = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
+        // In a synced store every row has ledger state, so a live record without state has no row here: skip that
+        // lookup (an INSERT that finds a row after all falls back to updating it, below).
+        let localRow: [SQLiteValue]? = local == nil && remote.isAlive
+            ? nil : try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
         if canaries.contains(.absentAsNull), remote.isAlive {
             let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
             for name in entity.fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
@@ -268,13 +275,18 @@ enum SyncLedger {
         // Field registers.
         let fieldNames = entity.fieldNames
         var stamps: [String: FieldStamp] = [:]
+        stamps.reserveCapacity(fieldNames.count)
         var values: [SQLiteValue] = []
+        values.reserveCapacity(fieldNames.count)
         var localNewer = false
         var conflicts: [(String, FieldStamp, FieldStamp)] = []
+        /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
+        var knownRemoteFields = 0
         for (index, name) in fieldNames.enumerated() {
             let localStamp = local?.stamps[name]
             let localValue = localRow?[index + 1]
             let remoteField = remote.fields[name]
+            if remoteField != nil { knownRemoteFields += 1 }
             var winnerStamp: FieldStamp?
             var winnerValue: SQLiteValue?
             if let remoteField, localStamp == nil || remoteField.stamp >= localStamp! {
@@ -298,11 +310,13 @@ enum SyncLedger {
         }
         // Unknown fields: union by stamp, current incarnation only.
         var unknown: [String: CloudField] = [:]
-        let known = Set(fieldNames)
         for (name, field) in (local?.unknown ?? [:]) where field.stamp.incarnation == incarnation { unknown[name] = field }
-        for (name, field) in remote.fields where !known.contains(name) && field.stamp.incarnation == incarnation {
-            if let existing = unknown[name], existing.stamp > field.stamp { localNewer = true; continue }
-            unknown[name] = field
+        if knownRemoteFields < remote.fields.count {
+            let known = Set(fieldNames)
+            for (name, field) in remote.fields where !known.contains(name) && field.stamp.incarnation == incarnation {
+                if let existing = unknown[name], existing.stamp > field.stamp { localNewer = true; continue }
+                unknown[name] = field
+            }
         }
         if let local, local.unknown.keys.contains(where: { !remote.fields.keys.contains($0) && local.unknown[$0]!.stamp.incarnation == incarnation }) {
             localNewer = true
@@ -364,15 +378,24 @@ enum SyncLedger {
         let id = PersistentIdentifier(entityName: entity.name, id: remote.recordID)
         if alive {
             let snapshot = Snapshot(entityName: entity.name, id: remote.recordID, values: values)
-            if let localRow {
-                let changed = fieldNames.indices.filter { localRow[$0 + 1] != values[$0] }
+            func update(_ row: [SQLiteValue]) throws -> MergeOutcome {
+                let changed = fieldNames.indices.filter { row[$0 + 1] != values[$0] }
                 guard !changed.isEmpty else { return MergeOutcome(change: nil) }
                 let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
                 try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
                            changed.map { values[$0] } + [remote.recordID.sqliteValue])
                 return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }))
             }
-            try db.run(statements.insert, [remote.recordID.sqliteValue] + values)
+            if let localRow { return try update(localRow) }
+            let insert = try db.cachedStatement(statements.insert)
+            defer { insert.reset() }
+            do {
+                try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
+            } catch let error as SQLiteError where error.extendedResultCode == SQLiteError.constraintPrimaryKey {
+                insert.reset()
+                guard let row = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first else { throw error }
+                return try update(row)
+            }
             return MergeOutcome(change: .inserted(snapshot))
         }
         guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
@@ -444,7 +467,9 @@ enum SyncLedger {
         }
         let live = changes.inserted + changes.updated.map(\.0)
         for snapshot in live where !snapshot.values.isEmpty {
-            guard let entity = store.entity(named: snapshot.entityName) else { continue }
+            // A record without to-one relationships never waits for a parent (relationships are never removed from a
+            // synced schema, so it never waited before either).
+            guard let entity = store.entity(named: snapshot.entityName), !entity.toOneRelationships.isEmpty else { continue }
             var waitingFor: UUID?
             for (offset, relationship) in entity.toOneRelationships.enumerated() {
                 guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
@@ -464,7 +489,9 @@ enum SyncLedger {
             }
             try db.run("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?", [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
         }
-        for snapshot in changes.inserted {
+        // Only records of an entity some to-one relationship points to can have waiters.
+        let referenced = Set(store.entities.flatMap { $0.toOneRelationships.map(\.destination) })
+        for snapshot in changes.inserted where referenced.contains(snapshot.entityName) {
             try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
         }
         return writer.changes
