@@ -34,9 +34,10 @@ public final class ModelContext {
     private var connections: [Connection?]
     /// The stored snapshot of every record this context has read (or saved): the base of field-level change tracking.
     private var registered: [PersistentIdentifier: Snapshot] = [:]
-    private var pending: [PersistentIdentifier: PendingChange] = [:]
-    /// First-registration order of pending IDs: saves apply changes in this order, deterministically.
-    private var pendingOrder: [PersistentIdentifier] = []
+    /// Unsaved changes; saves apply them in first-registration order, deterministically.
+    private var pending = PendingChanges()
+    /// First-registration order of pending IDs.
+    private var pendingOrder: [PersistentIdentifier] { pending.order }
     /// The model type looked up last and its store (most code works with one type at a time).
     private var lastModelStore: (type: ObjectIdentifier, index: Int)?
 
@@ -61,9 +62,8 @@ public final class ModelContext {
         let id = snapshot.persistentModelID
         // One hash lookup in the usual case (a new record).
         switch pending.updateValue(.insert(snapshot), forKey: id) {
-        case nil: pendingOrder.append(id)
         case .delete?, .replace?: pending[id] = .replace(snapshot)
-        case .insert?, .update?: break
+        case .insert?, .update?, nil: break
         }
         return model
     }
@@ -100,13 +100,13 @@ public final class ModelContext {
     public func delete(_ id: PersistentIdentifier) {
         precondition(container.storeIndexByEntity[id.entityName] != nil, "Replica: entity '\(id.entityName)' is not in the container's schema")
         switch pending[id] {
-        case .insert?: pending[id] = nil; pendingOrder.removeAll { $0 == id }
+        case .insert?: pending[id] = nil
         default: register(id, .delete)
         }
     }
 
     private func register(_ id: PersistentIdentifier, _ change: PendingChange) {
-        if pending.updateValue(change, forKey: id) == nil { pendingOrder.append(id) }
+        pending.updateValue(change, forKey: id)
     }
 
     /// `true` when there are unsaved changes.
@@ -130,7 +130,6 @@ public final class ModelContext {
     /// Discards every unsaved change.
     public func rollback() {
         pending.removeAll()
-        pendingOrder.removeAll()
     }
 
     // MARK: Saving
@@ -152,9 +151,9 @@ public final class ModelContext {
         // Group changes by store, in registration order.
         var byStore: [[(PersistentIdentifier, PendingChange)]] = Array(repeating: [], count: container.stores.count)
         let singleStore = container.stores.count == 1
-        if singleStore { byStore[0].reserveCapacity(pendingOrder.count) }
-        for id in pendingOrder {
-            guard let change = pending[id] else { continue }
+        if singleStore { byStore[0].reserveCapacity(pending.count) }
+        for (id, change) in pending.entries {
+            guard let change else { continue }
             if singleStore {
                 byStore[0].append((id, change))
             } else if let index = container.storeIndexByEntity[id.entityName] {
@@ -219,7 +218,7 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
-        registered.reserveCapacity(registered.count + pendingOrder.count)
+        registered.reserveCapacity(registered.count + pending.count)
         for index in affected {
             for (id, change) in byStore[index] {
                 switch change {
@@ -233,11 +232,7 @@ public final class ModelContext {
     }
 
     private func forgetPending(inStore index: Int) {
-        pendingOrder.removeAll { id in
-            guard container.storeIndexByEntity[id.entityName] == index else { return false }
-            pending[id] = nil
-            return true
-        }
+        pending.removeAll { container.storeIndexByEntity[$0.entityName] == index }
     }
 
     // MARK: Fetching
@@ -245,15 +240,16 @@ public final class ModelContext {
     /// The model with record ID `id`, or `nil` when there is none (pending changes included).
     /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``.
     public func model<Model: PersistentModel>(_ type: Model.Type = Model.self, id: UUID) throws -> Model? {
-        let pid = PersistentIdentifier(entityName: Model.entityName, id: id)
+        let entityName = Model.entity.name
+        let pid = PersistentIdentifier(entityName: entityName, id: id)
         if let change = pending[pid] {
             guard let snapshot = change.snapshot else { return nil }
             return try decodeModels(Model.self, [snapshot], store: storeIndex(of: Model.self)).first
         }
         let index = storeIndex(of: Model.self)
         let store = container.stores[index]
-        let statements = store.statements[store.entityIndex[Model.entityName]!]
-        let rows = try readSnapshots(Model.entityName, sql: statements.selectByID, [id.sqliteValue], store: index)
+        let statements = store.statements[store.entityIndex[entityName]!]
+        let rows = try readSnapshots(entityName, sql: statements.selectByID, [id.sqliteValue], store: index)
         return try decodeModels(Model.self, rows, store: index).first
     }
 
@@ -265,13 +261,15 @@ public final class ModelContext {
     public func fetch<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>) throws -> [Model] {
         let index = storeIndex(of: Model.self)
         let store = container.stores[index]
-        let statements = store.statements[store.entityIndex[Model.entityName]!]
-        var snapshots = try readSnapshots(Model.entityName, sql: statements.selectAll + " ORDER BY \"id\"", [], store: index)
-        if descriptor.includePendingChanges {
+        let entityName = Model.entity.name
+        let statements = store.statements[store.entityIndex[entityName]!]
+        var snapshots = try readSnapshots(entityName, sql: statements.selectAll + " ORDER BY \"id\"", [], store: index)
+        // Merging pending changes indexes every record read: only when there are some of this entity.
+        if descriptor.includePendingChanges && pendingOrder.contains(where: { $0.entityName == entityName }) {
             var position: [UUID: Int] = [:]
             for (i, snapshot) in snapshots.enumerated() { position[snapshot.id] = i }
             var removed = Set<Int>()
-            for id in pendingOrder where id.entityName == Model.entityName {
+            for id in pendingOrder where id.entityName == entityName {
                 let existing = position[id.id]
                 switch pending[id] {
                 case let .update(snapshot, _)?, let .replace(snapshot)?, let .insert(snapshot)?:
@@ -336,14 +334,15 @@ public final class ModelContext {
         let count = statement.columnCount
         var result: [Snapshot] = []
         while try statement.step() {
-            guard let id = UUID(bytes: statement.data(0)) else { continue }
+            guard let id = statement.uuid(0) else { continue }
             var values: [SQLiteValue] = []
             values.reserveCapacity(Int(count) - 1)
             for column in 1..<count { values.append(statement.value(column)) }
-            let snapshot = Snapshot(entityName: entityName, id: id, values: values)
-            registered[snapshot.persistentModelID] = snapshot
-            result.append(snapshot)
+            result.append(Snapshot(entityName: entityName, id: id, values: values))
         }
+        // Register after reading, with room for all: growing the dictionary row by row rehashes it again and again.
+        registered.reserveCapacity(registered.count + result.count)
+        for snapshot in result { registered[snapshot.persistentModelID] = snapshot }
         return result
     }
 
@@ -357,16 +356,22 @@ public final class ModelContext {
             if includePendingChanges { applyPendingMembers(relationship, for: snapshots.map(\.id), store: index, to: &loaded) }
             members[relationship.name] = loaded
         }
+        let entityName = entity.name
+        let fieldIndexByName = entity.fieldIndexByName
+        let toManyMembers = entity.toManyMembers
         do {
-            return try snapshots.map { snapshot in
+            var models: [Model] = []
+            models.reserveCapacity(snapshots.count)
+            for snapshot in snapshots {
                 var toMany: [String: [UUID]] = [:]
-                for (relationship, _) in entity.toManyMembers {
+                for (relationship, _) in toManyMembers {
                     toMany[relationship.name] = members[relationship.name]?[snapshot.id] ?? []
                 }
-                let row = ModelRow(id: snapshot.id, values: snapshot.values, entityName: Model.entityName,
-                                   fieldIndexByName: entity.fieldIndexByName, toMany: toMany)
-                return try Model(row: row)
+                let row = ModelRow(id: snapshot.id, values: snapshot.values, entityName: entityName,
+                                   fieldIndexByName: fieldIndexByName, toMany: toMany)
+                models.append(try Model(row: row))
             }
+            return models
         } catch let error as ValueConversionError {
             throw ReplicaError.valueConversion(error)
         }

@@ -113,7 +113,8 @@ struct StoreWriter {
         }
         if !representable(snapshot, entity: context.entity, fields: nil) { return false }
         let statement = context.insert
-        defer { statement.reset() }
+        // Every parameter is bound again for each row, from bytes the statement owns: no need to clear them.
+        defer { statement.reset(clearingBindings: false) }
         do {
             try statement.withBound(id: snapshot.id, snapshot.values) {
                 while try statement.step() {}

@@ -45,7 +45,7 @@ extension PersistentModel {
 
     /// The model's identifier: its entity name and record ID.
     public var persistentModelID: PersistentIdentifier {
-        PersistentIdentifier(entityName: Self.entityName, id: id)
+        PersistentIdentifier(entityName: Self.entity.name, id: id)
     }
 }
 
@@ -103,7 +103,7 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
 
     /// The referenced record's identifier.
     public var persistentModelID: PersistentIdentifier {
-        PersistentIdentifier(entityName: Target.entityName, id: id)
+        PersistentIdentifier(entityName: Target.entity.name, id: id)
     }
 
     public init(from decoder: any Decoder) throws {

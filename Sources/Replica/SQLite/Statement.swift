@@ -199,6 +199,15 @@ final class Statement {
         return Data(bytes: pointer, count: count)
     }
 
+    /// The column at `index` as a UUID, when it is a 16-byte blob (read in place, without a `Data`).
+    @inline(__always)
+    func uuid(_ index: Int32) -> UUID? {
+        guard let pointer = sqlite3_column_blob(handle, index), sqlite3_column_bytes(handle, index) == 16 else { return nil }
+        var uuid = UUID.unassigned.uuid
+        withUnsafeMutableBytes(of: &uuid) { $0.copyMemory(from: UnsafeRawBufferPointer(start: pointer, count: 16)) }
+        return UUID(uuid: uuid)
+    }
+
     /// The column at `index` as a dynamic value, in the storage class SQLite reports for it.
     @inline(__always)
     func value(_ index: Int32) -> SQLiteValue {
