@@ -90,7 +90,7 @@ struct StoreWriter {
         let references = entity.toOneRelationships.enumerated().compactMap { offset, relationship in
             relationship.isOptional ? nil : (entity.attributes.count + offset, relationship)
         }
-        let context = InsertContext(entity: entity, sql: sql, insert: try db.cachedStatement(sql.insert),
+        let context = InsertContext(entity: entity, sql: sql, insert: try db.cachedStatement(sql.insertKey),
                                     requiredReferences: references,
                                     hasUniquenessConstraints: entity.uniquenessConstraints.contains { !$0.isEmpty })
         insertContext = context

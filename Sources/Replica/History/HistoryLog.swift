@@ -33,15 +33,19 @@ enum HistoryLog {
 
     enum Kind: Int64 { case insert = 0, update = 1, delete = 2 }
 
+    private static let insertTransactionSQL = StatementKey("""
+        INSERT INTO replica_history_transaction (timestamp, author, bundle_identifier, process_name, process_id)
+        VALUES (?, ?, ?, ?, ?) RETURNING token
+        """)
+    private static let insertChangeSQL = StatementKey(
+        "INSERT INTO replica_history_change (token, seq, entity, kind, fields, ids, tombstone) VALUES (?, ?, ?, ?, ?, ?, ?)")
+
     /// Appends one transaction for `changes` inside the caller's open write transaction; returns its token value,
     /// or `nil` when there was nothing to record.
     static func record(_ changes: StoreChanges, author: String?, environment: ReplicaEnvironment, db: Connection) throws -> Int64? {
         guard !changes.isEmpty else { return nil }
         let identity = environment.processIdentity
-        let transaction = try db.cachedStatement("""
-            INSERT INTO replica_history_transaction (timestamp, author, bundle_identifier, process_name, process_id)
-            VALUES (?, ?, ?, ?, ?) RETURNING token
-            """)
+        let transaction = try db.cachedStatement(insertTransactionSQL)
         defer { transaction.reset() }
         try transaction.bind([.integer(environment.clock.nowMilliseconds()), author.map(SQLiteValue.text) ?? .null,
                               .text(identity.bundleIdentifier), .text(identity.processName), .integer(Int64(identity.processID))])
@@ -49,8 +53,7 @@ enum HistoryLog {
         let token = transaction.int64(0)
         while try transaction.step() {}
 
-        let insertChange = try db.cachedStatement(
-            "INSERT INTO replica_history_change (token, seq, entity, kind, fields, ids, tombstone) VALUES (?, ?, ?, ?, ?, ?, ?)")
+        let insertChange = try db.cachedStatement(insertChangeSQL)
         var seq: Int64 = 0
         func write(entity: String, kind: Kind, fields: String?, ids: Data, tombstone: String?) throws {
             try insertChange.run([.integer(token), .integer(seq), .text(entity), .integer(kind.rawValue),

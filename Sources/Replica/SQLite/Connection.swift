@@ -188,13 +188,25 @@ final class Connection {
     /// transactions open at once during a two-phase save).
     func begin(_ kind: TransactionKind) throws {
         precondition(transactionDepth == 0, "Replica: a transaction is already open on this connection")
-        try execute("BEGIN \(kind.rawValue)")
+        try step(kind == .immediate ? Self.beginImmediateSQL : Self.beginDeferredSQL)
         transactionDepth = 1
     }
 
     func commit() throws {
-        try execute("COMMIT")
+        try step(Self.commitSQL)
         transactionDepth = 0
+    }
+
+    // Transaction control is prepared once per connection (sqlite3_exec parses the text every time).
+    private static let beginImmediateSQL = StatementKey("BEGIN IMMEDIATE")
+    private static let beginDeferredSQL = StatementKey("BEGIN DEFERRED")
+    private static let commitSQL = StatementKey("COMMIT")
+
+    /// Runs a cached statement that returns no rows, then resets it.
+    private func step(_ key: StatementKey) throws {
+        let statement = try cachedStatement(key)
+        defer { statement.reset(clearingBindings: false) }
+        while try statement.step() {}
     }
 
     func rollback() {

@@ -147,6 +147,8 @@ struct EntityStatements: Sendable {
     /// `"id", "a", "b", ...` in field order.
     let columnList: String
     let insert: String
+    /// ``insert`` as a statement key (rows are inserted one by one on hot paths).
+    let insertKey: StatementKey
     let selectAll: String
     let selectByID: String
     let delete: String
@@ -157,6 +159,7 @@ struct EntityStatements: Sendable {
         let columns = [quoted("id")] + entity.fieldNames.map(quoted)
         columnList = columns.joined(separator: ", ")
         insert = "INSERT INTO \(table) (\(columnList)) VALUES (\(Array(repeating: "?", count: columns.count).joined(separator: ", ")))"
+        insertKey = StatementKey(insert)
         selectAll = "SELECT \(columnList) FROM \(table)"
         selectByID = "SELECT \(columnList) FROM \(table) WHERE \"id\" = ?"
         delete = "DELETE FROM \(table) WHERE \"id\" = ?"

@@ -387,7 +387,7 @@ enum SyncLedger {
                 return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }))
             }
             if let localRow { return try update(localRow) }
-            let insert = try db.cachedStatement(statements.insert)
+            let insert = try db.cachedStatement(statements.insertKey)
             defer { insert.reset() }
             do {
                 try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
