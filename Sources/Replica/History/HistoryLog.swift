@@ -151,6 +151,7 @@ enum HistoryLog {
 
         // One range scan for the changes of every selected transaction: O(changes in range).
         var changesByToken: [Int64: [HistoryChange]] = [:]
+        changesByToken.reserveCapacity(headers.count)
         let wanted = descriptor.entityNames.map(Set.init)
         let statement = try db.cachedStatement(
             "SELECT token, entity, kind, fields, ids, tombstone FROM replica_history_change WHERE token BETWEEN ? AND ? ORDER BY token, seq")
@@ -162,14 +163,15 @@ enum HistoryLog {
             let token = statement.int64(0)
             let kind = Kind(rawValue: statement.int64(2)) ?? .update
             let fields = statement.isNull(3) ? [] : statement.string(3).split(separator: ",").map(String.init)
-            let ids = statement.data(4)
             let tombstone = statement.isNull(5) ? HistoryTombstone() : decodeTombstone(statement.string(5))
-            var list = changesByToken[token] ?? []
-            var offset = ids.startIndex
-            while offset + 16 <= ids.endIndex {
-                guard let uuid = UUID(bytes: ids[offset..<offset + 16]) else { break }
-                offset += 16
-                let id = PersistentIdentifier(entityName: entity, id: uuid)
+            // The packed IDs are read in place (valid until the next step), and the changes are appended to the
+            // token's list in place.
+            let ids = statement.blob(4)
+            let count = ids.count / 16
+            var list = changesByToken.removeValue(forKey: token) ?? []
+            list.reserveCapacity(list.count + count)
+            for offset in stride(from: 0, to: count * 16, by: 16) {
+                let id = PersistentIdentifier(entityName: entity, id: UUID(uuid: ids.loadUnaligned(fromByteOffset: offset, as: uuid_t.self)))
                 switch kind {
                 case .insert: list.append(.insert(id))
                 case .update: list.append(.update(id, updatedAttributes: fields))

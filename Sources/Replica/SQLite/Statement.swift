@@ -199,6 +199,14 @@ final class Statement {
         return Data(bytes: pointer, count: count)
     }
 
+    /// The bytes of the blob column at `index`, in place: valid only until the statement is stepped, reset or
+    /// finalized (copy what must outlive that).
+    @inline(__always)
+    func blob(_ index: Int32) -> UnsafeRawBufferPointer {
+        guard let pointer = sqlite3_column_blob(handle, index) else { return UnsafeRawBufferPointer(start: nil, count: 0) }
+        return UnsafeRawBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index)))
+    }
+
     /// The column at `index` as a UUID, when it is a 16-byte blob (read in place, without a `Data`).
     @inline(__always)
     func uuid(_ index: Int32) -> UUID? {
