@@ -64,14 +64,15 @@ final class RowEncodingLayout: Sendable {
 
 /// The values of one model being encoded.
 final class RowEncodingState {
+    // The state belongs to one encoding on one thread: exclusivity is checked statically, not per access.
     let layout: RowEncodingLayout
-    var values: [SQLiteValue]
+    @exclusivity(unchecked) var values: [SQLiteValue]
     /// Which fields were written (bit per field; fields past 64 in `writtenHigh`).
-    private var written: UInt64 = 0
-    private var writtenHigh: Set<Int> = []
+    @exclusivity(unchecked) private var written: UInt64 = 0
+    @exclusivity(unchecked) private var writtenHigh: Set<Int> = []
     /// The field after the last one written: synthesized `encode(to:)` writes in declaration order, so the next key
     /// usually names this field and needs no dictionary lookup.
-    private var cursor = 0
+    @exclusivity(unchecked) private var cursor = 0
 
     init(layout: RowEncodingLayout) {
         self.layout = layout
@@ -86,7 +87,7 @@ final class RowEncodingState {
             cursor += 1
             return cursor - 1
         }
-        guard let index = layout.indexByName[name] else { return nil }
+        guard name != "id", let index = layout.indexByName[name] else { return nil }
         cursor = index + 1
         return index
     }
@@ -179,6 +180,10 @@ private final class FieldValueEncoder: Encoder, SingleValueEncodingContainer {
     init(codingPath: [any CodingKey]) { self.codingPath = codingPath }
 
     static func value<T: Encodable>(of value: T, key: any CodingKey) throws -> SQLiteValue {
+        // Common attribute types by type identity (cheap) before the protocol cast (a conformance lookup).
+        if T.self == Date.self { return (value as! Date).sqliteValue }
+        if T.self == Data.self { return (value as! Data).sqliteValue }
+        if T.self == UUID.self { return (value as! UUID).sqliteValue }
         if let attribute = value as? any AttributeValue { return attribute.sqliteValue }
         let encoder = FieldValueEncoder(codingPath: [key])
         try value.encode(to: encoder)
