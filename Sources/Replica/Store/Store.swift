@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import Synchronization
 
@@ -54,7 +55,11 @@ final class Store: Sendable {
         do {
             let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
             if configuration.allowsSave {
-                identity = try Self.prepare(connection, entities: entities, synced: configuration.isSynced, environment: environment)
+                // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`).
+                let cloned = try configuration.isStoredInMemoryOnly
+                    && Self.cloneFreshSchema(Self.freshSchemaSQL(entities, synced: configuration.isSynced), into: connection)
+                identity = try Self.prepare(connection, entities: entities, synced: configuration.isSynced,
+                                            schemaReady: cloned, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
@@ -69,38 +74,104 @@ final class Store: Sendable {
         try Connection(location: location, readOnly: !configuration.allowsSave)
     }
 
+    /// The schema of a new store: Replica's tables (metadata, history, and for a synced store the sync bookkeeping),
+    /// then each entity's table and indexes.
+    static func freshSchemaSQL(_ entities: [Schema.Entity], synced: Bool) -> String {
+        var sql = metadataSQL + ";\n" + HistoryLog.createSQL + "\n"
+        if synced { sql += SyncLedger.createSQL + "\n" }
+        for entity in entities {
+            let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
+            sql += "CREATE TABLE \(quoted(entity.name)) (\(columns.joined(separator: ", ")));\n"
+            sql += indexSQL(entity).map { $0 + ";\n" }.joined()
+        }
+        return sql
+    }
+
+    private static let metadataSQL = "CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT"
+
+    /// The indexes of an entity's table: one per to-one relationship and one per uniqueness constraint.
+    private static func indexSQL(_ entity: Schema.Entity) -> [String] {
+        let table = quoted(entity.name)
+        return entity.toOneRelationships.map {
+            "CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_\($0.name)")) ON \(table) (\(quoted($0.name)))"
+        } + entity.uniquenessConstraints.enumerated().compactMap { i, constraint in
+            constraint.isEmpty ? nil
+                : "CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_unique\(i)")) ON \(table) (\(constraint.map(quoted).joined(separator: ", ")))"
+        }
+    }
+
+    /// A database holding a fresh schema. Used only while `templates` is locked.
+    private final class SchemaTemplate: @unchecked Sendable {
+        let connection: Connection
+        init(_ connection: Connection) { self.connection = connection }
+    }
+
+    /// Databases holding the fresh schema of each schema SQL text, one per process (memory only).
+    private static let templates = Mutex<[String: SchemaTemplate]>([:])
+
+    /// Copies the fresh schema `sql` into the new, empty database of `db` with SQLite's backup API, from a template
+    /// database made once per schema and process. Creating the tables and indexes of a store with DDL costs more than
+    /// all the other work of a short simulation or property-test case, which open hundreds of in-memory stores.
+    /// Returns `false` (and copies nothing) when `db` is not empty or the copy is not possible.
+    private static func cloneFreshSchema(_ sql: String, into db: Connection) throws -> Bool {
+        guard case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") else { return false }
+        return try templates.withLock { templates in
+            let template: SchemaTemplate
+            if let existing = templates[sql] {
+                template = existing
+            } else {
+                // Few distinct schemas per process in practice; past a bound, new ones are created with DDL.
+                guard templates.count < 64 else { return false }
+                let connection = try Connection(location: .memory(name: "replica-template-\(templates.count)"))
+                try connection.transaction(.immediate) { try connection.execute(sql) }
+                template = SchemaTemplate(connection)
+                templates[sql] = template
+            }
+            guard let backup = sqlite3_backup_init(db.handle, "main", template.connection.handle, "main") else { return false }
+            let stepped = sqlite3_backup_step(backup, -1)
+            let finished = sqlite3_backup_finish(backup)
+            if stepped != SQLITE_DONE || finished != SQLITE_OK {
+                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
+            }
+            return true
+        }
+    }
+
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
-    /// transaction, so two processes opening a new store file at once agree on one identity.
-    private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, environment: ReplicaEnvironment) throws -> UUID {
+    /// transaction, so two processes opening a new store file at once agree on one identity. With `schemaReady`, the
+    /// database holds exactly the fresh schema already (a copy) and only the identity is created.
+    private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, schemaReady: Bool,
+                                environment: ReplicaEnvironment) throws -> UUID {
         try db.transaction(.immediate) {
-            try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
-            try db.execute(HistoryLog.createSQL)
-            if synced { try db.execute(SyncLedger.createSQL) }
-            for entity in entities {
-                let table = quoted(entity.name)
-                let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
-                    if case let .text(name) = $0[0] { return name } else { return nil }
-                })
-                if existing.isEmpty {
-                    let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
-                    try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
-                } else {
-                    // Lightweight migration: add columns for new attributes and references. Columns of removed
-                    // attributes stay (their data is kept) and are ignored.
-                    for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
-                        try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
-                        // Records written before the attribute existed take its declared default.
-                        if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
-                            _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
+            if schemaReady {
+                // Copied from the template: exactly the fresh schema.
+            } else if case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") {
+                // A new store: its whole schema at once.
+                try db.execute(freshSchemaSQL(entities, synced: synced))
+            } else {
+                try db.execute(metadataSQL)
+                try db.execute(HistoryLog.createSQL)
+                if synced { try db.execute(SyncLedger.createSQL) }
+                for entity in entities {
+                    let table = quoted(entity.name)
+                    let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
+                        if case let .text(name) = $0[0] { return name } else { return nil }
+                    })
+                    if existing.isEmpty {
+                        let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
+                        try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
+                    } else {
+                        // Lightweight migration: add columns for new attributes and references. Columns of removed
+                        // attributes stay (their data is kept) and are ignored.
+                        for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
+                            try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                            // Records written before the attribute existed take its declared default.
+                            if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
+                                _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
+                            }
                         }
                     }
-                }
-                for relationship in entity.toOneRelationships {
-                    try db.execute("CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_\(relationship.name)")) ON \(table) (\(quoted(relationship.name)))")
-                }
-                for (i, constraint) in entity.uniquenessConstraints.enumerated() where !constraint.isEmpty {
-                    let columns = constraint.map(quoted).joined(separator: ", ")
-                    try db.execute("CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_unique\(i)")) ON \(table) (\(columns))")
+                    for index in indexSQL(entity) { try db.execute(index) }
                 }
             }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
