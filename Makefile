@@ -4,7 +4,7 @@ PACKAGES := libsqlite3-dev libsodium-dev pkg-config
 SWIFT ?= swift
 export SWIFT_DETERMINISTIC_HASHING := 1
 
-.PHONY: setup build test run example bench clean
+.PHONY: setup build test run example bench bench-instructions clean
 
 ## setup: install the system packages Replica links (apt-get when root; otherwise print the command).
 setup:
@@ -39,6 +39,12 @@ example: run
 bench: setup
 	$(SWIFT) build -c release $(BUILD_FLAGS) --product replica-bench
 	$$($(SWIFT) build -c release $(BUILD_FLAGS) --show-bin-path)/replica-bench $(ARGS)
+
+## bench-instructions: instruction counts (valgrind/callgrind) of each side's timed region, e.g.
+## `make bench-instructions ARGS="B1 B3"` (quick sizes) or ARGS="--full B1": deterministic on a noisy machine.
+bench-instructions: setup
+	$(SWIFT) build -c release $(BUILD_FLAGS) --product replica-bench
+	BIN=$$($(SWIFT) build -c release $(BUILD_FLAGS) --show-bin-path)/replica-bench Scripts/bench-instructions.sh $(ARGS)
 
 clean:
 	rm -rf .build

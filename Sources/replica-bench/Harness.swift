@@ -23,6 +23,26 @@ private func now(_ clock: clockid_t) -> Double {
     return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
 }
 
+/// The timed region of Replica's side. Its own (never inlined) function so that instruction counts can be collected
+/// for exactly this region: `valgrind --tool=callgrind --toggle-collect='*timedReplicaRegion*' ...` (see
+/// Scripts/bench-instructions.sh).
+/// (The two functions differ in shape so that the optimizer cannot merge them into one symbol.)
+@inline(never)
+func timedReplicaRegion(_ body: () throws -> Void) rethrows -> Sample {
+    let sample = try measure(body)
+    regionsTimed.replica &+= 1
+    return sample
+}
+
+/// The timed region of the raw C side (see ``timedReplicaRegion(_:)``).
+@inline(never)
+func timedRawRegion(_ body: () throws -> Void) rethrows -> Sample {
+    regionsTimed.raw &+= 1
+    return try measure(body)
+}
+
+nonisolated(unsafe) var regionsTimed = (replica: 0, raw: 0)
+
 /// Runs `body` once and returns its CPU and wall time.
 func measure(_ body: () throws -> Void) rethrows -> Sample {
     let c0 = now(CLOCK_THREAD_CPUTIME_ID), w0 = now(CLOCK_MONOTONIC)
@@ -175,7 +195,7 @@ func run(_ workload: Workload, options: Options, log: (String) -> Void) -> Bench
     let size = RunSize(quick: options.quick)
     var result = BenchResult(workload: workload, count: workload.count(size), clock: options.clock)
     guard workload.notBuilt == nil, let replicaSide = workload.replica else { return result }
-    let repetitions = options.repetitions ?? (options.quick ? 3 : 5)
+    let repetitions = options.repetitions ?? (options.quick ? 5 : 7)
     do {
         for rep in 0..<(options.warmups + repetitions) {
             let warm = rep < options.warmups
@@ -192,7 +212,7 @@ func run(_ workload: Workload, options: Options, log: (String) -> Void) -> Bench
                     Memory.resetPeak()
                     peakBefore = Memory.residentBytes() ?? 0
                 }
-                let sample = try measure(trial.run)
+                let sample = side.isReplica ? try timedReplicaRegion(trial.run) : try timedRawRegion(trial.run)
                 let peak = workload.measuresMemory ? Double((Memory.peakBytes() ?? 0) - peakBefore) / 1_048_576 : 0
                 try trial.check()
                 line += " \(side.isReplica ? "replica" : "raw") \(format(sample.value(options.clock), 4))s"

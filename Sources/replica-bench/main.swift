@@ -19,7 +19,7 @@ func usage() -> Never {
           --quick     reduced sizes (1/5) and 3 repetitions: under two minutes
           --json      one JSON object per workload per line (instead of the table)
           --only      run only these workload IDs
-          --reps      repetitions after the warm-up (default 5, quick 3)
+          --reps      repetitions after the warm-up (default 7, quick 5)
           --warmups   warm-up runs per workload (default 1)
           --clock     cpu (thread CPU time, default: robust on a shared machine) or wall
         """)
