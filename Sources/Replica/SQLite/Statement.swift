@@ -81,17 +81,25 @@ final class Statement {
         }
     }
 
-    /// Binds each value in order, starting at parameter 0.
+    /// Binds each value in order, starting at parameter 0 (see ``bindCopying(_:id:)``).
     func bind(_ values: [SQLiteValue]) throws {
-        for (index, value) in values.enumerated() { try bind(value, at: Int32(index)) }
+        try bindCopying(values, id: nil)
     }
 
     /// Binds `id`'s 16 bytes to parameter 0 and `values` to the parameters after it, then runs `body` (which
-    /// steps). The fast path of row writes: text and blob bytes are copied once into a buffer this statement owns and
-    /// bound from there (`SQLITE_STATIC`), so binding allocates nothing (SQLite's own copy, `SQLITE_TRANSIENT`, costs
-    /// a malloc and a free per value). The buffer stays valid until the next bind of this statement or its end.
+    /// steps): the fast path of row writes.
     func withBound<R>(id: UUID, _ values: [SQLiteValue], _ body: () throws -> R) throws -> R {
-        var total = 16
+        try bindCopying(values, id: id)
+        return try body()
+    }
+
+    /// Binds `values` (after `id`'s 16 bytes, when given) starting at parameter 0. Text and blob bytes are copied
+    /// once into a buffer this statement owns and bound from there (`SQLITE_STATIC`), so binding allocates nothing
+    /// (SQLite's own copy, `SQLITE_TRANSIENT`, costs a malloc and a free per value); the buffer stays valid until the
+    /// next bind of this statement or its end. Rows larger than ``scratchLimit`` are bound with SQLite's copies
+    /// instead, so that no statement keeps a large buffer.
+    private func bindCopying(_ values: [SQLiteValue], id: UUID?) throws {
+        var total = id == nil ? 0 : 16
         for value in values {
             switch value {
             case let .text(v): total += v.utf8.count
@@ -99,17 +107,26 @@ final class Statement {
             default: break
             }
         }
-        if total > scratchCapacity {
+        let first: Int32 = id == nil ? 0 : 1
+        if total > Self.scratchLimit {
+            if let id { try bind(id.sqliteValue, at: 0) }
+            for (index, value) in values.enumerated() { try bind(value, at: Int32(index) + first) }
+            return
+        }
+        if scratch == nil || total > scratchCapacity {
             scratch?.deallocate()
             scratchCapacity = max(total, 2 * scratchCapacity, 256)
             scratch = UnsafeMutableRawPointer.allocate(byteCount: scratchCapacity, alignment: 16)
         }
         let buffer = scratch!
-        withUnsafeBytes(of: id.uuid) { buffer.copyMemory(from: $0.baseAddress!, byteCount: 16) }
-        try check(sqlite3_bind_blob(handle, 1, buffer, 16, nil))
-        var offset = 16
+        var offset = 0
+        if let id {
+            withUnsafeBytes(of: id.uuid) { buffer.copyMemory(from: $0.baseAddress!, byteCount: 16) }
+            try check(sqlite3_bind_blob(handle, 1, buffer, 16, nil))
+            offset = 16
+        }
         for (index, value) in values.enumerated() {
-            let parameter = Int32(index + 2)
+            let parameter = Int32(index) + first + 1
             switch value {
             case .null: try check(sqlite3_bind_null(handle, parameter))
             case let .integer(v): try check(sqlite3_bind_int64(handle, parameter, v))
@@ -133,10 +150,12 @@ final class Statement {
                 }
             }
         }
-        return try body()
     }
 
-    /// Bytes bound by ``withBound(id:_:_:)`` (owned by this statement; freed after the statement is finalized).
+    /// Rows whose text and blobs exceed this many bytes are bound with SQLite's own copies.
+    static let scratchLimit = 64 * 1024
+
+    /// Bytes bound by ``bindCopying(_:id:)`` (owned by this statement; freed after the statement is finalized).
     private var scratch: UnsafeMutableRawPointer?
     private var scratchCapacity = 0
 
