@@ -190,71 +190,19 @@ public final class ModelContext {
     }
 
     // MARK: Fetching
+    // The query API (fetch, fetchCount, fetchIdentifiers, enumerate, batch delete, hierarchies) is in
+    // ModelContext+Queries.swift; this section holds what it needs from the context's private state.
 
-    /// The model with record ID `id`, or `nil` when there is none (pending changes included).
-    /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``.
-    public func model<Model: PersistentModel>(_ type: Model.Type = Model.self, id: UUID) throws -> Model? {
-        let pid = PersistentIdentifier(entityName: Model.entityName, id: id)
-        if let change = pending[pid] {
-            guard let snapshot = change.snapshot else { return nil }
-            return try decodeModels(Model.self, [snapshot], store: storeIndex(of: Model.self)).first
-        }
-        let index = storeIndex(of: Model.self)
-        let store = container.stores[index]
-        let statements = store.statements[store.entityIndex[Model.entityName]!]
-        let rows = try readSnapshots(Model.entityName, sql: statements.selectByID, [id.sqliteValue], store: index)
-        return try decodeModels(Model.self, rows, store: index).first
-    }
+    /// Query bookkeeping: SQL functions registered per connection, nesting of streaming enumerations.
+    let queryState = QueryState()
 
-    /// The models `descriptor` selects, sorted, paged.
-    ///
-    /// Complexity: reads every record of the entity and filters in memory (O(n)); predicates are not yet compiled
-    /// to SQL.
-    /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``, or an error the predicate throws.
-    public func fetch<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>) throws -> [Model] {
-        let index = storeIndex(of: Model.self)
-        let store = container.stores[index]
-        let statements = store.statements[store.entityIndex[Model.entityName]!]
-        var snapshots = try readSnapshots(Model.entityName, sql: statements.selectAll + " ORDER BY \"id\"", [], store: index)
-        if descriptor.includePendingChanges {
-            var position: [UUID: Int] = [:]
-            for (i, snapshot) in snapshots.enumerated() { position[snapshot.id] = i }
-            var removed = Set<Int>()
-            for id in pendingOrder where id.entityName == Model.entityName {
-                let existing = position[id.id]
-                switch pending[id] {
-                case let .update(snapshot)?, let .replace(snapshot)?, let .insert(snapshot)?:
-                    if let existing { snapshots[existing] = snapshot } else { snapshots.append(snapshot) }
-                case .delete?:
-                    if let existing { removed.insert(existing) }
-                case nil: break
-                }
-            }
-            if !removed.isEmpty { snapshots = snapshots.enumerated().filter { !removed.contains($0.offset) }.map(\.element) }
-            snapshots.sort { $0.id.bytes.lexicographicallyPrecedes($1.id.bytes) }
+    /// The pending changes of the given entities, in registration order. Fetches overlay them on stored rows
+    /// (``FetchDescriptor/includePendingChanges``). Complexity: O(pending changes).
+    func pendingChanges(entities: Set<String>) -> [(PersistentIdentifier, PendingChange)] {
+        pendingOrder.compactMap { id in
+            guard entities.contains(id.entityName), let change = pending[id] else { return nil }
+            return (id, change)
         }
-        var models = try decodeModels(Model.self, snapshots, store: index)
-        if let predicate = descriptor.predicate {
-            models = try models.filter { try predicate.evaluate($0) }
-        }
-        if !descriptor.sortBy.isEmpty {
-            // Stable sort: ties keep ID order.
-            models = models.enumerated().sorted { a, b in
-                switch descriptor.sortBy.compare(a.element, b.element) {
-                case .orderedAscending: return true
-                case .orderedDescending: return false
-                case .orderedSame: return a.offset < b.offset
-                }
-            }.map(\.element)
-        }
-        let offset = min(max(descriptor.fetchOffset ?? 0, 0), models.count)
-        let end = descriptor.fetchLimit.map { min(models.count, offset + max($0, 0)) } ?? models.count
-        return Array(models[offset..<end])
-    }
-
-    /// Every model of `type`, in ID (creation) order.
-    public func fetch<Model: PersistentModel>(_ type: Model.Type) throws -> [Model] {
-        try fetch(FetchDescriptor<Model>())
     }
 
     // MARK: Internals
@@ -271,64 +219,5 @@ public final class ModelContext {
         let connection = try container.stores[storeIndex].openConnection()
         connections[storeIndex] = connection
         return connection
-    }
-
-    private func readSnapshots(_ entityName: String, sql: String, _ values: [SQLiteValue], store index: Int) throws -> [Snapshot] {
-        let db = try connection(for: index)
-        let statement = try db.cachedStatement(sql)
-        defer { statement.reset() }
-        try statement.bind(values)
-        let count = statement.columnCount
-        var result: [Snapshot] = []
-        while try statement.step() {
-            guard let id = UUID(bytes: statement.data(0)) else { continue }
-            var values: [SQLiteValue] = []
-            values.reserveCapacity(Int(count) - 1)
-            for column in 1..<count { values.append(statement.value(column)) }
-            result.append(Snapshot(entityName: entityName, id: id, values: values))
-        }
-        return result
-    }
-
-    /// Decodes snapshots into models, loading each to-many relationship with one query for the whole batch.
-    private func decodeModels<Model: PersistentModel>(_ type: Model.Type, _ snapshots: [Snapshot], store index: Int) throws -> [Model] {
-        let entity = Model.entity
-        var members: [String: [UUID: [UUID]]] = [:]
-        for (relationship, _) in entity.toManyMembers {
-            members[relationship.name] = try loadToMany(relationship, for: snapshots.map(\.id), store: index)
-        }
-        do {
-            return try snapshots.map { snapshot in
-                var toMany: [String: [UUID]] = [:]
-                for (relationship, _) in entity.toManyMembers {
-                    toMany[relationship.name] = members[relationship.name]?[snapshot.id] ?? []
-                }
-                let row = ModelRow(id: snapshot.id, values: snapshot.values, entityName: Model.entityName,
-                                   fieldIndexByName: entity.fieldIndexByName, toMany: toMany)
-                return try Model(row: row)
-            }
-        } catch let error as ValueConversionError {
-            throw ReplicaError.valueConversion(error)
-        }
-    }
-
-    /// Members of a to-many relationship for each owner, in member ID order; one query per 500 owners.
-    private func loadToMany(_ relationship: Schema.Relationship, for owners: [UUID], store index: Int) throws -> [UUID: [UUID]] {
-        guard let inverse = relationship.inverse, !owners.isEmpty else { return [:] }
-        let db = try connection(for: index)
-        var result: [UUID: [UUID]] = [:]
-        var start = 0
-        while start < owners.count {
-            let chunk = owners[start..<min(start + 500, owners.count)]
-            start += chunk.count
-            let placeholders = Array(repeating: "?", count: chunk.count).joined(separator: ", ")
-            let sql = "SELECT \(quoted(inverse)), \"id\" FROM \(quoted(relationship.destination)) WHERE \(quoted(inverse)) IN (\(placeholders)) ORDER BY \"id\""
-            for row in try db.rows(sql, chunk.map(\.sqliteValue), cache: chunk.count == 500) {
-                guard case let .blob(ownerBytes) = row[0], case let .blob(memberBytes) = row[1],
-                      let owner = UUID(bytes: ownerBytes), let member = UUID(bytes: memberBytes) else { continue }
-                result[owner, default: []].append(member)
-            }
-        }
-        return result
     }
 }

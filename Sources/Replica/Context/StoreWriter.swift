@@ -13,6 +13,8 @@ struct StoreWriter {
     /// What this save did, for history and notifications.
     private(set) var changes = StoreChanges()
     private var deleted = Set<PersistentIdentifier>()
+    /// Records this save deletes: a deny rule does not count them as related records that block a delete.
+    private var scheduledDeletes = Set<PersistentIdentifier>()
 
     init(store: Store, db: Connection) {
         self.store = store
@@ -20,6 +22,7 @@ struct StoreWriter {
     }
 
     mutating func apply(_ batch: [(PersistentIdentifier, ModelContext.PendingChange)]) throws {
+        for (id, change) in batch { if case .delete = change { scheduledDeletes.insert(id) } }
         for (id, change) in batch {
             switch change {
             case .delete, .replace: try deleteRecord(id)
@@ -68,6 +71,7 @@ struct StoreWriter {
             return false
         }
         changes.inserted.append(snapshot)
+        _ = try writeLinks(snapshot)
         return true
     }
 
@@ -81,17 +85,20 @@ struct StoreWriter {
         let names = entity.fieldNames
         var changed: [Int] = []
         for (i, value) in snapshot.values.enumerated() where current[i + 1] != value { changed.append(i) }
-        guard !changed.isEmpty else { return false }
+        let changedLinks = try writeLinks(snapshot)
+        guard !changed.isEmpty || !changedLinks.isEmpty else { return false }
         for (offset, relationship) in entity.toOneRelationships.enumerated() where !relationship.isOptional {
             if snapshot.values[entity.attributes.count + offset].isNull {
                 failures.append(.missingRequiredRelationship(entity: entity.name, relationship: relationship.name, id: snapshot.persistentModelID))
                 return false
             }
         }
-        let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
-        try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
-                   changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
-        changes.updated.append((snapshot, changed.map { names[$0] }))
+        if !changed.isEmpty {
+            let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
+            try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
+                       changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
+        }
+        changes.updated.append((snapshot, changed.map { names[$0] } + changedLinks))
         return true
     }
 
@@ -115,15 +122,34 @@ struct StoreWriter {
 
     // MARK: Delete with delete rules
 
+    /// Whether `id` is deleted by this save (already, or later in it).
+    func isBeingDeleted(_ id: PersistentIdentifier) -> Bool {
+        deleted.contains(id) || scheduledDeletes.contains(id)
+    }
+
+    /// Records a validation failure (used by the link-table code in StoreWriter+Links.swift).
+    mutating func recordFailure(_ failure: ModelValidationFailure) {
+        failures.append(failure)
+    }
+
+    /// Records that a delete rule changed the membership of `relationship` of the records `ids` (for history).
+    mutating func recordMembershipChange(of ids: [UUID], entity: String, relationship: String) {
+        for id in ids { changes.updated.append((Snapshot(entityName: entity, id: id, values: []), [relationship])) }
+    }
+
     /// Deletes a record and applies its relationships' delete rules (recursively for cascades).
     /// A record that does not exist (deleted earlier, or never saved) is skipped.
-    private mutating func deleteRecord(_ id: PersistentIdentifier) throws {
+    mutating func deleteRecord(_ id: PersistentIdentifier) throws {
         guard deleted.insert(id).inserted else { return }
         let (entity, sql) = entity(id.entityName)
         guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return }
         let fieldIndex = Dictionary(uniqueKeysWithValues: entity.fieldNames.enumerated().map { ($1, $0 + 1) })
         for relationship in entity.relationships {
             let (destination, destinationSQL) = self.entity(relationship.destination)
+            if let table = LinkTable.of(relationship, in: entity.name, destination: destination) {
+                try deleteLinks(of: id, relationship: relationship, table: table, destination: destination)
+                continue
+            }
             let targets: [UUID]
             if relationship.isToMany {
                 guard let inverse = relationship.inverse else { continue }
@@ -135,7 +161,10 @@ struct StoreWriter {
             if targets.isEmpty { continue }
             switch relationship.deleteRule {
             case .deny:
-                failures.append(.deleteDenied(entity: entity.name, relationship: relationship.name, count: targets.count))
+                let blocking = targets.filter { !isBeingDeleted(PersistentIdentifier(entityName: destination.name, id: $0)) }
+                if !blocking.isEmpty {
+                    failures.append(.deleteDenied(entity: entity.name, relationship: relationship.name, count: blocking.count))
+                }
             case .cascade:
                 for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target)) }
             case .nullify:

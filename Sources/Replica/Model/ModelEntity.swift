@@ -7,15 +7,25 @@ import Foundation
 public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     // @unchecked: key paths are immutable and thread-safe; the closures capture only key paths.
 
+    /// Resolves one relationship of a batch of models: loads the targets (one query) and stores resolved
+    /// ``Reference``s into the models. Returns the IDs of the models with a reference whose target does not exist.
+    typealias Prefetch = (inout [Model], any ModelLoading, PrefetchTree) throws -> [UUID]
+
     /// One member of an entity: an attribute or a relationship.
     public struct Member {
         enum Kind {
             case attribute(Schema.Attribute, encode: (Model) -> SQLiteValue)
             case toOne(Schema.Relationship, encode: (Model) -> SQLiteValue)
-            case toMany(Schema.Relationship, assign: (inout Model, [UUID]) -> Void)
+            case toMany(Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])
         }
         let kind: Kind
         let keyPath: PartialKeyPath<Model>
+        /// The same member reached through a reference: `\Reference<Model>.[dynamicMember: keyPath]`.
+        let referenceKeyPath: AnyKeyPath
+        /// What predicates and sort descriptors may do with the member.
+        let query: QueryMember
+        /// For relationships: resolves the references of a batch of models.
+        let prefetch: Prefetch?
 
         /// A stored attribute.
         /// - Parameters:
@@ -31,7 +41,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             let attribute = Schema.Attribute(
                 name: name, type: Value.attributeType, isOptional: Value.isOptionalAttribute,
                 defaultValue: defaultValue?.sqliteValue, options: options)
-            return Member(kind: .attribute(attribute, encode: { $0[keyPath: keyPath].sqliteValue }), keyPath: keyPath)
+            return Member(kind: .attribute(attribute, encode: { $0[keyPath: keyPath].sqliteValue }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .attribute(attribute, composite: CompositeTypeInfo.of(Value.self)), prefetch: nil)
         }
 
         /// A to-one relationship, stored as the referenced record's ID.
@@ -44,7 +56,25 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: true)
-            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath]?.id.sqliteValue ?? .null }), keyPath: keyPath)
+            let prefetch: Prefetch = { models, loader, nested in
+                var ids: [UUID] = []
+                var seen = Set<UUID>()
+                for model in models { if let id = model[keyPath: keyPath]?.id, seen.insert(id).inserted { ids.append(id) } }
+                let targets = try loader.loadModels(Target.self, ids: ids, prefetch: nested)
+                var dangling: [UUID] = []
+                for index in models.indices {
+                    guard let reference = models[index][keyPath: keyPath] else { continue }
+                    if let target = targets[reference.id] {
+                        models[index][keyPath: keyPath] = reference.resolving(target)
+                    } else {
+                        dangling.append(models[index].id)
+                    }
+                }
+                return dangling
+            }
+            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath]?.id.sqliteValue ?? .null }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .toOne(relationship, target: Target.self), prefetch: prefetch)
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
@@ -54,13 +84,36 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: false)
-            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath].id.sqliteValue }), keyPath: keyPath)
+            let prefetch: Prefetch = { models, loader, nested in
+                var ids: [UUID] = []
+                var seen = Set<UUID>()
+                for model in models where seen.insert(model[keyPath: keyPath].id).inserted { ids.append(model[keyPath: keyPath].id) }
+                let targets = try loader.loadModels(Target.self, ids: ids, prefetch: nested)
+                var dangling: [UUID] = []
+                for index in models.indices {
+                    let reference = models[index][keyPath: keyPath]
+                    if let target = targets[reference.id] {
+                        models[index][keyPath: keyPath] = reference.resolving(target)
+                    } else {
+                        dangling.append(models[index].id)
+                    }
+                }
+                return dangling
+            }
+            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath].id.sqliteValue }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .toOne(relationship, target: Target.self), prefetch: prefetch)
         }
 
-        /// A to-many relationship. It is not stored in this record: its members are the `Target` records whose
-        /// `inverse` to-one relationship points here, and it is filled when the model is fetched.
+        /// A to-many relationship.
+        ///
+        /// - One-to-many (the inverse is a to-one relationship on `Target`): not stored in this record; its members
+        ///   are the `Target` records whose inverse reference points here, filled when the model is fetched.
+        /// - Many-to-many (the inverse is a to-many relationship on `Target`): stored in a link table. Saving a model
+        ///   writes its side's members (adding and removing links relative to the store), so either side may be edited.
+        ///
         /// - Parameters:
-        ///   - inverse: the to-one relationship on `Target` that points back (required).
+        ///   - inverse: the relationship on `Target` that points back (required).
         ///   - deleteRule: applied to the related records when this record is deleted.
         public static func toMany<Target: PersistentModel>(
             _ name: String, _ keyPath: WritableKeyPath<Model, [Reference<Target>]>, inverse: String,
@@ -68,9 +121,30 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: true, deleteRule: deleteRule)
+            let prefetch: Prefetch = { models, loader, nested in
+                var ids: [UUID] = []
+                var seen = Set<UUID>()
+                for model in models {
+                    for reference in model[keyPath: keyPath] where seen.insert(reference.id).inserted { ids.append(reference.id) }
+                }
+                let targets = try loader.loadModels(Target.self, ids: ids, prefetch: nested)
+                var dangling: [UUID] = []
+                for index in models.indices {
+                    var complete = true
+                    models[index][keyPath: keyPath] = models[index][keyPath: keyPath].map { reference in
+                        if let target = targets[reference.id] { return reference.resolving(target) }
+                        complete = false
+                        return reference
+                    }
+                    if !complete { dangling.append(models[index].id) }
+                }
+                return dangling
+            }
             return Member(kind: .toMany(relationship, assign: { model, ids in
                 model[keyPath: keyPath] = ids.map(Reference<Target>.init)
-            }), keyPath: keyPath)
+            }, members: { $0[keyPath: keyPath].map(\.id) }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .toMany(relationship, target: Target.self), prefetch: prefetch)
         }
     }
 
@@ -82,8 +156,12 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     let fieldIndexByKeyPath: [PartialKeyPath<Model>: Int]
     /// Field index by name.
     let fieldIndexByName: [String: Int]
-    /// To-many relationships with the closure that assigns their members.
-    let toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]
+    /// To-many relationships, in declaration order, with the closures that assign and read their members.
+    let toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])]
+    /// Relationship resolvers by relationship name.
+    let prefetchByName: [String: Prefetch]
+    /// Key paths to members, for predicates and sort descriptors (type-erased).
+    let query: EntityQueryInfo
 
     /// Describes the entity of `Model` (named ``PersistentModel/entityName``).
     /// - Parameters:
@@ -96,21 +174,39 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var referenceEncoders: [(Model) -> SQLiteValue] = []
         var attributeKeyPaths: [PartialKeyPath<Model>] = []
         var referenceKeyPaths: [PartialKeyPath<Model>] = []
-        var toMany: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)] = []
+        var toMany: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])] = []
+        var prefetch: [String: Prefetch] = [:]
+        var queryMembers: [AnyKeyPath: QueryMember] = [
+            \Model.persistentModelID: .persistentModelID,
+            \Reference<Model>.id: .id,
+            \Reference<Model>.persistentModelID: .persistentModelID,
+        ]
         for member in members {
             switch member.kind {
             case let .attribute(attribute, encode):
                 attributes.append(attribute)
                 attributeEncoders.append(encode)
                 attributeKeyPaths.append(member.keyPath)
+                // `\Model.composite.member` key paths (as sort descriptors spell them) reach into composite attributes.
+                if case let .attribute(_, composite?) = member.query, !attribute.isOptional {
+                    for (keyPath, path, leaf) in composite.flattenedMembers() {
+                        if let full = (member.keyPath as AnyKeyPath).appending(path: keyPath) {
+                            queryMembers[full] = .compositePath(attribute: attribute, path: path, leaf: leaf)
+                        }
+                    }
+                }
             case let .toOne(relationship, encode):
                 relationships.append(relationship)
                 referenceEncoders.append(encode)
                 referenceKeyPaths.append(member.keyPath)
-            case let .toMany(relationship, assign):
+            case let .toMany(relationship, assign, read):
                 relationships.append(relationship)
-                toMany.append((relationship, assign))
+                toMany.append((relationship, assign, read))
             }
+            queryMembers[member.keyPath] = member.query
+            queryMembers[member.referenceKeyPath] = member.query
+            if let resolve = member.prefetch, case let .toOne(relationship, _) = member.query { prefetch[relationship.name] = resolve }
+            if let resolve = member.prefetch, case let .toMany(relationship, _) = member.query { prefetch[relationship.name] = resolve }
         }
         let entity = Schema.Entity(name: Model.entityName, attributes: attributes, relationships: relationships,
                                    uniquenessConstraints: uniquenessConstraints)
@@ -123,11 +219,15 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         for (index, name) in entity.fieldNames.enumerated() { byName[name] = index }
         self.fieldIndexByName = byName
         self.toManyMembers = toMany
+        self.prefetchByName = prefetch
+        self.query = EntityQueryInfo(name: Model.entityName, modelType: Model.self, schemaEntity: entity, members: queryMembers)
     }
 
-    /// The snapshot of `model`: its ID and every field's stored value. Complexity: O(fields), no reflection.
+    /// The snapshot of `model`: its ID, every field's stored value and the members of its to-many relationships.
+    /// Complexity: O(fields + to-many members), no reflection.
     public func snapshot(of model: Model) -> Snapshot {
-        Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) })
+        Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) },
+                 toManyMembers: toManyMembers.map { $0.members(model) })
     }
 
     /// The field name bound to `keyPath`, if it is an attribute or to-one relationship of this entity.

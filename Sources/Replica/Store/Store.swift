@@ -5,6 +5,7 @@ import Synchronization
 ///
 /// Table layout: one table per entity, named after it, with `id BLOB PRIMARY KEY` (the 16-byte record ID), one
 /// column per attribute and one per to-one relationship (the referenced ID), and an index on each reference column.
+/// Many-to-many relationships live in link tables (`replica_link_<Entity>_<relationship>`, see `LinkTable`).
 /// `replica_metadata` holds the store's replica identity and the schema it was last opened with.
 final class Store: Sendable {
     let configuration: ModelConfiguration
@@ -93,6 +94,8 @@ final class Store: Sendable {
                     try db.execute("CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_unique\(i)")) ON \(table) (\(columns))")
                 }
             }
+            // Many-to-many relationships: one link table per relationship pair (see LinkTable).
+            try LinkTable.prepare(db, entities: entities)
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
                 return identity
