@@ -5,7 +5,7 @@ import Foundation
 // Every `PredicateExpressions` node type Replica understands conforms to `SQLTranslatable` (unconditionally; its
 // children are translated by dynamic dispatch, so an untranslatable child is reported precisely). Values are always
 // bound as parameters, never interpolated. Semantics follow Swift's, not SQL's: `==` is null-safe (`IS`), booleans
-// are never NULL (`COALESCE`), `contains("")` is false, a force unwrap of nil fails the query, and so on.
+// are never NULL (`COALESCE`), every string contains "", a force unwrap of nil fails the query, and so on.
 // What cannot be translated throws `Untranslatable`; the fetch then evaluates the whole predicate in memory over
 // the rows the translatable conjuncts select.
 
@@ -338,7 +338,7 @@ final class PredicateTranslator {
     private func member(of record: RecordRef, keyPath: AnyKeyPath) throws -> Operand {
         var found: QueryMember?
         if let inherited = record.inherited, let name = inherited[keyPath] {
-            found = record.entity.memberByName(name)
+            found = name == "id" ? .id : record.entity.memberByName(name)
             if found == nil {
                 throw FetchError.invalidHierarchy("\(record.entity.name) has no member '\(name)'")
             }
@@ -874,15 +874,14 @@ extension PredicateExpressions.CollectionContainsCollection: SQLTranslatable {
         if case .opaque = o { return .opaque }
         let haystack = try t.scalar(b)
         if case let .constant(value) = o, let needle = value as? String {
-            // Swift: no string contains the empty string.
-            if needle.isEmpty { return .constant(false) }
+            // In a predicate, every string contains the empty string (the collection algorithm), as `instr` says.
+            if needle.isEmpty { return .constant(true) }
             return .sql(SQLExpr("(instr(\(haystack.text), ?) > 0)", haystack.args + [.text(needle)],
                                 nullable: haystack.nullable, mayFail: haystack.mayFail))
         }
         let needle = try t.scalar(o)
-        return .sql(SQLExpr("(length(\(needle.text)) > 0 AND instr(\(haystack.text), \(needle.text)) > 0)",
-                            needle.args + haystack.args + needle.args, nullable: haystack.nullable || needle.nullable,
-                            mayFail: haystack.mayFail || needle.mayFail))
+        return .sql(SQLExpr("(instr(\(haystack.text), \(needle.text)) > 0)", haystack.args + needle.args,
+                            nullable: haystack.nullable || needle.nullable, mayFail: haystack.mayFail || needle.mayFail))
     }
 }
 
