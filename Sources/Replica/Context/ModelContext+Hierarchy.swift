@@ -16,8 +16,11 @@ struct HierarchyPlan {
 
     var pagesInSQL: Bool { !filtersInMemory && !sortsInMemory }
 
-    var paging: (text: String, args: [SQLiteValue]) {
-        guard pagesInSQL, limit != nil || offset > 0 else { return ("", []) }
+    var paging: (text: String, args: [SQLiteValue]) { pagingSQL(countOnly: false) }
+
+    /// LIMIT/OFFSET when they can go into the SQL; a count needs no order, so only an in-memory filter prevents it.
+    func pagingSQL(countOnly: Bool) -> (text: String, args: [SQLiteValue]) {
+        guard countOnly ? !filtersInMemory : pagesInSQL, limit != nil || offset > 0 else { return ("", []) }
         return (" LIMIT ? OFFSET ?", [.integer(Int64(limit ?? -1)), .integer(Int64(offset))])
     }
 }
@@ -42,7 +45,7 @@ extension ModelContext {
     public func fetchCount<Base>(_ descriptor: HierarchyFetchDescriptor<Base>) throws -> Int {
         let (engine, plan) = try hierarchyPlan(descriptor)
         if plan.filtersInMemory { return try runHierarchy(engine, plan, descriptor).count }
-        let paging = plan.paging
+        let paging = plan.pagingSQL(countOnly: true)
         let value = try engine.db.scalar("SELECT count(*) FROM (SELECT \"e\" FROM (\(plan.union))\(paging.text))", plan.unionArgs + paging.args)
         if case let .integer(count)? = value { return Int(count) }
         return 0

@@ -56,8 +56,11 @@ struct FetchPlan {
     /// Whether LIMIT/OFFSET go into the SQL (nothing happens in memory that could change which rows qualify).
     var pagesInSQL: Bool { !filtersInMemory && !sortsInMemory }
 
-    var paging: (text: String, args: [SQLiteValue]) {
-        guard pagesInSQL, limit != nil || offset > 0 else { return ("", []) }
+    var paging: (text: String, args: [SQLiteValue]) { pagingSQL(countOnly: false) }
+
+    /// LIMIT/OFFSET when they can go into the SQL; a count needs no order, so only an in-memory filter prevents it.
+    func pagingSQL(countOnly: Bool) -> (text: String, args: [SQLiteValue]) {
+        guard countOnly ? !filtersInMemory : pagesInSQL, limit != nil || offset > 0 else { return ("", []) }
         return (" LIMIT ? OFFSET ?", [.integer(Int64(limit ?? -1)), .integer(Int64(offset))])
     }
 
@@ -538,7 +541,7 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// The number of rows a fully translated predicate selects (after paging), counted in SQL.
     func count(_ plan: FetchPlan) throws -> Int {
-        let paging = plan.paging
+        let paging = plan.pagingSQL(countOnly: true)
         let sql = "SELECT count(*) FROM (SELECT t0.\"id\" \(plan.fromWhere)\(paging.text))"
         do {
             guard case let .integer(count)? = try db.scalar(sql, plan.whereArgs + paging.args) else { return 0 }
