@@ -390,3 +390,53 @@ func randomMedia(seed: UInt64, count: Int = 40) -> [any QMedia] {
     }
     return result
 }
+
+// MARK: - Delete rules
+
+/// One-to-many with the nullify rule.
+struct QFolder: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var name: String = ""
+    var notes: [Reference<QNote>] = []
+
+    static let entity = ModelEntity<QFolder>([
+        .attribute("name", \.name, default: ""),
+        .toMany("notes", \.notes, inverse: "folder", deleteRule: .nullify),
+    ])
+}
+
+struct QNote: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var text: String = ""
+    var folder: Reference<QFolder>?
+
+    static let entity = ModelEntity<QNote>([
+        .attribute("text", \.text, default: ""),
+        .toOne("folder", \.folder, inverse: "notes"),
+    ])
+}
+
+/// Many-to-many with cascade on one side and deny on the other.
+struct QPlaylist: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var name: String = ""
+    var songs: [Reference<QSong>] = []
+
+    static let entity = ModelEntity<QPlaylist>([
+        .attribute("name", \.name, default: ""),
+        .toMany("songs", \.songs, inverse: "playlists", deleteRule: .cascade),
+    ])
+}
+
+struct QSong: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var title: String = ""
+    var playlists: [Reference<QPlaylist>] = []
+
+    static let entity = ModelEntity<QSong>([
+        .attribute("title", \.title, default: ""),
+        .toMany("playlists", \.playlists, inverse: "songs", deleteRule: .deny),
+    ])
+}
+
+let deleteRuleModelTypes: [any PersistentModel.Type] = queryModelTypes + [QFolder.self, QNote.self, QPlaylist.self, QSong.self]
