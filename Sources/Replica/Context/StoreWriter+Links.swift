@@ -69,7 +69,9 @@ extension StoreWriter {
         }
         switch relationship.deleteRule {
         case .deny:
-            let blocking = targets.filter { !isBeingDeleted(PersistentIdentifier(entityName: destination.name, id: $0)) }
+            let blocking = targets.filter {
+                stillReferences(PersistentIdentifier(entityName: destination.name, id: $0), id.id, through: relationship.inverse)
+            }
             if !blocking.isEmpty {
                 recordFailure(.deleteDenied(entity: id.entityName, relationship: relationship.name, count: blocking.count))
             }

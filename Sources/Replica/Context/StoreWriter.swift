@@ -15,6 +15,8 @@ struct StoreWriter {
     private var deleted = Set<PersistentIdentifier>()
     /// Records this save deletes: a deny rule does not count them as related records that block a delete.
     private var scheduledDeletes = Set<PersistentIdentifier>()
+    /// The values this save writes, by record: a deny rule judges the references as they will be after the save.
+    private var scheduledSnapshots: [PersistentIdentifier: Snapshot] = [:]
 
     init(store: Store, db: Connection) {
         self.store = store
@@ -22,7 +24,10 @@ struct StoreWriter {
     }
 
     mutating func apply(_ batch: [(PersistentIdentifier, ModelContext.PendingChange)]) throws {
-        for (id, change) in batch { if case .delete = change { scheduledDeletes.insert(id) } }
+        for (id, change) in batch {
+            if case .delete = change { scheduledDeletes.insert(id) }
+            if let snapshot = change.snapshot { scheduledSnapshots[id] = snapshot }
+        }
         for (id, change) in batch {
             switch change {
             case .delete, .replace: try deleteRecord(id)
@@ -127,6 +132,21 @@ struct StoreWriter {
         deleted.contains(id) || scheduledDeletes.contains(id)
     }
 
+    /// Whether `target` still refers to the record `deleted` through its relationship `inverse` once this save is
+    /// applied: it is not deleted, and the values this save writes for it (if any) still hold the reference.
+    func stillReferences(_ target: PersistentIdentifier, _ deleted: UUID, through inverse: String?) -> Bool {
+        if isBeingDeleted(target) { return false }
+        guard let inverse, let snapshot = scheduledSnapshots[target], let index = store.entityIndex[target.entityName] else { return true }
+        let entity = store.entities[index]
+        if let field = entity.fieldNames.firstIndex(of: inverse), field < snapshot.values.count {
+            return snapshot.values[field] == deleted.sqliteValue
+        }
+        if let slot = entity.relationships.filter(\.isToMany).firstIndex(where: { $0.name == inverse }), slot < snapshot.toManyMembers.count {
+            return snapshot.toManyMembers[slot].contains(deleted)
+        }
+        return true
+    }
+
     /// Records a validation failure (used by the link-table code in StoreWriter+Links.swift).
     mutating func recordFailure(_ failure: ModelValidationFailure) {
         failures.append(failure)
@@ -161,7 +181,9 @@ struct StoreWriter {
             if targets.isEmpty { continue }
             switch relationship.deleteRule {
             case .deny:
-                let blocking = targets.filter { !isBeingDeleted(PersistentIdentifier(entityName: destination.name, id: $0)) }
+                let blocking = targets.filter {
+                    stillReferences(PersistentIdentifier(entityName: destination.name, id: $0), id.id, through: relationship.inverse)
+                }
                 if !blocking.isEmpty {
                     failures.append(.deleteDenied(entity: entity.name, relationship: relationship.name, count: blocking.count))
                 }
