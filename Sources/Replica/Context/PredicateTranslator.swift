@@ -999,7 +999,8 @@ extension PredicateExpressions.TypeCheck: SQLTranslatable {
 extension PredicateExpressions.ConditionalCast: SQLTranslatable {
     func translate(_ t: PredicateTranslator) throws -> Operand {
         guard let (record, matches) = try castTarget(t, input, desired: Desired.self) else { return .opaque }
-        guard matches else { return .sql(.null) }
+        // A known nil: an optional chain after it is nil too, without translating it.
+        guard matches else { return .constant(Desired?.none as Any) }
         return .record(RecordRef(entity: record.entity, access: record.access, path: record.path))
     }
 }
