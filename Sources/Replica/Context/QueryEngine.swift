@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 
 /// Per-context query bookkeeping, kept by ``ModelContext``. Internal.
@@ -48,7 +49,7 @@ struct FetchPlan {
     var prefetchTree: PrefetchTree
     /// Fetched field indices, in field order.
     var fields: [Int]
-    /// To-many relationships to load (`nil`: all).
+    /// To-many relationships to load.
     var toManyNames: Set<String>?
     var offset: Int
     var limit: Int?
@@ -318,7 +319,7 @@ final class QueryEngine: QuerySources, ModelLoading {
 
         // Fields: all, or the requested ones plus those that cannot be left out (no default to fill them with).
         var fields = Array(entity.schemaEntity.fieldNames.indices)
-        var toManyNames: Set<String>? = nil
+        var toManyNames: Set<String>? = Set(entity.schemaEntity.relationships.filter(\.isToMany).map(\.name))
         if !descriptor.propertiesToFetch.isEmpty {
             var wanted = Set<String>()
             for keyPath in descriptor.propertiesToFetch {
@@ -386,13 +387,15 @@ final class QueryEngine: QuerySources, ModelLoading {
         var batch: [Model] = []
         batch.reserveCapacity(min(batchSize, 4096))
         do {
+            let statementHandle = statement.handle
             while try statement.step() {
                 layout.generation &+= 1
-                guard let id = statement.uuid(0) else {
+                guard let idValue = sqlite3_column_value(statementHandle, 0), let id = UUID(statementValue: idValue) else {
                     throw ReplicaError.valueConversion(ValueConversionError(expected: "UUID", found: statement.value(0),
                                                                             attribute: "\(Model.entityName).id"))
                 }
-                batch.append(try Model(row: ModelRow(id: id, streaming: layout)))
+                let model = try Model(row: ModelRow(id: id, streaming: layout))
+                batch.append(consume model)
                 if batch.count >= batchSize {
                     guard try handle(&batch) else { return }
                     batch.removeAll(keepingCapacity: true)

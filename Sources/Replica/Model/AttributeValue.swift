@@ -15,10 +15,18 @@ public protocol AttributeValue: Sendable {
     /// Reads a value back from its stored form.
     /// - Throws: ``ValueConversionError`` when the stored value has the wrong storage class.
     init(sqliteValue: SQLiteValue) throws(ValueConversionError)
+    /// Reads the value of field `index` of `row`: the fast path of ``ModelRow/decode(_:at:)``. The built-in types
+    /// read straight from the SQLite statement; the default goes through ``init(sqliteValue:)``.
+    /// - Throws: ``ValueConversionError`` when the stored value has the wrong storage class.
+    static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Self
 }
 
 extension AttributeValue {
     public static var isOptionalAttribute: Bool { false }
+
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Self {
+        try Self(sqliteValue: row[index])
+    }
 }
 
 /// A stored value could not be read as the type the model declares. Names the expected type and the storage class

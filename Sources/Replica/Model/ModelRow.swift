@@ -1,10 +1,12 @@
+import CSQLite
 import Foundation
 
 /// One stored record as a model initializer reads it: the record ID and field values by position or name.
 ///
 /// Positions follow the entity's ``Schema/Entity/fieldNames`` (attributes in declaration order, then to-one
 /// relationships). Reading by position is the fast path: while a fetch streams, the row reads each value straight
-/// from the SQLite statement (no intermediate arrays); reading by name costs one dictionary lookup more.
+/// from the SQLite statement (no intermediate arrays; strings are the only allocations); reading by name costs one
+/// dictionary lookup more.
 ///
 /// A row is valid only during the ``PersistentModel/init(row:)`` call it is passed to; reading it later traps.
 /// To-many relationships are not read from the row: the context assigns their members through the entity's key
@@ -34,13 +36,22 @@ public struct ModelRow {
         self.generation = layout.generation
     }
 
+    /// Where field `index` is: in the statement (its `sqlite3_value`), or not there (a row over values, or a field
+    /// that was not fetched).
+    @inline(__always)
+    func statementValue(_ index: Int) -> OpaquePointer? {
+        guard let handle = layout.handle else { return nil }
+        precondition(generation == layout.generation, "Replica: a ModelRow was used after init(row:) returned")
+        let column = layout.columns[index]
+        return column >= 0 ? sqlite3_column_value(handle, column) : nil
+    }
+
     /// The stored value at field `index`. Fields not fetched (``FetchDescriptor/propertiesToFetch``) read as their
     /// declared default, or `NULL`.
     public subscript(index: Int) -> SQLiteValue {
-        guard let statement = layout.statement else { return values[index] }
-        precondition(generation == layout.generation, "Replica: a ModelRow was used after init(row:) returned")
-        let column = layout.columns[index]
-        return column >= 0 ? statement.value(column) : layout.defaults[index]
+        if layout.handle == nil { return values[index] }
+        guard let value = statementValue(index) else { return layout.defaults[index] }
+        return SQLiteValue(value)
     }
 
     /// The stored value of field `name`, or `nil` when the entity has no such field.
@@ -48,9 +59,10 @@ public struct ModelRow {
 
     /// Decodes the field at `index` as `Value`.
     /// - Throws: ``ValueConversionError`` naming the attribute when the stored value does not fit.
+    /// - Complexity: O(1); reads straight from the statement for the built-in attribute types.
     public func decode<Value: AttributeValue>(_ type: Value.Type = Value.self, at index: Int) throws -> Value {
         do {
-            return try Value(sqliteValue: self[index])
+            return try Value.decode(from: self, at: index)
         } catch {
             var error = error
             error.attribute = "\(layout.entityName).\(layout.fieldName(index))"
@@ -71,14 +83,13 @@ public struct ModelRow {
     /// allocations.
     /// - Throws: ``ValueConversionError`` when the stored value is not a 16-byte ID.
     public func reference<Target: PersistentModel>(_ type: Target.Type = Target.self, at index: Int) throws -> Reference<Target>? {
-        if let statement = layout.statement {
-            precondition(generation == layout.generation, "Replica: a ModelRow was used after init(row:) returned")
-            let column = layout.columns[index]
-            if column < 0 || statement.isNull(column) { return nil }
-            if let id = statement.uuid(column) { return Reference(id) }
+        if let value = statementValue(index) {
+            if sqlite3_value_type(value) == SQLITE_NULL { return nil }
+            if let id = UUID(statementValue: value) { return Reference(id) }
         } else {
-            if values[index].isNull { return nil }
-            if case let .blob(bytes) = values[index], let id = UUID(bytes: bytes) { return Reference(id) }
+            let stored = self[index]
+            if stored.isNull { return nil }
+            if case let .blob(bytes) = stored, let id = UUID(bytes: bytes) { return Reference(id) }
         }
         throw ValueConversionError(expected: "Reference<\(Target.self)>", found: self[index],
                                    attribute: "\(layout.entityName).\(layout.fieldName(index))")
@@ -97,21 +108,25 @@ final class RowLayout {
     let entityName: String
     let fieldIndexByName: [String: Int]
     let toManyNames: [String]
-    /// The statement the rows read, or `nil` for rows over values.
+    /// The statement the rows read (kept alive here), or `nil` for rows over values.
     let statement: Statement?
+    /// Its handle, read without reference counting on the hot path.
+    let handle: OpaquePointer?
     /// Result column of each field, or -1 when the field is not fetched.
-    let columns: [Int32]
+    let columns: UnsafeMutableBufferPointer<Int32>
     /// The value of each field that is not fetched: its declared default, or `NULL`.
     let defaults: [SQLiteValue]
     /// Advanced for every statement row, so that rows cannot be read after their turn.
-    var generation = 0
+    @exclusivity(unchecked) var generation = 0
 
     init(entity: Schema.Entity, fieldIndexByName: [String: Int], statement: Statement?, columns: [Int32], defaults: [SQLiteValue]) {
         self.entityName = entity.name
         self.fieldIndexByName = fieldIndexByName
         self.toManyNames = entity.relationships.filter(\.isToMany).map(\.name)
         self.statement = statement
-        self.columns = columns
+        self.handle = statement?.handle
+        self.columns = .allocate(capacity: columns.count)
+        _ = self.columns.initialize(from: columns)
         self.defaults = defaults
     }
 
@@ -120,8 +135,106 @@ final class RowLayout {
         self.init(entity: entity, fieldIndexByName: fieldIndexByName, statement: nil, columns: [], defaults: [])
     }
 
+    deinit { columns.deallocate() }
+
     func fieldName(_ index: Int) -> String {
         fieldIndexByName.first { $0.value == index }?.key ?? "field #\(index)"
+    }
+}
+
+// MARK: - Reading values straight from a statement
+
+extension SQLiteValue {
+    /// The dynamic value of an `sqlite3_value`, in the storage class SQLite reports for it.
+    init(_ value: OpaquePointer) {
+        switch sqlite3_value_type(value) {
+        case SQLITE_INTEGER: self = .integer(sqlite3_value_int64(value))
+        case SQLITE_FLOAT: self = .real(sqlite3_value_double(value))
+        case SQLITE_TEXT: self = .text(String(statementValue: value))
+        case SQLITE_BLOB:
+            let pointer = sqlite3_value_blob(value)
+            let count = Int(sqlite3_value_bytes(value))
+            self = .blob(count > 0 && pointer != nil ? Data(bytes: pointer!, count: count) : Data())
+        default: self = .null
+        }
+    }
+}
+
+extension String {
+    /// The text of an `sqlite3_value` whose type is TEXT.
+    @inline(__always)
+    init(statementValue value: OpaquePointer) {
+        guard let text = sqlite3_value_text(value) else { self = ""; return }
+        self = String(decoding: UnsafeBufferPointer(start: text, count: Int(sqlite3_value_bytes(value))), as: UTF8.self)
+    }
+}
+
+extension UUID {
+    /// The ID in a 16-byte blob `sqlite3_value`, read without allocating.
+    @inline(__always)
+    init?(statementValue value: OpaquePointer) {
+        guard sqlite3_value_type(value) == SQLITE_BLOB, let pointer = sqlite3_value_blob(value),
+              sqlite3_value_bytes(value) == 16 else { return nil }
+        var raw: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        withUnsafeMutableBytes(of: &raw) { $0.copyMemory(from: UnsafeRawBufferPointer(start: pointer, count: 16)) }
+        self.init(uuid: raw)
+    }
+}
+
+// Fast paths of `AttributeValue.decode(from:at:)`: one `sqlite3_column_value` per field, no intermediate
+// `SQLiteValue`. A value of another storage class takes the general path, which reports it.
+
+extension String {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> String {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_TEXT { return String(statementValue: value) }
+        return try String(sqliteValue: row[index])
+    }
+}
+
+extension Int {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Int {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_INTEGER { return Int(sqlite3_value_int64(value)) }
+        return try Int(sqliteValue: row[index])
+    }
+}
+
+extension Double {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Double {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_FLOAT { return sqlite3_value_double(value) }
+        return try Double(sqliteValue: row[index])
+    }
+}
+
+extension Bool {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Bool {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_INTEGER { return sqlite3_value_int64(value) != 0 }
+        return try Bool(sqliteValue: row[index])
+    }
+}
+
+extension Date {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Date {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_FLOAT {
+            return Date(timeIntervalSince1970: sqlite3_value_double(value))
+        }
+        return try Date(sqliteValue: row[index])
+    }
+}
+
+extension UUID {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> UUID {
+        if let value = row.statementValue(index), let id = UUID(statementValue: value) { return id }
+        return try UUID(sqliteValue: row[index])
+    }
+}
+
+extension Optional where Wrapped: AttributeValue {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Wrapped? {
+        if let value = row.statementValue(index) {
+            if sqlite3_value_type(value) == SQLITE_NULL { return nil }
+            return try Wrapped.decode(from: row, at: index)
+        }
+        return try Wrapped?(sqliteValue: row[index])
     }
 }
 
