@@ -168,3 +168,25 @@ struct QueryDescriptorTests {
         }
     }
 }
+
+@Suite("Fetch descriptors on read-only stores")
+struct QueryReadOnlyTests {
+    @Test("SQL functions and pending-change overlays work on a read-only store")
+    func readOnly() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-query-ro-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let url = directory.appendingPathComponent("q.store")
+        let writer = try ModelContainer(for: Schema(queryModelTypes), configurations: [ModelConfiguration("q", url: url)],
+                                        environment: .seeded(seed: 1, directory: directory))
+        let data = QueryDataset.random(seed: 2)
+        try data.insert(into: ModelContext(writer))
+        let reader = try ModelContainer(for: Schema(queryModelTypes), configurations: [ModelConfiguration("q", url: url, allowsSave: false)],
+                                        environment: .seeded(seed: 2, directory: directory))
+        let context = ModelContext(reader)
+        context.insert(QTrip(name: "Café pending"))
+        let swift = data.resolved
+        let found = try context.fetch(FetchDescriptor<QTrip>(predicate: #Predicate { $0.name.localizedStandardContains("cafe") }))
+        #expect(found.count == swift.trips.filter { ReplicaText.foldedContains($0.name, "cafe") }.count + 1)
+        try expectSameAsSwift(context, swift.items, FetchDescriptor(predicate: #Predicate { $0.trip?.name.localizedStandardContains("PARIS") == true }))
+    }
+}
