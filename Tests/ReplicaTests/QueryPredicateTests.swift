@@ -256,6 +256,29 @@ struct QueryPredicateTests {
         }
     }
 
+    @Test("relationships an in-memory evaluation cannot resolve are typed errors, not traps")
+    func unresolvableRelationships() throws {
+        let context = ModelContext(try makeQueryContainer())
+        let data = QueryDataset.random(seed: 5)
+        try data.insert(into: context)
+        // A relationship chosen by a ternary has no SQL form and cannot be prefetched for Swift.
+        #expect(throws: FetchError.self) {
+            try context.fetch(FetchDescriptor<QTrip>(predicate: #Predicate { (($0.isFavorite ? $0.lodging : nil)?.trips.count ?? 0) > 1 }))
+        }
+        // A captured reference that is not resolved.
+        let unresolved = Reference<QTrip>(data.trips[0].id)
+        #expect(throws: FetchError.unresolvableReference(unresolved.persistentModelID, relationship: "\(\Reference<QTrip>.name as AnyKeyPath)")) {
+            try context.fetch(FetchDescriptor<QItem>(predicate: #Predicate { ($0.trip?.name ?? "") == unresolved.name }))
+        }
+        // Resolved, it is a constant.
+        let resolved = Reference(data.trips[0])
+        let swift = data.resolved
+        try expectSameAsSwift(context, swift.items, FetchDescriptor(predicate: #Predicate { ($0.trip?.name ?? "") == resolved.name }))
+        // An in-memory sort through two to-one relationships resolves both.
+        try expectSameAsSwift(context, swift.items, FetchDescriptor(sortBy: [SortDescriptor(\.trip?.lodging?.city), SortDescriptor(\.title)]),
+                              inSQL: false)
+    }
+
     @Test("a key path that is not an attribute is a typed error")
     func nonAttributeKeyPath() throws {
         let context = ModelContext(try makeQueryContainer())

@@ -142,6 +142,9 @@ extension ModelContext {
                     collector.lenient = true
                     _ = try? collector.with(variable, bound: .record(root)) { try collector.translate(predicate.expression) }
                     residualTree.merge(collector.relationships)
+                    if collector.lostRelationship {
+                        throw FetchError.unsupportedPredicate(reasons: reasons + ["a relationship reached through an expression that has no SQL form"])
+                    }
                 }
             }
             var keys: [SQLExpr] = []
@@ -195,7 +198,7 @@ extension ModelContext {
         }
         order += ["\"id\" ASC", "\"e\" ASC"]
         if sortsInMemory {
-            for member in members { for relationship in queryInfo(member).schemaEntity.toOneRelationships { residualTree.insert([relationship.name]) } }
+            for member in members { residualTree.merge(QueryEngine.toOneTree(queryInfo(member), depth: 2)) }
         }
         let plan = HierarchyPlan(
             members: members, union: branches.joined(separator: " UNION ALL "), unionArgs: args,

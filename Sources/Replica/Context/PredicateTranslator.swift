@@ -149,10 +149,25 @@ extension Optional: AnyOptional {
 /// A value that stands for a record ID (a `Reference`). Internal.
 protocol ReferenceIdentifying {
     var referencedID: UUID { get }
+    var referencedIdentifier: PersistentIdentifier { get }
+    /// Whether reading `keyPath` from this reference works without a resolved target.
+    func canRead(_ keyPath: AnyKeyPath) -> Bool
 }
 
 extension Reference: ReferenceIdentifying {
     var referencedID: UUID { id }
+    var referencedIdentifier: PersistentIdentifier { persistentModelID }
+    func canRead(_ keyPath: AnyKeyPath) -> Bool {
+        resolved != nil || keyPath == \Reference<Target>.id || keyPath == \Reference<Target>.persistentModelID
+            || keyPath == \Reference<Target>.resolved
+    }
+}
+
+/// Whether a key path reads through a relationship (its root is a model or a reference, or a list of references).
+private func readsThroughRelationship(_ keyPath: AnyKeyPath) -> Bool {
+    let root = type(of: keyPath).rootType
+    return root is any ReferenceIdentifying.Type || root is any PersistentModel.Type
+        || ("\(root)".hasPrefix("Array<Reference<"))
 }
 
 /// A constant range whose bounds have stored forms. Internal.
@@ -181,6 +196,9 @@ final class PredicateTranslator {
     private(set) var relationships = PrefetchTree()
     /// When set, untranslatable nodes become `.opaque` instead of failing (used to collect relationship paths).
     var lenient = false
+    /// Set while collecting when a member of a relationship target is read through an untranslatable expression:
+    /// that relationship cannot be known, so it cannot be resolved for the in-memory evaluation.
+    private(set) var lostRelationship = false
     private var bindings: [PredicateExpressions.VariableID: Operand] = [:]
     private var aliasCount = 0
 
@@ -275,8 +293,15 @@ final class PredicateTranslator {
     func member(of root: Operand, keyPath: AnyKeyPath) throws -> Operand {
         switch root {
         case .opaque:
+            if readsThroughRelationship(keyPath) { lostRelationship = true }
             return .opaque
         case let .constant(value):
+            // A captured reference: reading its target's members needs it resolved (Swift would trap).
+            var unwrapped: Any = value
+            if let optional = value as? any AnyOptional, let wrapped = optional.wrappedValue { unwrapped = wrapped }
+            if let reference = unwrapped as? any ReferenceIdentifying, !reference.canRead(keyPath) {
+                throw FetchError.unresolvableReference(reference.referencedIdentifier, relationship: "\(keyPath)")
+            }
             guard let result = value[keyPath: keyPath] else { throw Untranslatable("\(keyPath) does not apply to its value") }
             return .constant(result)
         case let .record(record):
@@ -307,6 +332,7 @@ final class PredicateTranslator {
                 return .sql(SQLExpr("(\(expression.text) = '')", expression.args, nullable: expression.nullable,
                                     mayFail: expression.mayFail, propagatesNull: true))
             }
+            if readsThroughRelationship(keyPath) { lostRelationship = true }
             throw Untranslatable("\(keyPath) of a computed value")
         case .identifier, .range:
             throw Untranslatable("\(keyPath) of an identifier or range")

@@ -267,6 +267,10 @@ final class QueryEngine: QuerySources, ModelLoading {
                 collector.lenient = true
                 _ = try? collector.with(variable, bound: .record(root)) { try collector.translate(expression) }
                 residualTree.merge(collector.relationships)
+                if collector.lostRelationship {
+                    // Evaluating it would read a reference nobody resolved: refuse rather than trap.
+                    throw FetchError.unsupportedPredicate(reasons: reasons + ["a relationship reached through an expression that has no SQL form"])
+                }
             }
         }
         var whereText = ""
@@ -313,7 +317,7 @@ final class QueryEngine: QuerySources, ModelLoading {
             orderParts = []
             orderArgs = []
             // Sorting in memory by a key path Replica cannot see into: resolve the to-one relationships it may use.
-            for relationship in entity.schemaEntity.toOneRelationships { residualTree.insert([relationship.name]) }
+            residualTree.merge(Self.toOneTree(entity.query, depth: 2))
         }
         orderParts.append("t0.\"id\" ASC")
 
@@ -358,6 +362,18 @@ final class QueryEngine: QuerySources, ModelLoading {
             filtersInMemory: !reasons.isEmpty, sortsInMemory: sortsInMemory, reasons: reasons, sortReasons: sortReasons,
             residualTree: residualTree, prefetchTree: prefetchTree, fields: fields, toManyNames: toManyNames,
             offset: max(descriptor.fetchOffset ?? 0, 0), limit: descriptor.fetchLimit.map { max($0, 0) })
+    }
+
+    /// The to-one relationships of `entity`, and theirs, to `depth` levels: what an in-memory sort by a key path
+    /// through to-one relationships (`\.trip?.lodging?.city`) may read.
+    static func toOneTree(_ entity: EntityQueryInfo, depth: Int) -> PrefetchTree {
+        var tree = PrefetchTree()
+        guard depth > 0 else { return tree }
+        for relationship in entity.schemaEntity.toOneRelationships {
+            guard case let .toOne(_, target)? = entity.memberByName(relationship.name) else { continue }
+            tree.graft(relationship.name, toOneTree(queryInfo(target), depth: depth - 1))
+        }
+        return tree
     }
 
     /// The main query's SELECT list and row layout for `Model` with `fields`.

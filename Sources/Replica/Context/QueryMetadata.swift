@@ -174,6 +174,13 @@ struct PrefetchTree: Equatable {
         }
     }
 
+    /// Adds relationship `name` with `subtree` below it.
+    mutating func graft(_ name: String, _ subtree: PrefetchTree) {
+        var node = PrefetchTree()
+        node.children = [(name, subtree)]
+        merge(node)
+    }
+
     mutating func merge(_ other: PrefetchTree) {
         for (name, tree) in other.children {
             if let index = children.firstIndex(where: { $0.name == name }) {
