@@ -13,6 +13,10 @@ public struct FetchDescriptor<Model: PersistentModel>: @unchecked Sendable {
     /// Sort keys, most significant first. `nil` sorts first in forward order and last in reverse order (as
     /// Foundation sorts optionals). Records that compare equal are ordered by ID (creation order), so results are
     /// always deterministic.
+    ///
+    /// Key paths to attributes and to members of composite attributes sort in SQL. Others (through relationships,
+    /// like `\.trip?.name`, or with a string comparator) sort in memory, after resolving to-one relationships two
+    /// levels deep.
     public var sortBy: [SortDescriptor<Model>]
     /// At most this many models are returned.
     public var fetchLimit: Int?
