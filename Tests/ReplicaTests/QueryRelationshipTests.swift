@@ -73,6 +73,15 @@ struct QueryRelationshipTests {
         #expect(try tags(lima) == ["beach", "food"])
     }
 
+    @Test("a snapshot decodes back into its model, relationships included")
+    func snapshotRoundTrip() throws {
+        let trip = QTrip(id: UUID(), name: "Lima", destination: nil, rating: 3, lodging: Reference(UUID()),
+                         items: [Reference(UUID())], tags: [Reference(UUID()), Reference(UUID())])
+        let decoded = try QTrip.entity.model(from: QTrip.entity.snapshot(of: trip))
+        #expect(decoded.id == trip.id && decoded.name == trip.name && decoded.rating == 3 && decoded.destination == nil)
+        #expect(decoded.lodging == trip.lodging && decoded.items == trip.items && decoded.tags == trip.tags)
+    }
+
     @Test("cascade, nullify and deny on single deletes")
     func deleteRules() throws {
         let context = try makeContext()

@@ -230,6 +230,18 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                  toManyMembers: toManyMembers.map { $0.members(model) })
     }
 
+    /// The model a snapshot describes (for history and sync, which hold snapshots): fields from its values, to-many
+    /// members from ``Snapshot/toManyMembers`` when it carries them.
+    /// - Throws: ``ValueConversionError`` when a value does not fit its property.
+    func model(from snapshot: Snapshot) throws -> Model {
+        let layout = RowLayout(entity: schemaEntity, fieldIndexByName: fieldIndexByName)
+        var model = try Model(row: ModelRow(id: snapshot.id, values: snapshot.values, layout: layout))
+        for (slot, member) in toManyMembers.enumerated() where slot < snapshot.toManyMembers.count {
+            member.assign(&model, snapshot.toManyMembers[slot])
+        }
+        return model
+    }
+
     /// The field name bound to `keyPath`, if it is an attribute or to-one relationship of this entity.
     public func fieldName(for keyPath: PartialKeyPath<Model>) -> String? {
         fieldIndexByKeyPath[keyPath].map { schemaEntity.fieldNames[$0] }
