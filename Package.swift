@@ -31,9 +31,13 @@ let package = Package(
             name: "trips-example",
             dependencies: ["Replica"]
         ),
+        .executableTarget(
+            name: "replica-widget",
+            dependencies: ["Replica"]
+        ),
         .testTarget(
             name: "ReplicaTests",
-            dependencies: ["Replica"]
+            dependencies: ["Replica", "ReplicaTesting", "replica-widget"]
         ),
         .testTarget(
             name: "ReplicaTestingTests",

@@ -22,14 +22,15 @@ public struct FetchDescriptor<Model: PersistentModel>: @unchecked Sendable {
     public var fetchLimit: Int?
     /// This many models (after sorting) are skipped.
     public var fetchOffset: Int?
-    /// Whether unsaved inserts, updates and deletes of the context are reflected in the result (default `true`).
-    /// They take part in the SQL (predicate, sort, paging, relationships) through temporary tables.
+    /// Whether unsaved inserts, updates and deletes of the context are reflected in the result, members of to-many
+    /// relationships included (default `true`). They take part in the SQL (predicate, sort, paging, relationships)
+    /// through temporary tables.
     public var includePendingChanges: Bool
     /// Attributes and relationships to read (default: all). Others get their declared default value, or `nil`;
     /// attributes without a default and required relationships are always read.
     ///
-    /// Models fetched this way are partial: saving one with ``ModelContext/update(_:)`` writes the defaults of
-    /// the properties that were not read.
+    /// Models fetched this way are partial. Updating one writes only the fields the app changed (field-level change
+    /// tracking), so the properties that were not read keep their stored values.
     public var propertiesToFetch: [PartialKeyPath<Model>]
     /// Relationships whose targets are loaded with the models (one query per relationship, not one per model) and
     /// attached as resolved ``Reference``s, so that `model.trip?.resolved` and `model.trip?.name` work.

@@ -116,7 +116,16 @@ extension ModelContext {
         try checkAllowed(plan, allowsInMemoryEvaluation: descriptor.allowsInMemoryEvaluation)
         queryState.streamingDepth += 1
         defer { queryState.streamingDepth -= 1 }
+        // Register each batch as the base of field-level change tracking while the block sees it, then forget it,
+        // so that memory stays flat.
+        engine.registersReads = false
         try engine.run(plan, descriptor, batchSize: batchSize, streaming: true) { batch in
+            var registeredHere: [PersistentIdentifier] = []
+            defer { for id in registeredHere { unregisterRead(id) } }
+            for model in batch where !isRegistered(model.persistentModelID) {
+                registerRead(Model.entity.fieldSnapshot(of: model))
+                registeredHere.append(model.persistentModelID)
+            }
             for model in batch { try block(model) }
             return true
         }

@@ -16,20 +16,24 @@ public final class ModelContext {
 
     enum PendingChange {
         case insert(Snapshot)
-        case update(Snapshot)
+        /// New values; `fields` lists the field indices the app changed relative to the copy it fetched (`nil` when
+        /// the context never read the record: then every field that differs from the stored row counts).
+        case update(Snapshot, fields: Set<Int>?)
         case delete
         /// Deleted, then inserted again with the same ID.
         case replace(Snapshot)
 
         var snapshot: Snapshot? {
             switch self {
-            case let .insert(s), let .update(s), let .replace(s): return s
+            case let .insert(s), let .update(s, _), let .replace(s): return s
             case .delete: return nil
             }
         }
     }
 
     private var connections: [Connection?]
+    /// The stored snapshot of every record this context has read (or saved): the base of field-level change tracking.
+    private var registered: [PersistentIdentifier: Snapshot] = [:]
     private var pending: [PersistentIdentifier: PendingChange] = [:]
     /// First-registration order of pending IDs: saves apply changes in this order, deterministically.
     private var pendingOrder: [PersistentIdentifier] = []
@@ -68,11 +72,19 @@ public final class ModelContext {
         _ = storeIndex(of: Model.self)
         let snapshot = Model.entity.snapshot(of: model)
         let id = snapshot.persistentModelID
+        // Field-level change tracking: only fields that differ from the copy this context handed out are the
+        // app's changes, so a stale copy never writes back values another writer changed meanwhile.
+        var fields: Set<Int>? = registered[id].map { base in
+            Set(snapshot.values.indices.filter { $0 >= base.values.count || base.values[$0] != snapshot.values[$0] })
+        }
         switch pending[id] {
         case .insert?: register(id, .insert(snapshot))
         case .replace?: register(id, .replace(snapshot))
         case .delete?: preconditionFailure("Replica: \(id) was deleted in this context; insert it again instead")
-        case .update?, nil: register(id, .update(snapshot))
+        case let .update(_, earlier)?:
+            if let earlier, let now = fields { fields = earlier.union(now) } else { fields = nil }
+            register(id, .update(snapshot, fields: fields))
+        case nil: register(id, .update(snapshot, fields: fields))
         }
     }
 
@@ -104,7 +116,7 @@ public final class ModelContext {
 
     /// Identifiers of models updated (and not yet saved), in registration order.
     public var updatedIdentifiers: [PersistentIdentifier] {
-        pendingOrder.filter { if case .update = pending[$0] { return true } else { return false } }
+        pendingOrder.filter { if case .update? = pending[$0] { return true } else { return false } }
     }
 
     /// Identifiers of models deleted (and not yet saved), in registration order.
@@ -147,6 +159,7 @@ public final class ModelContext {
 
         var open: [Connection] = []
         var failures: [ModelValidationFailure] = []
+        var saved: [StoreChanges] = []
         do {
             for index in affected {
                 let connection = try connection(for: index)
@@ -155,6 +168,14 @@ public final class ModelContext {
                 var writer = StoreWriter(store: container.stores[index], db: connection)
                 try writer.apply(byStore[index])
                 failures += writer.failures
+                if writer.failures.isEmpty {
+                    _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                    if container.stores[index].configuration.isSynced {
+                        try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
+                                                          environment: container.environment)
+                    }
+                    saved.append(writer.changes)
+                }
             }
         } catch {
             open.forEach { $0.rollback() }
@@ -165,10 +186,19 @@ public final class ModelContext {
             throw ReplicaError.modelValidationFailure(failures)
         }
         var committed: [Int] = []
+        if let hook = container.environment.faultHook {
+            do {
+                for index in affected { try hook(.beforeCommit(store: container.stores[index].configuration.name)) }
+            } catch {
+                open.forEach { $0.rollback() }
+                throw error
+            }
+        }
         for (position, index) in affected.enumerated() {
             do {
                 try open[position].commit()
                 committed.append(index)
+                try? container.environment.faultHook?(.afterCommit(store: container.stores[index].configuration.name))
             } catch let error as SQLiteError {
                 open[position...].forEach { $0.rollback() }
                 for store in committed { forgetPending(inStore: store) }
@@ -178,7 +208,14 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
+        for id in pendingOrder {
+            switch pending[id] {
+            case let .insert(snapshot)?, let .replace(snapshot)?: registered[id] = snapshot
+            default: registered[id] = nil  // updated or deleted: the next read registers the stored state again
+            }
+        }
         rollback()
+        postDidSave(saved)
     }
 
     private func forgetPending(inStore index: Int) {
@@ -204,6 +241,18 @@ public final class ModelContext {
             return (id, change)
         }
     }
+
+    /// Registers the values of a model a fetch hands out as the base of field-level change tracking: a later
+    /// ``update(_:)`` of that copy writes only the fields that differ from it.
+    func registerRead(_ snapshot: Snapshot) {
+        registered[snapshot.persistentModelID] = snapshot
+    }
+
+    /// Whether a base is registered for `id`.
+    func isRegistered(_ id: PersistentIdentifier) -> Bool { registered[id] != nil }
+
+    /// Forgets the base of `id` (a streaming enumeration keeps memory flat by forgetting each batch).
+    func unregisterRead(_ id: PersistentIdentifier) { registered[id] = nil }
 
     // MARK: Internals
 

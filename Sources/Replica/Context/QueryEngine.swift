@@ -83,6 +83,10 @@ final class QueryEngine: QuerySources, ModelLoading {
     let depth: Int
     /// When set, a relationship target that does not exist is an error (in-memory evaluation needs it).
     var strictResolution = false
+    /// Whether the models handed out are registered with the context as the base of field-level change tracking
+    /// (``ModelContext/update(_:)`` then writes only the fields the app changed). Streaming enumerations register
+    /// batch by batch instead.
+    var registersReads = true
     private var tableSources: [String: String] = [:]
     private var linkSources: [String: String] = [:]
 
@@ -344,7 +348,14 @@ final class QueryEngine: QuerySources, ModelLoading {
                 }
                 return !schema.toOneRelationships[index - schema.attributes.count].isOptional
             }
-            toManyNames = Set(schema.relationships.filter { $0.isToMany && wanted.contains($0.name) }.map(\.name))
+            // Many-to-many members are always read: they are saved from the model, so a partial model that left
+            // them empty would unlink everything when updated.
+            toManyNames = Set(schema.relationships.filter { relationship in
+                guard relationship.isToMany else { return false }
+                if wanted.contains(relationship.name) { return true }
+                guard let destination = schemaEntity(relationship.destination) else { return false }
+                return LinkTable.of(relationship, in: schema.name, destination: destination) != nil
+            }.map(\.name))
         }
         var prefetchTree = PrefetchTree()
         for keyPath in descriptor.relationshipKeyPathsForPrefetching {
@@ -489,7 +500,15 @@ final class QueryEngine: QuerySources, ModelLoading {
         try complete(&models, toMany: nil, prefetch: prefetch)
         var result: [UUID: T] = [:]
         for model in models { result[model.id] = model }
+        register(models)
         return result
+    }
+
+    /// Registers the models a fetch hands out with the context (see ``registersReads``).
+    func register<Model: PersistentModel>(_ models: [Model]) {
+        guard registersReads else { return }
+        let entity = Model.entity
+        for model in models { context.registerRead(entity.fieldSnapshot(of: model)) }
     }
 
     // MARK: Running a plan
@@ -536,6 +555,7 @@ final class QueryEngine: QuerySources, ModelLoading {
             }
             if remaining < batch.count { batch.removeLast(batch.count - remaining) }
             remaining -= batch.count
+            register(batch)
             if !batch.isEmpty, try !emit(batch) { return false }
             return remaining > 0
         }
@@ -553,6 +573,7 @@ final class QueryEngine: QuerySources, ModelLoading {
             while index < end {
                 let chunk = Array(sorted[index..<min(end, index + batchSize)])
                 index += chunk.count
+                register(chunk)
                 if try !emit(chunk) { return }
             }
         }

@@ -31,7 +31,10 @@ extension StoreWriter {
             let current = try linked(snapshot.id, table: table, this: this, other: other)
             let currentSet = Set(current)
             let removed = current.filter { !desiredSet.contains($0) }
-            let added = desired.filter { !currentSet.contains($0) }
+            // A stale copy must not link a record this save deleted.
+            let added = desired.filter {
+                !currentSet.contains($0) && !wasDeleted(PersistentIdentifier(entityName: relationship.destination, id: $0))
+            }
             guard !removed.isEmpty || !added.isEmpty else { continue }
             for member in removed {
                 try db.run("DELETE FROM \(table.quotedName) WHERE \(quoted(this)) = ? AND \(quoted(other)) = ?",
@@ -55,37 +58,67 @@ extension StoreWriter {
                     [id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
     }
 
-    /// Applies a many-to-many relationship's delete rule for the deleted record `id`, then removes its links.
+    /// Applies a many-to-many relationship's delete rule for the deleted record `id` and removes its links. With the
+    /// deny rule, the links stay until ``checkDeletedLinks()`` judges them at the end of the save.
     mutating func deleteLinks(of id: PersistentIdentifier, relationship: Schema.Relationship, table: LinkTable,
                               destination: Schema.Entity) throws {
         let (this, other) = table.columns(entity: id.entityName, relationship: relationship.name)
-        var targets = try linked(id.id, table: table, this: this, other: other)
-        let selfInverse = table.ownerEntity == table.memberEntity && table.ownerRelationship == table.memberRelationship
-        if selfInverse {
-            // Stored once, from the record that holds the link: look both ways.
-            for target in try linked(id.id, table: table, this: other, other: this) where !targets.contains(target) {
-                targets.append(target)
-            }
-        }
+        let targets = try linkedBothWays(id.id, table: table, this: this, other: other)
         switch relationship.deleteRule {
         case .deny:
-            let blocking = targets.filter {
-                stillReferences(PersistentIdentifier(entityName: destination.name, id: $0), id.id, through: relationship.inverse)
-            }
-            if !blocking.isEmpty {
-                recordFailure(.deleteDenied(entity: id.entityName, relationship: relationship.name, count: blocking.count))
+            if !targets.isEmpty {
+                deferredLinkChecks.append((id.entityName, relationship, table, id.id))
+                return
             }
         case .cascade:
-            for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target)) }
+            for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target), viaCascade: true) }
         case .nullify, .noAction:
             break
         }
-        // The links belong to the relationship: they go with the record whatever the rule.
-        try db.run("DELETE FROM \(table.quotedName) WHERE \(quoted(this)) = ?", [id.id.sqliteValue])
-        if selfInverse { try db.run("DELETE FROM \(table.quotedName) WHERE \(quoted(other)) = ?", [id.id.sqliteValue]) }
-        if let inverse = relationship.inverse {
-            let remaining = targets.filter { !isBeingDeleted(PersistentIdentifier(entityName: destination.name, id: $0)) }
-            recordMembershipChange(of: remaining, entity: destination.name, relationship: inverse)
+        try removeLinks(of: id.id, relationship: relationship, table: table, this: this, other: other)
+    }
+
+    /// The records linked to `id`; for a relationship that is its own inverse, links held by either record.
+    private func linkedBothWays(_ id: UUID, table: LinkTable, this: String, other: String) throws -> [UUID] {
+        var targets = try linked(id, table: table, this: this, other: other)
+        if table.ownerEntity == table.memberEntity && table.ownerRelationship == table.memberRelationship {
+            for target in try linked(id, table: table, this: other, other: this) where !targets.contains(target) {
+                targets.append(target)
+            }
         }
+        return targets
+    }
+
+    /// Removes the links of the deleted record `id` (the relationship's membership changes for the records that
+    /// remain).
+    private mutating func removeLinks(of id: UUID, relationship: Schema.Relationship, table: LinkTable,
+                                      this: String, other: String) throws {
+        let targets = try linkedBothWays(id, table: table, this: this, other: other)
+        try db.run("DELETE FROM \(table.quotedName) WHERE \(quoted(this)) = ?", [id.sqliteValue])
+        if table.ownerEntity == table.memberEntity && table.ownerRelationship == table.memberRelationship {
+            try db.run("DELETE FROM \(table.quotedName) WHERE \(quoted(other)) = ?", [id.sqliteValue])
+        }
+        if let inverse = relationship.inverse {
+            let remaining = targets.filter { !wasDeleted(PersistentIdentifier(entityName: relationship.destination, id: $0)) }
+            recordMembershipChange(of: remaining, entity: relationship.destination, relationship: inverse)
+        }
+    }
+
+    /// Judges the deny rules of deleted records' many-to-many relationships once every change of the save is
+    /// applied: linked records the same save deleted, or whose saved members no longer include the deleted record,
+    /// do not count. Then removes the deleted records' links.
+    mutating func checkDeletedLinks() throws {
+        for (entity, relationship, table, id) in deferredLinkChecks {
+            let (this, other) = table.columns(entity: entity, relationship: relationship.name)
+            let (_, destinationSQL) = self.entity(relationship.destination)
+            let remaining = try linkedBothWays(id, table: table, this: this, other: other).filter {
+                try db.scalar(destinationSQL.exists, [$0.sqliteValue]) != nil
+            }
+            if !remaining.isEmpty {
+                recordFailure(.deleteDenied(entity: entity, relationship: relationship.name, count: remaining.count))
+            }
+            try removeLinks(of: id, relationship: relationship, table: table, this: this, other: other)
+        }
+        deferredLinkChecks = []
     }
 }

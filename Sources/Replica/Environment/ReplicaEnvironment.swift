@@ -19,6 +19,16 @@ public struct ReplicaEnvironment: Sendable {
     public var appGroupDirectory: @Sendable (_ groupIdentifier: String) -> URL
     /// Where stores of configurations without an explicit URL or app group live.
     public var defaultStoreDirectory: URL
+    /// Waits `milliseconds` (used only by polling observers). Live: `Task.sleep`; seeded: advances the manual
+    /// clock and yields, so no wall-clock time passes.
+    public var sleep: @Sendable (_ milliseconds: Int64) async throws -> Void
+    /// Called at named points of Replica's write paths (see ``FaultPoint``). Tests and the simulator use it to
+    /// inject failures (by throwing) or to stop a process at an exact point; production leaves it `nil`.
+    public var faultHook: (@Sendable (FaultPoint) throws -> Void)?
+    /// Deliberate bugs switched on for simulator canary runs (see ``Canary``). Always empty in production.
+    public var canaries: Set<Canary> = []
+    /// The last identifier issued, so that identifiers stay strictly increasing.
+    let identifierState = IdentifierState()
 
     public init(
         clock: any WallClock,
@@ -32,6 +42,7 @@ public struct ReplicaEnvironment: Sendable {
         self.processIdentity = processIdentity
         self.appGroupDirectory = appGroupDirectory
         self.defaultStoreDirectory = defaultStoreDirectory
+        self.sleep = { try await Task.sleep(nanoseconds: UInt64(max(0, $0)) * 1_000_000) }
     }
 
     /// The real environment: system clock, libsodium's `randombytes` (the OS CSPRNG), this process's identity,
@@ -64,34 +75,71 @@ public struct ReplicaEnvironment: Sendable {
         processIdentity: ProcessIdentity = ProcessIdentity(bundleIdentifier: "com.example.replica", processName: "app", processID: 1)
     ) -> ReplicaEnvironment {
         let groups = directory.appendingPathComponent("app-groups", isDirectory: true)
-        return ReplicaEnvironment(
-            clock: ManualClock(milliseconds: startMilliseconds),
+        let clock = ManualClock(milliseconds: startMilliseconds)
+        var environment = ReplicaEnvironment(
+            clock: clock,
             random: SeededRandomSource(seed: seed),
             processIdentity: processIdentity,
             appGroupDirectory: { groups.appendingPathComponent($0, isDirectory: true) },
             defaultStoreDirectory: directory
         )
+        environment.sleep = { milliseconds in
+            clock.advance(by: milliseconds)
+            await Task.yield()
+            try Task.checkCancellation()
+        }
+        return environment
     }
 
     /// A new time-ordered identifier (UUID version 7, RFC 9562): 48 bits of Unix milliseconds from ``clock``,
-    /// then 74 random bits from ``random``. Identifiers made later by the same environment sort after earlier ones
-    /// unless the clock goes backwards.
+    /// then 74 bits that start random and count up when several IDs share a millisecond (RFC 9562 §6.2, method 2).
+    /// IDs made by one environment (and its copies) strictly increase, even if the clock goes backwards.
     public func makeIdentifier() -> UUID {
-        let ms = UInt64(max(0, clock.nowMilliseconds()))
-        let r1 = random.next()
-        let r2 = random.next()
+        let (ms, high, low) = identifierState.next(now: UInt64(max(0, clock.nowMilliseconds())), random: random)
         var bytes = [UInt8](repeating: 0, count: 16)
         for i in 0..<6 { bytes[i] = UInt8(truncatingIfNeeded: ms >> (8 * (5 - i))) }
-        bytes[6] = 0x70 | UInt8(truncatingIfNeeded: r1 >> 60 & 0x0F)
-        bytes[7] = UInt8(truncatingIfNeeded: r1 >> 52)
-        bytes[8] = 0x80 | UInt8(truncatingIfNeeded: r2 >> 58 & 0x3F)
-        for i in 9..<16 { bytes[i] = UInt8(truncatingIfNeeded: r2 >> (8 * (15 - i))) }
+        bytes[6] = 0x70 | UInt8(truncatingIfNeeded: high >> 8 & 0x0F)
+        bytes[7] = UInt8(truncatingIfNeeded: high)
+        bytes[8] = 0x80 | UInt8(truncatingIfNeeded: low >> 56 & 0x3F)
+        for i in 9..<16 { bytes[i] = UInt8(truncatingIfNeeded: low >> (8 * (15 - i))) }
         return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
                            bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
     }
 
     /// The current time from ``clock``.
     public func now() -> Date { Date(timeIntervalSince1970: Double(clock.nowMilliseconds()) / 1000) }
+}
+
+/// The monotonic state behind ``ReplicaEnvironment/makeIdentifier()``: the last (milliseconds, 12-bit, 62-bit) triple.
+final class IdentifierState: Sendable {
+    private let last = Mutex<(ms: UInt64, high: UInt64, low: UInt64)>((0, 0, 0))
+
+    func next(now: UInt64, random: any RandomSource) -> (UInt64, UInt64, UInt64) {
+        last.withLock { last in
+            if now > last.ms {
+                // A fresh millisecond: random bits, with the top bit of the counter clear to leave room to count.
+                last = (now, random.next() & 0x7FF, random.next() & 0x3FFF_FFFF_FFFF_FFFF)
+            } else if last.low < 0x3FFF_FFFF_FFFF_FFFF {
+                last.low += 1
+            } else if last.high < 0xFFF {
+                last = (last.ms, last.high + 1, 0)
+            } else {
+                last = (last.ms + 1, 0, 0)
+            }
+            return last
+        }
+    }
+}
+
+/// A point in Replica's write paths where ``ReplicaEnvironment/faultHook`` is called.
+public enum FaultPoint: Sendable, Hashable {
+    /// A save has applied and validated every change of store `store` inside its open write transaction and is about
+    /// to commit it. Throwing here rolls the whole save back.
+    case beforeCommit(store: String)
+    /// Store `store`'s transaction of a save has committed.
+    case afterCommit(store: String)
+    /// The sync engine of store `store` is about to merge a fetched batch (and store its change token).
+    case beforeImport(store: String)
 }
 
 /// Who is writing to a store: recorded in history so other processes can tell their own changes from others'.

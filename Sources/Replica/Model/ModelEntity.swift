@@ -78,6 +78,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
+        /// A reference to ``UUID/unassigned`` means "not set yet": it is stored as no reference, and a save reports it as
+        /// ``ModelValidationFailure/missingRequiredRelationship(entity:relationship:id:)``.
         public static func toOne<Target: PersistentModel>(
             _ name: String, _ keyPath: WritableKeyPath<Model, Reference<Target>>, inverse: String? = nil,
             deleteRule: Schema.DeleteRule = .nullify
@@ -100,7 +102,10 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 }
                 return dangling
             }
-            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath].id.sqliteValue }), keyPath: keyPath,
+            return Member(kind: .toOne(relationship, encode: { model in
+                let id = model[keyPath: keyPath].id
+                return id == .unassigned ? .null : id.sqliteValue
+            }), keyPath: keyPath,
                           referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
                           query: .toOne(relationship, target: Target.self), prefetch: prefetch)
         }
@@ -228,6 +233,12 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     public func snapshot(of model: Model) -> Snapshot {
         Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) },
                  toManyMembers: toManyMembers.map { $0.members(model) })
+    }
+
+    /// The field values of `model`, without to-many members: what a fetch registers as the base of field-level
+    /// change tracking. Complexity: O(fields).
+    func fieldSnapshot(of model: Model) -> Snapshot {
+        Snapshot(entityName: schemaEntity.name, id: model.id, values: fieldEncoders.map { $0(model) })
     }
 
     /// The model a snapshot describes (for history and sync, which hold snapshots): fields from its values, to-many

@@ -28,6 +28,14 @@ public struct ModelRow {
         self.generation = 0
     }
 
+    /// A row over values with the given field names, and to-many members when known (for code that decodes models
+    /// from stored values rather than from a query).
+    init(id: UUID, values: [SQLiteValue], entityName: String, fieldIndexByName: [String: Int], toMany: [String: [UUID]] = [:]) {
+        self.init(id: id, values: values,
+                  layout: RowLayout(entityName: entityName, fieldIndexByName: fieldIndexByName, toManyNames: toMany.keys.sorted(),
+                                    statement: nil, columns: [], defaults: [], toMany: toMany))
+    }
+
     /// A row over the statement the layout streams, at its current row.
     init(id: UUID, streaming layout: RowLayout) {
         self.id = id
@@ -95,10 +103,11 @@ public struct ModelRow {
                                    attribute: "\(layout.entityName).\(layout.fieldName(index))")
     }
 
-    /// The members of to-many relationship `name`: always empty here, because the context assigns to-many members
-    /// through the entity's key path after ``PersistentModel/init(row:)`` returns.
+    /// The members of to-many relationship `name` when the row carries them (rows made from values); empty for rows
+    /// a fetch streams, because the context assigns to-many members through the entity's key path after
+    /// ``PersistentModel/init(row:)`` returns.
     public func references<Target: PersistentModel>(_ name: String, to: Target.Type = Target.self) -> [Reference<Target>] {
-        []
+        (layout.toMany[name] ?? []).map(Reference.init)
     }
 }
 
@@ -116,18 +125,28 @@ final class RowLayout {
     let columns: UnsafeMutableBufferPointer<Int32>
     /// The value of each field that is not fetched: its declared default, or `NULL`.
     let defaults: [SQLiteValue]
+    /// To-many members carried by rows over values, by relationship name.
+    let toMany: [String: [UUID]]
     /// Advanced for every statement row, so that rows cannot be read after their turn.
     @exclusivity(unchecked) var generation = 0
 
-    init(entity: Schema.Entity, fieldIndexByName: [String: Int], statement: Statement?, columns: [Int32], defaults: [SQLiteValue]) {
-        self.entityName = entity.name
+    init(entityName: String, fieldIndexByName: [String: Int], toManyNames: [String], statement: Statement?, columns: [Int32],
+         defaults: [SQLiteValue], toMany: [String: [UUID]] = [:]) {
+        self.entityName = entityName
         self.fieldIndexByName = fieldIndexByName
-        self.toManyNames = entity.relationships.filter(\.isToMany).map(\.name)
+        self.toManyNames = toManyNames
         self.statement = statement
         self.handle = statement?.handle
         self.columns = .allocate(capacity: columns.count)
         _ = self.columns.initialize(from: columns)
         self.defaults = defaults
+        self.toMany = toMany
+    }
+
+    convenience init(entity: Schema.Entity, fieldIndexByName: [String: Int], statement: Statement?, columns: [Int32], defaults: [SQLiteValue]) {
+        self.init(entityName: entity.name, fieldIndexByName: fieldIndexByName,
+                  toManyNames: entity.relationships.filter(\.isToMany).map(\.name), statement: statement, columns: columns,
+                  defaults: defaults)
     }
 
     /// A layout for rows over complete value arrays.
@@ -298,7 +317,7 @@ private struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol
             return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
         }
         if row.layout.toManyNames.contains(key.stringValue) {
-            return try T(from: ReferenceListDecoder(ids: [], codingPath: [key]))
+            return try T(from: ReferenceListDecoder(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key]))
         }
         throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.layout.entityName) has no stored field '\(key.stringValue)'"))
     }
@@ -315,7 +334,7 @@ private struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol
         guard row.layout.toManyNames.contains(key.stringValue) else {
             throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "no to-many relationship '\(key.stringValue)'"))
         }
-        return ReferenceListContainer(ids: [], codingPath: [key])
+        return ReferenceListContainer(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key])
     }
 
     func superDecoder() throws -> any Decoder { ModelRowDecoder(row: row) }

@@ -18,6 +18,8 @@ final class Store: Sendable {
     private let anchor: Mutex<Connection?>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
+    /// In-memory stores opened by this process so far: part of each in-memory database's name.
+    private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
     /// Opens (creating if needed) the store and brings its tables up to `entities`.
     /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
@@ -44,14 +46,16 @@ final class Store: Sendable {
                 throw loadIssue("read-only store file \(url.path) does not exist")
             }
         } else {
-            // A unique name per container: in-memory stores of different containers never share data.
-            self.location = .memory(name: "replica-\(name)-\(environment.makeIdentifier().uuidString)")
+            // A unique name per container: in-memory stores of different containers never share data, even when
+            // their environments produce the same identifiers (two environments seeded alike).
+            let serial = Self.inMemoryStoreCount.add(1, ordering: .relaxed).newValue
+            self.location = .memory(name: "replica-\(name)-\(serial)-\(environment.makeIdentifier().uuidString)")
         }
 
         do {
             let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
             if configuration.allowsSave {
-                identity = try Self.prepare(connection, entities: entities, environment: environment)
+                identity = try Self.prepare(connection, entities: entities, synced: configuration.isSynced, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
@@ -68,9 +72,11 @@ final class Store: Sendable {
 
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity.
-    private static func prepare(_ db: Connection, entities: [Schema.Entity], environment: ReplicaEnvironment) throws -> UUID {
+    private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, environment: ReplicaEnvironment) throws -> UUID {
         try db.transaction(.immediate) {
             try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
+            try db.execute(HistoryLog.createSQL)
+            if synced { try db.execute(SyncLedger.createSQL) }
             for entity in entities {
                 let table = quoted(entity.name)
                 let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
@@ -84,6 +90,10 @@ final class Store: Sendable {
                     // attributes stay (their data is kept) and are ignored.
                     for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
                         try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                        // Records written before the attribute existed take its declared default.
+                        if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
+                            _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
+                        }
                     }
                 }
                 for relationship in entity.toOneRelationships {

@@ -1,0 +1,87 @@
+import Foundation
+
+/// A cloud database modelled on CloudKit's private database: named zones of records, saves guarded by change tags
+/// (the if-server-record-unchanged policy), and a per-zone change stream read with server change tokens.
+///
+/// The sync engine never calls a cloud database itself (it is sans-IO): it emits ``CloudOperation`` values that a
+/// driver (``SyncDriver``) or the simulator performs with ``CloudDatabase/perform(_:)``.
+///
+/// Implementations: ``InMemoryCloudDatabase`` (deterministic, with fault injection, for tests and the simulator) and
+/// ``SQLiteCloudDatabase`` (one SQLite file that several processes can share: the embedded default).
+/// Their synchronous methods satisfy these `async` requirements.
+///
+/// Source: <https://developer.apple.com/documentation/cloudkit/ckdatabase>
+public protocol CloudDatabase: Sendable {
+    /// Creates `zone` if it does not exist. Idempotent.
+    func createZone(_ zone: String) async throws(CloudError)
+
+    /// Saves records with the if-server-record-unchanged policy: a record whose ``CloudRecord/changeTag`` differs
+    /// from the server's current one is not saved and comes back as ``RecordSaveResult/conflict(serverRecord:)``.
+    /// - Returns: one result per record, in input order.
+    /// - Throws: `zoneNotFound`, or a whole-request error (rate limit, quota, zone busy, network).
+    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult]
+
+    /// The records changed in `zone` after `token` (`nil`: from the beginning), at most `limit` of them, each at its
+    /// newest version, in change order.
+    /// - Throws: `changeTokenExpired` when the token is older than the server keeps (or from before a zone reset),
+    ///   `zoneNotFound`, or a whole-request error.
+    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch
+
+    /// Zone-level metadata (e.g. the union schema, the encryption salt and key check), by key.
+    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data]
+
+    /// Sets zone metadata `key` to `value` if it is still `expected` (compare-and-swap). Returns the value now stored.
+    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data
+}
+
+/// One request the sync engine asks its driver to perform.
+public enum CloudOperation: Hashable, Sendable {
+    case createZone(String)
+    case modifyRecords([CloudRecord], zone: String)
+    case fetchZoneChanges(zone: String, since: ServerChangeToken?, limit: Int)
+    case fetchZoneMetadata(zone: String)
+    case setZoneMetadata(zone: String, key: String, value: Data, ifCurrent: Data?)
+
+    /// A short name for traces and logs (never record contents).
+    public var name: String {
+        switch self {
+        case .createZone: return "createZone"
+        case .modifyRecords: return "modifyRecords"
+        case .fetchZoneChanges: return "fetchZoneChanges"
+        case .fetchZoneMetadata: return "fetchZoneMetadata"
+        case .setZoneMetadata: return "setZoneMetadata"
+        }
+    }
+}
+
+/// The successful outcome of a ``CloudOperation``.
+public enum CloudOperationResult: Hashable, Sendable {
+    case zoneCreated
+    case modified([RecordSaveResult])
+    case changes(ZoneChangeBatch)
+    case metadata([String: Data])
+    case metadataValue(Data)
+}
+
+extension CloudDatabase {
+    /// Performs `operation` and returns its outcome (never throws: errors are the `.failure` case).
+    public func perform(_ operation: CloudOperation) async -> Result<CloudOperationResult, CloudError> {
+        do {
+            switch operation {
+            case let .createZone(zone):
+                try await createZone(zone)
+                return .success(.zoneCreated)
+            case let .modifyRecords(records, zone):
+                return .success(.modified(try await modifyRecords(records, in: zone)))
+            case let .fetchZoneChanges(zone, token, limit):
+                return .success(.changes(try await fetchZoneChanges(zone, since: token, limit: limit)))
+            case let .fetchZoneMetadata(zone):
+                return .success(.metadata(try await zoneMetadata(zone)))
+            case let .setZoneMetadata(zone, key, value, expected):
+                return .success(.metadataValue(try await setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)))
+            }
+        } catch {
+            return .failure(error)
+        }
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+
+/// One field of a cloud record: its value and the stamp of the write that produced it.
+public struct CloudField: Hashable, Sendable, Codable {
+    /// The value (for an encrypted attribute: the sealed bytes as a BLOB).
+    public var value: SQLiteValue
+    /// The field's version (incarnation, HLC): the LWW register order.
+    public var stamp: FieldStamp
+    /// `true` when `value` is ciphertext sealed by the field cipher.
+    public var isEncrypted: Bool
+
+    public init(value: SQLiteValue, stamp: FieldStamp, isEncrypted: Bool = false) {
+        self.value = value
+        self.stamp = stamp
+        self.isEncrypted = isEncrypted
+    }
+}
+
+/// A record as the cloud database stores it (CloudKit's `CKRecord`): record type, ID within a zone, a change tag the
+/// server assigns on each save, the record's causal length and creation stamp, and its fields with their stamps.
+///
+/// A deleted record is a tombstone: an even ``causalLength``, with only the fields marked
+/// ``Schema/Attribute/Options/preserveValueOnDeletion``.
+public struct CloudRecord: Hashable, Sendable, Codable {
+    /// The record ID (the model's record ID).
+    public var recordID: UUID
+    /// The record type (entity name).
+    public var recordType: String
+    /// The server's version of this record, set by the server on every save; `nil` for a record never saved.
+    public var changeTag: String?
+    /// Odd while alive, even while deleted: insert 1, delete 2, re-insert 3, ...
+    public var causalLength: Int64
+    /// The stamp of the insert that created the current incarnation (used to pick duplicate winners).
+    public var created: FieldStamp
+    /// When this record is a duplicate that lost to another record with the same unique key: the winner's ID.
+    public var redirect: UUID?
+    /// Fields by name. Encoded with sorted keys, so a record's bytes are deterministic.
+    public var fields: [String: CloudField]
+
+    public init(recordID: UUID, recordType: String, changeTag: String? = nil, causalLength: Int64, created: FieldStamp,
+                redirect: UUID? = nil, fields: [String: CloudField]) {
+        self.recordID = recordID
+        self.recordType = recordType
+        self.changeTag = changeTag
+        self.causalLength = causalLength
+        self.created = created
+        self.redirect = redirect
+        self.fields = fields
+    }
+
+    /// `true` while the record is alive (odd causal length).
+    public var isAlive: Bool { causalLength % 2 == 1 }
+}
+
+/// Where the server is in a zone's change stream (CloudKit's `CKServerChangeToken`). Opaque to clients except for
+/// being stored and sent back.
+public struct ServerChangeToken: Hashable, Sendable, Codable {
+    /// The zone incarnation: bumped when the zone is reset, which expires every older token.
+    public var epoch: Int64
+    /// The zone's change sequence number this token is at.
+    public var sequence: Int64
+
+    public init(epoch: Int64, sequence: Int64) {
+        self.epoch = epoch
+        self.sequence = sequence
+    }
+}
+
+/// One page of a zone's changes (CloudKit's `fetchRecordZoneChanges` result).
+public struct ZoneChangeBatch: Hashable, Sendable, Codable {
+    /// Records changed since the token, in change order (each at its newest version).
+    public var records: [CloudRecord]
+    /// The token to pass next time.
+    public var token: ServerChangeToken
+    /// `true` when more changes are waiting: fetch again with ``token``.
+    public var moreComing: Bool
+
+    public init(records: [CloudRecord], token: ServerChangeToken, moreComing: Bool) {
+        self.records = records
+        self.token = token
+        self.moreComing = moreComing
+    }
+}
+
+/// The outcome of saving one record with the if-server-record-unchanged policy.
+public enum RecordSaveResult: Hashable, Sendable, Codable {
+    /// Saved; the server's record now has this change tag.
+    case saved(recordID: UUID, changeTag: String)
+    /// The server's record changed since the change tag the client sent (CloudKit's `serverRecordChanged`): merge
+    /// the server's record and try again.
+    case conflict(serverRecord: CloudRecord)
+    /// This record failed for another reason.
+    case failed(recordID: UUID, error: CloudError)
+
+    public var recordID: UUID {
+        switch self {
+        case let .saved(id, _), let .failed(id, _): return id
+        case let .conflict(record): return record.recordID
+        }
+    }
+}
+
+/// Errors of a cloud database, modelled on CloudKit's `CKError` codes.
+public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConvertible {
+    /// The change token is too old (or the zone was reset): fetch again from the start.
+    case changeTokenExpired
+    /// Too many requests: retry after `retryAfterMilliseconds`.
+    case rateLimited(retryAfterMilliseconds: Int64)
+    /// The account's storage quota is full: retry later (after the user frees space).
+    case quotaExceeded
+    /// The zone is busy with other writes: retry after `retryAfterMilliseconds`.
+    case zoneBusy(retryAfterMilliseconds: Int64)
+    /// The zone does not exist (never created, or deleted): create it and upload everything again.
+    case zoneNotFound
+    /// Some records of a batch failed; the per-record results say which.
+    case partialFailure([RecordSaveResult])
+    /// The request did not reach the server or its answer was lost.
+    case networkUnavailable
+    /// The server refused a record for good (e.g. it is malformed): it stays queued, marked rejected.
+    case invalidRecord(reason: String)
+
+    /// `true` for errors that clear by themselves: retry the same work later.
+    public var isTransient: Bool {
+        switch self {
+        case .rateLimited, .quotaExceeded, .zoneBusy, .networkUnavailable: return true
+        default: return false
+        }
+    }
+
+    /// How long the server asked the client to wait, if it said.
+    public var retryAfterMilliseconds: Int64? {
+        switch self {
+        case let .rateLimited(ms), let .zoneBusy(ms): return ms
+        default: return nil
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .changeTokenExpired: return "change token expired"
+        case let .rateLimited(ms): return "rate limited (retry after \(ms) ms)"
+        case .quotaExceeded: return "quota exceeded"
+        case let .zoneBusy(ms): return "zone busy (retry after \(ms) ms)"
+        case .zoneNotFound: return "zone not found"
+        case let .partialFailure(results): return "partial failure (\(results.count) results)"
+        case .networkUnavailable: return "network unavailable"
+        case let .invalidRecord(reason): return "invalid record: \(reason)"
+        }
+    }
+}

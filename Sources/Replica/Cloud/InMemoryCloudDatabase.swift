@@ -1,0 +1,184 @@
+import Foundation
+import Synchronization
+
+/// A deterministic cloud database held in memory, for tests and the simulator.
+///
+/// Besides the ``CloudDatabase`` operations (synchronous here) it can inject faults: queued errors for the next
+/// operations, expiring every change token, and resetting (deleting) a zone.
+public final class InMemoryCloudDatabase: CloudDatabase {
+    /// Which operations an injected fault applies to.
+    public enum OperationKind: Sendable, Hashable {
+        case modify, fetch, any
+    }
+
+    struct StoredRecord {
+        var record: CloudRecord
+        var sequence: Int64
+    }
+
+    struct Zone {
+        var epoch: Int64
+        var sequence: Int64 = 0
+        /// Tokens with a sequence below this are expired.
+        var oldestValidSequence: Int64 = 0
+        var records: [UUID: StoredRecord] = [:]
+        /// Record IDs by sequence (each record appears once, at its newest sequence).
+        var bySequence: [Int64: UUID] = [:]
+        var metadata: [String: Data] = [:]
+    }
+
+    struct State {
+        var zones: [String: Zone] = [:]
+        /// Epochs survive a zone's deletion, so a re-created zone never accepts an old token.
+        var epochs: [String: Int64] = [:]
+        var injected: [(kind: OperationKind, error: CloudError)] = []
+        var operationCount = 0
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    // MARK: Fault injection
+
+    /// Makes the next operation of `kind` fail with `error` (queued: several calls fail several operations in order).
+    public func injectFailure(_ error: CloudError, for kind: OperationKind = .any) {
+        state.withLock { $0.injected.append((kind, error)) }
+    }
+
+    /// Expires every change token of `zone` issued so far (as when the server trims its change history).
+    public func expireChangeTokens(in zone: String) {
+        state.withLock { state in
+            guard var z = state.zones[zone] else { return }
+            // Tokens issued from now on carry a sequence at or above the new floor.
+            z.sequence += 1
+            z.oldestValidSequence = z.sequence
+            state.zones[zone] = z
+        }
+    }
+
+    /// Deletes `zone` with every record in it (a "zone reset"). Later operations on it fail with `zoneNotFound`
+    /// until it is created again; tokens from before never work again.
+    public func resetZone(_ zone: String) {
+        state.withLock { state in
+            state.zones[zone] = nil
+        }
+    }
+
+    /// Every record of `zone`, in ID order (for tests and invariants).
+    public func records(in zone: String) -> [CloudRecord] {
+        state.withLock { state in
+            (state.zones[zone]?.records.values.map(\.record) ?? []).sorted { $0.recordID.bytes.lexicographicallyPrecedes($1.recordID.bytes) }
+        }
+    }
+
+    /// Every byte this database holds for `zone` (records as stored and metadata), for leak scans.
+    public func storedBytes(of zone: String) -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        var bytes = Data()
+        for record in records(in: zone) { bytes.append((try? encoder.encode(record)) ?? Data()) }
+        let metadata = state.withLock { $0.zones[zone]?.metadata ?? [:] }
+        for key in metadata.keys.sorted() { bytes.append(Data(key.utf8)); bytes.append(metadata[key]!) }
+        return bytes
+    }
+
+    /// Number of operations performed (including failed ones).
+    public var operationCount: Int { state.withLock { $0.operationCount } }
+
+    private static func takeInjected(_ state: inout State, _ kind: OperationKind) -> CloudError? {
+        state.operationCount += 1
+        guard let index = state.injected.firstIndex(where: { $0.kind == kind || $0.kind == .any }) else { return nil }
+        return state.injected.remove(at: index).error
+    }
+
+    /// Performs `operation` synchronously (the simulator and tests deliver requests this way).
+    public func performNow(_ operation: CloudOperation) -> Result<CloudOperationResult, CloudError> {
+        do {
+            switch operation {
+            case let .createZone(zone):
+                try createZone(zone)
+                return .success(.zoneCreated)
+            case let .modifyRecords(records, zone):
+                return .success(.modified(try modifyRecords(records, in: zone)))
+            case let .fetchZoneChanges(zone, token, limit):
+                return .success(.changes(try fetchZoneChanges(zone, since: token, limit: limit)))
+            case let .fetchZoneMetadata(zone):
+                return .success(.metadata(try zoneMetadata(zone)))
+            case let .setZoneMetadata(zone, key, value, expected):
+                return .success(.metadataValue(try setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)))
+            }
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    // MARK: CloudDatabase
+
+    public func createZone(_ zone: String) throws(CloudError) {
+        try state.withLock { (state) throws(CloudError) in
+            if let error = Self.takeInjected(&state, .any) { throw error }
+            if state.zones[zone] == nil {
+                let epoch = (state.epochs[zone] ?? 0) + 1
+                state.epochs[zone] = epoch
+                state.zones[zone] = Zone(epoch: epoch)
+            }
+        }
+    }
+
+    public func modifyRecords(_ records: [CloudRecord], in zone: String) throws(CloudError) -> [RecordSaveResult] {
+        try state.withLock { (state) throws(CloudError) -> [RecordSaveResult] in
+            if let error = Self.takeInjected(&state, .modify) { throw error }
+            guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            var results: [RecordSaveResult] = []
+            for record in records {
+                if let existing = z.records[record.recordID], existing.record.changeTag != record.changeTag {
+                    results.append(.conflict(serverRecord: existing.record))
+                    continue
+                }
+                z.sequence += 1
+                var stored = record
+                stored.changeTag = "\(z.epoch).\(z.sequence)"
+                if let old = z.records[record.recordID] { z.bySequence[old.sequence] = nil }
+                z.records[record.recordID] = StoredRecord(record: stored, sequence: z.sequence)
+                z.bySequence[z.sequence] = record.recordID
+                results.append(.saved(recordID: record.recordID, changeTag: stored.changeTag!))
+            }
+            state.zones[zone] = z
+            return results
+        }
+    }
+
+    public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) throws(CloudError) -> ZoneChangeBatch {
+        try state.withLock { (state) throws(CloudError) -> ZoneChangeBatch in
+            if let error = Self.takeInjected(&state, .fetch) { throw error }
+            guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            let after = token?.sequence ?? 0
+            if let token, token.epoch != z.epoch || token.sequence < z.oldestValidSequence { throw CloudError.changeTokenExpired }
+            let sequences = z.bySequence.keys.filter { $0 > after }.sorted()
+            let page = sequences.prefix(max(1, limit))
+            let records = page.compactMap { z.bySequence[$0].flatMap { z.records[$0]?.record } }
+            let more = sequences.count > page.count
+            let last = more ? page.last! : z.sequence
+            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
+        }
+    }
+
+    public func zoneMetadata(_ zone: String) throws(CloudError) -> [String: Data] {
+        try state.withLock { (state) throws(CloudError) -> [String: Data] in
+            if let error = Self.takeInjected(&state, .fetch) { throw error }
+            guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            return z.metadata
+        }
+    }
+
+    public func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) throws(CloudError) -> Data {
+        try state.withLock { (state) throws(CloudError) -> Data in
+            if let error = Self.takeInjected(&state, .modify) { throw error }
+            guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            if z.metadata[key] == expected { z.metadata[key] = value }
+            state.zones[zone] = z
+            return z.metadata[key]!
+        }
+    }
+}

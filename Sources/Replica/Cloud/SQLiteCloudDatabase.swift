@@ -1,0 +1,159 @@
+import Foundation
+import Synchronization
+
+/// A cloud database kept in one SQLite file: the embedded default, which several processes (and devices simulated
+/// by processes) on one machine can share. Same semantics as ``InMemoryCloudDatabase``; every operation is one
+/// SQLite write transaction, so concurrent processes see a linear history of saves.
+///
+/// Layout: `cloud_zone(name, epoch, sequence, oldest_valid)`, `cloud_epoch(name, epoch)` (epochs outlive deleted
+/// zones), `cloud_record(zone, id, sequence, change_tag, record)` with the record as JSON, and
+/// `cloud_zone_metadata(zone, key, value)`.
+public final class SQLiteCloudDatabase: CloudDatabase {
+    /// Guards `db`: the connection is only touched while holding this lock.
+    private let lock = Mutex(())
+    private nonisolated(unsafe) let db: Connection
+    /// The database file.
+    public let url: URL
+
+    /// Opens (creating if needed) the cloud database file at `url`.
+    /// - Throws: ``SQLiteError`` when the file cannot be opened or is not a database.
+    public init(url: URL) throws {
+        self.url = url
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        let db = try Connection(location: .file(url))
+        try db.transaction(.immediate) {
+            try db.execute("""
+                CREATE TABLE IF NOT EXISTS cloud_zone (name TEXT PRIMARY KEY NOT NULL, epoch INTEGER NOT NULL,
+                    sequence INTEGER NOT NULL DEFAULT 0, oldest_valid INTEGER NOT NULL DEFAULT 0);
+                CREATE TABLE IF NOT EXISTS cloud_epoch (name TEXT PRIMARY KEY NOT NULL, epoch INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS cloud_record (zone TEXT NOT NULL, id BLOB NOT NULL, sequence INTEGER NOT NULL,
+                    change_tag TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (zone, id));
+                CREATE INDEX IF NOT EXISTS cloud_record_sequence ON cloud_record (zone, sequence);
+                CREATE TABLE IF NOT EXISTS cloud_zone_metadata (zone TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
+                    PRIMARY KEY (zone, key));
+                """)
+        }
+        self.db = db
+    }
+
+    /// Runs `body` in a write transaction; SQLite failures surface as `zoneBusy` (transient) to the engine.
+    private func write<T: Sendable>(_ body: (Connection) throws -> T) throws(CloudError) -> T {
+        do {
+            return try lock.withLock { _ in try db.transaction(.immediate) { try body(db) } }
+        } catch let error as CloudError {
+            throw error
+        } catch {
+            throw CloudError.zoneBusy(retryAfterMilliseconds: 100)
+        }
+    }
+
+    private static func zone(_ name: String, _ db: Connection) throws -> (epoch: Int64, sequence: Int64, oldestValid: Int64)? {
+        guard let row = try db.rows("SELECT epoch, sequence, oldest_valid FROM cloud_zone WHERE name = ?", [.text(name)]).first,
+              case let .integer(epoch) = row[0], case let .integer(sequence) = row[1], case let .integer(oldest) = row[2] else { return nil }
+        return (epoch, sequence, oldest)
+    }
+
+    public func createZone(_ zone: String) throws(CloudError) {
+        try write { db in
+            guard try Self.zone(zone, db) == nil else { return }
+            let previous: Int64 = if case let .integer(e)? = try db.scalar("SELECT epoch FROM cloud_epoch WHERE name = ?", [.text(zone)]) { e } else { 0 }
+            try db.run("INSERT INTO cloud_zone (name, epoch) VALUES (?, ?)", [.text(zone), .integer(previous + 1)])
+            try db.run("INSERT INTO cloud_epoch (name, epoch) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET epoch = excluded.epoch",
+                       [.text(zone), .integer(previous + 1)])
+        }
+    }
+
+    public func modifyRecords(_ records: [CloudRecord], in zone: String) throws(CloudError) -> [RecordSaveResult] {
+        try write { db in
+            guard var z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
+            var results: [RecordSaveResult] = []
+            for record in records {
+                if let row = try db.rows("SELECT change_tag, record FROM cloud_record WHERE zone = ? AND id = ?",
+                                         [.text(zone), record.recordID.sqliteValue]).first,
+                   case let .text(tag) = row[0], tag != record.changeTag {
+                    guard case let .text(json) = row[1], let server = SyncLedger.decode(CloudRecord.self, json) else {
+                        results.append(.failed(recordID: record.recordID, error: .invalidRecord(reason: "stored record is unreadable")))
+                        continue
+                    }
+                    results.append(.conflict(serverRecord: server))
+                    continue
+                }
+                z.sequence += 1
+                var stored = record
+                stored.changeTag = "\(z.epoch).\(z.sequence)"
+                try db.run("""
+                    INSERT INTO cloud_record (zone, id, sequence, change_tag, record) VALUES (?, ?, ?, ?, ?)
+                    ON CONFLICT (zone, id) DO UPDATE SET sequence = excluded.sequence, change_tag = excluded.change_tag,
+                        record = excluded.record
+                    """, [.text(zone), record.recordID.sqliteValue, .integer(z.sequence), .text(stored.changeTag!),
+                          .text(SyncLedger.encode(stored))])
+                results.append(.saved(recordID: record.recordID, changeTag: stored.changeTag!))
+            }
+            try db.run("UPDATE cloud_zone SET sequence = ? WHERE name = ?", [.integer(z.sequence), .text(zone)])
+            return results
+        }
+    }
+
+    public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) throws(CloudError) -> ZoneChangeBatch {
+        try write { db in
+            guard let z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
+            if let token, token.epoch != z.epoch || token.sequence < z.oldestValid { throw CloudError.changeTokenExpired }
+            let after = token?.sequence ?? 0
+            let limit = max(1, limit)
+            let rows = try db.rows("SELECT sequence, record FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+                                   [.text(zone), .integer(after), .integer(Int64(limit + 1))])
+            let more = rows.count > limit
+            let page = rows.prefix(limit)
+            var records: [CloudRecord] = []
+            for row in page {
+                guard case let .text(json) = row[1], let record = SyncLedger.decode(CloudRecord.self, json) else {
+                    throw CloudError.invalidRecord(reason: "stored record is unreadable")
+                }
+                records.append(record)
+            }
+            let last: Int64 = if more, case let .integer(s)? = page.last?[0] { s } else { z.sequence }
+            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
+        }
+    }
+
+    public func zoneMetadata(_ zone: String) throws(CloudError) -> [String: Data] {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            var result: [String: Data] = [:]
+            for row in try db.rows("SELECT key, value FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)]) {
+                if case let .text(key) = row[0], case let .blob(value) = row[1] { result[key] = value }
+            }
+            return result
+        }
+    }
+
+    public func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) throws(CloudError) -> Data {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            let current: Data? = if case let .blob(v)? = try db.scalar("SELECT value FROM cloud_zone_metadata WHERE zone = ? AND key = ?",
+                                                                      [.text(zone), .text(key)]) { v } else { nil }
+            guard current == expected else { return current ?? Data() }
+            try db.run("INSERT INTO cloud_zone_metadata (zone, key, value) VALUES (?, ?, ?) ON CONFLICT (zone, key) DO UPDATE SET value = excluded.value",
+                       [.text(zone), .text(key), .blob(value)])
+            return value
+        }
+    }
+
+    /// Deletes `zone` and its records (a zone reset). Tokens from before never work again.
+    public func resetZone(_ zone: String) throws(CloudError) {
+        try write { db in
+            try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
+        }
+    }
+
+    /// Every record of `zone`, in ID order.
+    public func records(in zone: String) throws(CloudError) -> [CloudRecord] {
+        try write { db in
+            try db.rows("SELECT record FROM cloud_record WHERE zone = ? ORDER BY id", [.text(zone)]).compactMap { row in
+                if case let .text(json) = row[0] { return SyncLedger.decode(CloudRecord.self, json) } else { return nil }
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+import Foundation
+
+/// Reads and writes one store's history tables. Internal.
+///
+/// Layout (compact so that tracking history costs little on bulk writes):
+/// - `replica_history_transaction(token INTEGER PRIMARY KEY AUTOINCREMENT, timestamp, author, bundle_identifier,
+///   process_name, process_id)`: one row per save. AUTOINCREMENT makes tokens strictly increasing and never reused,
+///   even after pruning (<https://www.sqlite.org/autoinc.html>).
+/// - `replica_history_change(token, seq, entity, kind, fields, ids, tombstone)`: consecutive changes of one entity and
+///   kind (and, for updates, the same changed fields) share one row; `ids` packs their 16-byte record IDs.
+///   A delete whose entity preserves values gets a row of its own with the tombstone as JSON.
+/// - `replica_metadata['history_pruned_through']`: the highest token removed by pruning; older tokens are expired.
+enum HistoryLog {
+    static let createSQL = """
+        CREATE TABLE IF NOT EXISTS replica_history_transaction (
+            token INTEGER PRIMARY KEY AUTOINCREMENT,
+            timestamp INTEGER NOT NULL,
+            author TEXT,
+            bundle_identifier TEXT NOT NULL,
+            process_name TEXT NOT NULL,
+            process_id INTEGER NOT NULL);
+        CREATE INDEX IF NOT EXISTS replica_history_transaction_timestamp ON replica_history_transaction (timestamp);
+        CREATE TABLE IF NOT EXISTS replica_history_change (
+            token INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            entity TEXT NOT NULL,
+            kind INTEGER NOT NULL,
+            fields TEXT,
+            ids BLOB NOT NULL,
+            tombstone TEXT,
+            PRIMARY KEY (token, seq)) WITHOUT ROWID;
+        """
+
+    enum Kind: Int64 { case insert = 0, update = 1, delete = 2 }
+
+    /// Appends one transaction for `changes` inside the caller's open write transaction; returns its token value,
+    /// or `nil` when there was nothing to record.
+    static func record(_ changes: StoreChanges, author: String?, environment: ReplicaEnvironment, db: Connection) throws -> Int64? {
+        guard !changes.isEmpty else { return nil }
+        let identity = environment.processIdentity
+        let transaction = try db.cachedStatement("""
+            INSERT INTO replica_history_transaction (timestamp, author, bundle_identifier, process_name, process_id)
+            VALUES (?, ?, ?, ?, ?) RETURNING token
+            """)
+        defer { transaction.reset() }
+        try transaction.bind([.integer(environment.clock.nowMilliseconds()), author.map(SQLiteValue.text) ?? .null,
+                              .text(identity.bundleIdentifier), .text(identity.processName), .integer(Int64(identity.processID))])
+        guard try transaction.step() else { return nil }
+        let token = transaction.int64(0)
+        while try transaction.step() {}
+
+        let insertChange = try db.cachedStatement(
+            "INSERT INTO replica_history_change (token, seq, entity, kind, fields, ids, tombstone) VALUES (?, ?, ?, ?, ?, ?, ?)")
+        var seq: Int64 = 0
+        func write(entity: String, kind: Kind, fields: String?, ids: Data, tombstone: String?) throws {
+            try insertChange.run([.integer(token), .integer(seq), .text(entity), .integer(kind.rawValue),
+                                  fields.map(SQLiteValue.text) ?? .null, .blob(ids), tombstone.map(SQLiteValue.text) ?? .null])
+            seq += 1
+        }
+        // Group consecutive changes with the same (entity, kind, fields).
+        var group: (entity: String, kind: Kind, fields: String?)?
+        var ids = Data()
+        func flush() throws {
+            if let group, !ids.isEmpty { try write(entity: group.entity, kind: group.kind, fields: group.fields, ids: ids, tombstone: nil) }
+            ids.removeAll(keepingCapacity: true)
+        }
+        func add(_ entity: String, _ kind: Kind, _ fields: String?, _ id: UUID) throws {
+            if group?.entity != entity || group?.kind != kind || group?.fields != fields {
+                try flush()
+                group = (entity, kind, fields)
+            }
+            ids.append(id.bytes)
+        }
+        for snapshot in changes.inserted { try add(snapshot.entityName, .insert, nil, snapshot.id) }
+        for (snapshot, fields) in changes.updated { try add(snapshot.entityName, .update, fields.joined(separator: ","), snapshot.id) }
+        for record in changes.deleted {
+            if record.preservedValues.isEmpty {
+                try add(record.id.entityName, .delete, nil, record.id.id)
+            } else {
+                try flush()
+                group = nil
+                try write(entity: record.id.entityName, kind: .delete, fields: nil, ids: record.id.id.bytes,
+                          tombstone: encodeTombstone(record.preservedValues))
+            }
+        }
+        try flush()
+        return token
+    }
+
+    /// The highest pruned token value (0 when nothing was pruned).
+    static func prunedThrough(_ db: Connection) throws -> Int64 {
+        if case let .integer(value)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'history_pruned_through'") {
+            return value
+        }
+        return 0
+    }
+
+    /// The newest token value in the store (0 when there is no history).
+    static func latestToken(_ db: Connection) throws -> Int64 {
+        // sqlite_sequence keeps the last AUTOINCREMENT value even when every row was pruned.
+        if case let .integer(value)? = try db.scalar("SELECT seq FROM sqlite_sequence WHERE name = 'replica_history_transaction'") {
+            return value
+        }
+        return 0
+    }
+
+    /// Reads the transactions `descriptor` selects from one store.
+    static func fetch(_ descriptor: HistoryDescriptor, storeName: String, identity: UUID, db: Connection) throws -> [HistoryTransaction] {
+        var conditions: [String] = []
+        var values: [SQLiteValue] = []
+        if let token = descriptor.afterToken {
+            conditions.append("token > ?")
+            values.append(.integer(token.value))
+        }
+        if let authors = descriptor.authors {
+            conditions.append("author IN (\(placeholders(authors.count)))")
+            values += authors.map(SQLiteValue.text)
+        }
+        if let excluded = descriptor.excludedAuthors, !excluded.isEmpty {
+            conditions.append("(author IS NULL OR author NOT IN (\(placeholders(excluded.count))))")
+            values += excluded.map(SQLiteValue.text)
+        }
+        if let from = descriptor.fromDate {
+            conditions.append("timestamp >= ?")
+            values.append(.integer(Int64((from.timeIntervalSince1970 * 1000).rounded(.up))))
+        }
+        if let to = descriptor.toDate {
+            conditions.append("timestamp < ?")
+            values.append(.integer(Int64((to.timeIntervalSince1970 * 1000).rounded(.up))))
+        }
+        if let entities = descriptor.entityNames {
+            conditions.append("EXISTS (SELECT 1 FROM replica_history_change c WHERE c.token = t.token AND c.entity IN (\(placeholders(entities.count))))")
+            values += entities.map(SQLiteValue.text)
+        }
+        let direction = descriptor.reverse ? "DESC" : "ASC"
+        let order = descriptor.sortBy == .token ? "token \(direction)" : "timestamp \(direction), token \(direction)"
+        var sql = "SELECT token, timestamp, author, bundle_identifier, process_name, process_id FROM replica_history_transaction t"
+        if !conditions.isEmpty { sql += " WHERE " + conditions.joined(separator: " AND ") }
+        sql += " ORDER BY \(order)"
+        if let limit = descriptor.fetchLimit {
+            sql += " LIMIT ?"
+            values.append(.integer(Int64(max(0, limit))))
+        }
+        let headers = try db.rows(sql, values, cache: descriptor.authors == nil && descriptor.excludedAuthors == nil && descriptor.entityNames == nil)
+        guard let minToken = headers.lazy.compactMap({ if case let .integer(t) = $0[0] { return t } else { return nil } }).min(),
+              let maxToken = headers.lazy.compactMap({ if case let .integer(t) = $0[0] { return t } else { return nil } }).max()
+        else { return [] }
+
+        // One range scan for the changes of every selected transaction: O(changes in range).
+        var changesByToken: [Int64: [HistoryChange]] = [:]
+        let wanted = descriptor.entityNames.map(Set.init)
+        let statement = try db.cachedStatement(
+            "SELECT token, entity, kind, fields, ids, tombstone FROM replica_history_change WHERE token BETWEEN ? AND ? ORDER BY token, seq")
+        defer { statement.reset() }
+        try statement.bind([.integer(minToken), .integer(maxToken)])
+        while try statement.step() {
+            let entity = statement.string(1)
+            if let wanted, !wanted.contains(entity) { continue }
+            let token = statement.int64(0)
+            let kind = Kind(rawValue: statement.int64(2)) ?? .update
+            let fields = statement.isNull(3) ? [] : statement.string(3).split(separator: ",").map(String.init)
+            let ids = statement.data(4)
+            let tombstone = statement.isNull(5) ? HistoryTombstone() : decodeTombstone(statement.string(5))
+            var list = changesByToken[token] ?? []
+            var offset = ids.startIndex
+            while offset + 16 <= ids.endIndex {
+                guard let uuid = UUID(bytes: ids[offset..<offset + 16]) else { break }
+                offset += 16
+                let id = PersistentIdentifier(entityName: entity, id: uuid)
+                switch kind {
+                case .insert: list.append(.insert(id))
+                case .update: list.append(.update(id, updatedAttributes: fields))
+                case .delete: list.append(.delete(id, tombstone: tombstone))
+                }
+            }
+            changesByToken[token] = list
+        }
+        return headers.compactMap { row in
+            guard case let .integer(token) = row[0], case let .integer(ms) = row[1] else { return nil }
+            let author: String? = if case let .text(a) = row[2] { a } else { nil }
+            let text = { (value: SQLiteValue) -> String in if case let .text(s) = value { return s } else { return "" } }
+            let pid: Int32 = if case let .integer(p) = row[5] { Int32(truncatingIfNeeded: p) } else { 0 }
+            return HistoryTransaction(
+                token: HistoryToken(storeIdentity: identity, value: token), storeName: storeName, author: author,
+                timestamp: Date(timeIntervalSince1970: Double(ms) / 1000), bundleIdentifier: text(row[3]),
+                processName: text(row[4]), processID: pid, changes: changesByToken[token] ?? [])
+        }
+    }
+
+    /// Deletes history up to and including `token` (or every transaction older than `date`), and moves the
+    /// expiry watermark. Returns the number of transactions removed.
+    static func prune(throughToken token: Int64?, before date: Date?, db: Connection) throws -> Int {
+        try db.transaction(.immediate) {
+            var through = token ?? 0
+            if let date {
+                let ms = Int64((date.timeIntervalSince1970 * 1000).rounded(.up))
+                if case let .integer(max)? = try db.scalar("SELECT max(token) FROM replica_history_transaction WHERE timestamp < ?", [.integer(ms)]) {
+                    through = Swift.max(through, max)
+                }
+            }
+            guard through > 0 else { return 0 }
+            try db.run("DELETE FROM replica_history_change WHERE token <= ?", [.integer(through)])
+            try db.run("DELETE FROM replica_history_transaction WHERE token <= ?", [.integer(through)])
+            let removed = db.changes
+            try db.run("""
+                INSERT INTO replica_metadata (key, value) VALUES ('history_pruned_through', ?)
+                ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)
+                """, [.integer(through)])
+            return removed
+        }
+    }
+
+    private static func placeholders(_ count: Int) -> String {
+        Array(repeating: "?", count: max(count, 1)).joined(separator: ", ")
+    }
+
+    static func encodeTombstone(_ values: [(String, SQLiteValue)]) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        let dictionary = Dictionary(values, uniquingKeysWith: { a, _ in a })
+        let data = (try? encoder.encode(HistoryTombstone(values: dictionary))) ?? Data("{}".utf8)
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    static func decodeTombstone(_ json: String) -> HistoryTombstone {
+        (try? JSONDecoder().decode(HistoryTombstone.self, from: Data(json.utf8))) ?? HistoryTombstone()
+    }
+}
+
+extension StoreChanges {
+    var isEmpty: Bool { inserted.isEmpty && updated.isEmpty && deleted.isEmpty }
+}

@@ -1,0 +1,103 @@
+import Foundation
+
+extension ModelContext {
+    /// Posted on `NotificationCenter.default` after a successful ``save()``, with the context as the object
+    /// (SwiftData's `ModelContext.didSave`). `userInfo` maps each ``NotificationKey`` to a `[PersistentIdentifier]`
+    /// sorted by identifier.
+    public static let didSave = Notification.Name("ReplicaModelContextDidSave")
+
+    /// Keys of the ``didSave`` notification's `userInfo`.
+    public enum NotificationKey: String, Sendable {
+        case insertedIdentifiers, updatedIdentifiers, deletedIdentifiers
+    }
+
+    func postDidSave(_ changes: [StoreChanges]) {
+        let inserted = Set(changes.flatMap { $0.inserted.map(\.persistentModelID) })
+        let deleted = Set(changes.flatMap { $0.deleted.map(\.id) })
+        let updated = Set(changes.flatMap { $0.updated.map(\.0.persistentModelID) }).subtracting(inserted).subtracting(deleted)
+        NotificationCenter.default.post(name: Self.didSave, object: self, userInfo: [
+            NotificationKey.insertedIdentifiers.rawValue: inserted.sorted(),
+            NotificationKey.updatedIdentifiers.rawValue: updated.sorted(),
+            NotificationKey.deletedIdentifiers.rawValue: deleted.sorted(),
+        ])
+    }
+
+    /// Reads history transactions (SwiftData's `fetchHistory(_:)`).
+    ///
+    /// With ``HistoryDescriptor/afterToken``, only the token's store is read. Otherwise every store (or those in
+    /// ``HistoryDescriptor/storeNames``) is read and the results are merged in the descriptor's order
+    /// (ties: store order, then token).
+    ///
+    /// Complexity: O(N + C) for N transactions and C changes returned (one indexed range scan per store),
+    /// independent of how much history precedes the token.
+    /// - Throws: ``ReplicaError/historyTokenExpired(_:)``, ``ReplicaError/historyTokenFromAnotherStore(_:)``, ``SQLiteError``.
+    public func fetchHistory(_ descriptor: HistoryDescriptor = HistoryDescriptor()) throws -> [HistoryTransaction] {
+        var indices = try historyStores(for: descriptor)
+        if let names = descriptor.storeNames {
+            indices = indices.filter { names.contains(container.stores[$0].configuration.name) }
+        }
+        var result: [(store: Int, transaction: HistoryTransaction)] = []
+        for index in indices {
+            let store = container.stores[index]
+            let db = try connection(for: index)
+            // Read the watermark and the history in one read transaction, so pruning cannot slip in between.
+            let transactions = try db.transaction(.deferred) { () throws -> [HistoryTransaction] in
+                if let token = descriptor.afterToken, token.value < (try HistoryLog.prunedThrough(db)) {
+                    throw ReplicaError.historyTokenExpired(token)
+                }
+                return try HistoryLog.fetch(descriptor, storeName: store.configuration.name, identity: store.identity, db: db)
+            }
+            result += transactions.map { (index, $0) }
+        }
+        guard indices.count > 1 else { return result.map(\.transaction) }
+        result.sort { a, b in
+            let (x, y) = descriptor.reverse ? (b, a) : (a, b)
+            if descriptor.sortBy == .timestamp, x.transaction.timestamp != y.transaction.timestamp {
+                return x.transaction.timestamp < y.transaction.timestamp
+            }
+            if x.store != y.store { return descriptor.reverse ? x.store > y.store : x.store < y.store }
+            return x.transaction.token.value < y.transaction.token.value
+        }
+        let limited = descriptor.fetchLimit.map { Array(result.prefix(max(0, $0))) } ?? result
+        return limited.map(\.transaction)
+    }
+
+    /// Deletes history up to and including `token` (SwiftData's `deleteHistory(_:)`). Later reads after a token
+    /// older than `token` throw ``ReplicaError/historyTokenExpired(_:)``.
+    /// - Returns: the number of transactions removed.
+    /// - Throws: ``ReplicaError/historyTokenFromAnotherStore(_:)``, ``SQLiteError``.
+    @discardableResult
+    public func deleteHistory(through token: HistoryToken) throws -> Int {
+        guard let index = container.stores.firstIndex(where: { $0.identity == token.storeIdentity }) else {
+            throw ReplicaError.historyTokenFromAnotherStore(token)
+        }
+        return try HistoryLog.prune(throughToken: token.value, before: nil, db: connection(for: index))
+    }
+
+    /// Deletes, in every store, the history transactions saved before `date`.
+    /// - Returns: the number of transactions removed.
+    @discardableResult
+    public func deleteHistory(before date: Date) throws -> Int {
+        var removed = 0
+        for index in container.stores.indices where container.stores[index].configuration.allowsSave {
+            removed += try HistoryLog.prune(throughToken: nil, before: date, db: connection(for: index))
+        }
+        return removed
+    }
+
+    /// The newest history token of store `storeName` (a token with value 0 when the store has no history yet),
+    /// or `nil` for an unknown store name.
+    public func currentHistoryToken(of storeName: String) throws -> HistoryToken? {
+        guard let index = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else { return nil }
+        let value = try HistoryLog.latestToken(connection(for: index))
+        return HistoryToken(storeIdentity: container.stores[index].identity, value: value)
+    }
+
+    private func historyStores(for descriptor: HistoryDescriptor) throws -> [Int] {
+        guard let token = descriptor.afterToken else { return Array(container.stores.indices) }
+        guard let index = container.stores.firstIndex(where: { $0.identity == token.storeIdentity }) else {
+            throw ReplicaError.historyTokenFromAnotherStore(token)
+        }
+        return [index]
+    }
+}

@@ -1,0 +1,116 @@
+import Foundation
+
+/// A hybrid logical clock timestamp (Kulkarni et al., "Logical Physical Clocks", 2014): physical milliseconds, a
+/// logical counter, and the replica that made it. Ordered by (physical, logical, replica), so any two stamps of any two
+/// replicas compare, and an event that has seen another always orders after it, whatever the device clocks say.
+public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// Physical component, Unix milliseconds (48 bits used).
+    public var physical: Int64
+    /// Logical counter within one physical millisecond (16 bits used).
+    public var logical: Int32
+    /// The replica (store identity) that made the stamp.
+    public var replica: UUID
+
+    public init(physical: Int64, logical: Int32, replica: UUID) {
+        self.physical = physical
+        self.logical = logical
+        self.replica = replica
+    }
+
+    /// The smallest stamp of `replica`.
+    public static func zero(_ replica: UUID) -> HLC { HLC(physical: 0, logical: 0, replica: replica) }
+
+    public static func < (lhs: HLC, rhs: HLC) -> Bool {
+        if lhs.physical != rhs.physical { return lhs.physical < rhs.physical }
+        if lhs.logical != rhs.logical { return lhs.logical < rhs.logical }
+        return lhs.replica.bytes.lexicographicallyPrecedes(rhs.replica.bytes)
+    }
+
+    /// The stamp for a local event at wall time `wall` (ms) after this one, on `replica`.
+    public func tick(wall: Int64, replica: UUID) -> HLC {
+        if wall > physical { return HLC(physical: wall, logical: 0, replica: replica) }
+        return HLC(physical: physical, logical: logical + 1, replica: replica)
+    }
+
+    /// This clock after receiving `remote` at wall time `wall`: never behind either.
+    public func receive(_ remote: HLC, wall: Int64, replica: UUID) -> HLC {
+        let top = max(physical, remote.physical, wall)
+        let logical: Int32
+        if top == physical && top == remote.physical { logical = max(self.logical, remote.logical) + 1 }
+        else if top == physical { logical = self.logical + 1 }
+        else if top == remote.physical { logical = remote.logical + 1 }
+        else { logical = 0 }
+        return HLC(physical: top, logical: logical, replica: replica)
+    }
+
+    /// Fixed-width lowercase hex: 12 digits of physical time, 4 of logical counter, 32 of replica ID. Lexicographic
+    /// order of the text equals the stamp order.
+    public var description: String { hex }
+
+    var hex: String {
+        hexDigits(UInt64(max(0, physical)), width: 12) + hexDigits(UInt64(max(0, logical)), width: 4)
+            + replica.bytes.map { hexDigits(UInt64($0), width: 2) }.joined()
+    }
+
+    init?(hex: Substring) {
+        guard hex.utf8.count == 48, let physical = UInt64(hex.prefix(12), radix: 16),
+              let logical = UInt64(hex.dropFirst(12).prefix(4), radix: 16) else { return nil }
+        var bytes = Data()
+        var rest = hex.dropFirst(16)
+        while !rest.isEmpty {
+            guard let byte = UInt8(rest.prefix(2), radix: 16) else { return nil }
+            bytes.append(byte)
+            rest = rest.dropFirst(2)
+        }
+        guard let replica = UUID(bytes: bytes) else { return nil }
+        self.init(physical: Int64(physical), logical: Int32(logical), replica: replica)
+    }
+}
+
+/// The version of one field's value: the record incarnation it was written in, then the HLC of the write.
+///
+/// A field is a last-writer-wins register ordered by this stamp. Putting the incarnation first makes a re-inserted
+/// record's fields (a higher incarnation) beat every field of the incarnation before, so a re-insert starts fresh.
+public struct FieldStamp: Hashable, Comparable, Sendable, Codable, CustomStringConvertible {
+    /// The causal length of the record when the field was written (odd: the incarnation).
+    public var incarnation: Int64
+    /// When and where the field was written.
+    public var clock: HLC
+
+    public init(incarnation: Int64, clock: HLC) {
+        self.incarnation = incarnation
+        self.clock = clock
+    }
+
+    public static func < (lhs: FieldStamp, rhs: FieldStamp) -> Bool {
+        (lhs.incarnation, lhs.clock) < (rhs.incarnation, rhs.clock)
+    }
+
+    /// 16 hex digits of incarnation, then the HLC's 48: 64 characters whose lexicographic order is the stamp order.
+    public var description: String { hexDigits(UInt64(max(0, incarnation)), width: 16) + clock.hex }
+
+    public init?(_ text: String) {
+        let text = Substring(text)
+        guard text.utf8.count == 64, let incarnation = UInt64(text.prefix(16), radix: 16),
+              let clock = HLC(hex: text.dropFirst(16)) else { return nil }
+        self.init(incarnation: Int64(incarnation), clock: clock)
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let text = try decoder.singleValueContainer().decode(String.self)
+        guard let stamp = FieldStamp(text) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: "malformed field stamp"))
+        }
+        self = stamp
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(description)
+    }
+}
+
+func hexDigits(_ value: UInt64, width: Int) -> String {
+    let digits = String(value, radix: 16)
+    return digits.count >= width ? digits : String(repeating: "0", count: width - digits.count) + digits
+}

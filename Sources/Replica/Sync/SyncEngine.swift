@@ -1,0 +1,548 @@
+import Foundation
+
+/// One request the engine wants performed, tagged so its response can be matched.
+public struct SyncRequest: Hashable, Sendable {
+    /// Unique per engine instance; responses carry it back.
+    public let id: UInt64
+    /// What to ask the cloud database.
+    public let operation: CloudOperation
+}
+
+/// The state of a synced store as the engine sees it. Never reports "up to date" while something is failing.
+public struct SyncStatus: Hashable, Sendable {
+    /// Records whose local changes the cloud does not have yet.
+    public var pendingRecords: Int
+    /// Records the cloud refused for good (they stay queued, with a reason in the ledger).
+    public var rejectedRecords: Int
+    /// Live records that reference a record this device has not received yet.
+    public var waitingForParent: Int
+    /// Records whose encrypted fields could not be opened.
+    public var undecryptableRecords: Int
+    /// Set when the engine refuses to sync (e.g. an incompatible schema).
+    public var blockedBy: ReplicaError?
+    /// `true` while the engine still has to read the zone's changes.
+    public var needsFetch: Bool
+    /// The last error of the last failed operation, cleared by the next success.
+    public var lastError: CloudError?
+
+    /// Nothing to send, nothing to read, nothing failing.
+    public var isUpToDate: Bool {
+        pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && !needsFetch
+            && lastError == nil && blockedBy == nil
+    }
+}
+
+/// The sans-IO sync engine of one synced store: it decides what to ask the cloud (``nextRequest()``) and applies
+/// the answers (``handle(_:_:)``), but never performs I/O itself. A driver (``SyncDriver``) or the simulator
+/// delivers requests and responses, including duplicated, late or lost ones.
+///
+/// - Outgoing: the outbox is the set of records whose local changes the cloud lacks (kept in the store, written in the
+///   same transaction as each save). Records go out whole — every field with its stamp — with the change tag last
+///   seen, under the if-server-record-unchanged policy. A conflict merges the server's record and sends again.
+/// - Incoming: zone changes since the server change token are merged (see `Specs/replication-protocol.md`) and the
+///   new token is stored in the same SQLite transaction, with a history transaction authored
+///   ``HistoryTransaction/syncAuthor``.
+/// - Errors: transient ones (rate limit, quota, zone busy, network) back off — the engine asks to be woken at
+///   ``wakeTime``; an expired change token restarts the fetch from scratch (idempotent); a missing zone is created
+///   again and everything is uploaded again.
+///
+/// An engine is confined to one task (it owns a SQLite connection), like a ``ModelContext``.
+public final class SyncEngine {
+    /// Tuning knobs.
+    public struct Options: Sendable, Hashable {
+        /// Records per modify request.
+        public var uploadBatchSize = 200
+        /// Records per fetch request.
+        public var fetchLimit = 500
+        /// First retry delay after a transient error without a server-given delay, in milliseconds (doubles per
+        /// consecutive failure, plus up to 25% random jitter from the environment).
+        public var baseBackoffMilliseconds: Int64 = 500
+        /// Upper bound of the retry delay, in milliseconds.
+        public var maxBackoffMilliseconds: Int64 = 300_000
+        /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
+        /// dies holding it is replaced once it expires.
+        public var leaseDurationMilliseconds: Int64 = 30_000
+        public init() {}
+    }
+
+    /// The store's configuration name.
+    public let storeName: String
+    /// The cloud zone the store syncs with.
+    public let zone: String
+    public let options: Options
+    let container: ModelContainer
+    let store: Store
+    let db: Connection
+
+    private var zoneReady = false
+    private var schemaChecked = false
+    private var proposedSchema: (value: Data, expected: Data?)?
+    private var blocked: ReplicaError?
+    /// Identifies this engine instance as the holder of the store's upload lease.
+    private let instanceID: UUID
+    private var needsFetch = true
+    private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
+    private var nextID: UInt64 = 1
+    private var backoffUntil: Int64 = 0
+    private var consecutiveFailures = 0
+    private var lastError: CloudError?
+
+    /// Creates the engine of synced store `storeName`.
+    /// - Parameter zone: the zone name; defaults to the configuration name.
+    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when there is no such synced store.
+    public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options()) throws {
+        guard let store = container.stores.first(where: { $0.configuration.name == storeName }), store.configuration.isSynced else {
+            throw ReplicaError.loadIssueModelContainer(configuration: storeName, reason: "not a synced store of this container")
+        }
+        self.container = container
+        self.store = store
+        self.storeName = storeName
+        self.zone = zone ?? storeName
+        self.options = options
+        self.db = try store.openConnection()
+        self.instanceID = container.environment.makeIdentifier()
+    }
+
+    deinit { releaseLease() }
+
+    private var now: Int64 { container.environment.clock.nowMilliseconds() }
+
+    // MARK: Driving
+
+    /// The next request to perform, or `nil` when there is nothing to do now (idle, waiting for a response, or
+    /// backing off until ``wakeTime``). At most one request is outstanding at a time.
+    /// - Throws: ``SQLiteError`` when the store cannot be read.
+    public func nextRequest() throws -> SyncRequest? {
+        if let blocked { throw blocked }
+        guard inFlight == nil, now >= backoffUntil else { return nil }
+        guard try acquireLease() else { return nil }
+        var versions: [UUID: Int64] = [:]
+        let operation: CloudOperation
+        if !zoneReady {
+            operation = .createZone(zone)
+        } else if !schemaChecked {
+            if let proposed = proposedSchema {
+                operation = .setZoneMetadata(zone: zone, key: Self.schemaKey, value: proposed.value, ifCurrent: proposed.expected)
+            } else {
+                operation = .fetchZoneMetadata(zone: zone)
+            }
+        } else if needsFetch {
+            let token = try loadToken()
+            if token == nil { try beginFullResync() }
+            operation = .fetchZoneChanges(zone: zone, since: token, limit: options.fetchLimit)
+        } else {
+            let outbox = try SyncLedger.outbox(limit: options.uploadBatchSize, store: store, db: db)
+            guard !outbox.isEmpty else { return nil }
+            for entry in outbox { versions[entry.record.recordID] = entry.version }
+            operation = .modifyRecords(outbox.map(\.record), zone: zone)
+        }
+        let request = SyncRequest(id: nextID, operation: operation)
+        nextID += 1
+        inFlight = (request, versions)
+        return request
+    }
+
+    /// Applies the response to request `id`. A response to a request that is not outstanding (a duplicate, or one
+    /// that was abandoned) is ignored, so delivering a response twice changes nothing.
+    /// - Throws: ``SQLiteError`` when the store cannot be written (the response then counts as not applied).
+    public func handle(_ id: UInt64, _ result: Result<CloudOperationResult, CloudError>) throws {
+        guard let (request, versions) = inFlight, request.id == id else { return }
+        inFlight = nil
+        switch result {
+        case let .success(outcome):
+            try apply(outcome, versions: versions)
+        case let .failure(.partialFailure(results)):
+            try apply(.modified(results), versions: versions)
+        case let .failure(error):
+            try fail(error, request: request)
+        }
+    }
+
+    /// Gives up on request `id` (its answer was lost): it counts as a transient network failure.
+    public func abandon(_ id: UInt64) throws {
+        try handle(id, .failure(.networkUnavailable))
+    }
+
+    /// Asks the engine to read the zone's changes at the next opportunity (e.g. on a push notification).
+    public func setNeedsFetch() { needsFetch = true }
+
+    /// When a backoff ends, in environment milliseconds; `nil` when not backing off.
+    public var wakeTime: Int64? { backoffUntil > now ? backoffUntil : nil }
+
+    /// `true` while a request is outstanding.
+    public var isAwaitingResponse: Bool { inFlight != nil }
+
+    /// The engine's view of the store.
+    public func status() throws -> SyncStatus {
+        let row = try db.rows("""
+            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')),
+                   count(*) FILTER (WHERE state = 'rejected'),
+                   count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
+                   count(*) FILTER (WHERE state = 'undecryptable')
+            FROM replica_sync_record
+            """).first ?? []
+        func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
+        return SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
+                          undecryptableRecords: count(3), blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
+    }
+
+    // MARK: Ledger
+
+    /// The ledger entry of one record, or `nil` when the store never synced it.
+    public func ledgerEntry(for id: PersistentIdentifier) throws -> LedgerEntry? {
+        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first
+    }
+
+    /// Every ledger entry in `state` (all entries when `nil`), in record ID order.
+    public func ledgerEntries(in state: LedgerState.Kind? = nil) throws -> [LedgerEntry] {
+        let entries = try ledgerEntries(where: "1", [])
+        guard let state else { return entries }
+        return entries.filter { $0.state.kind == state }
+    }
+
+    private func ledgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
+        try db.rows("""
+            SELECT id, entity, causal_length, pending, state, reason, waiting_for, change_tag FROM replica_sync_record
+            WHERE \(condition) ORDER BY id
+            """, values).compactMap { row in
+            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .integer(cl) = row[2],
+                  case let .text(stateText) = row[4] else { return nil }
+            let reason: String = if case let .text(r) = row[5] { r } else { "" }
+            let state: LedgerState
+            switch stateText {
+            case "rejected": state = .rejected(reason: reason)
+            case "undecryptable": state = .undecryptable(reason: reason)
+            default:
+                if cl % 2 == 1, let parent = try? UUID(sqliteValue: row[6]) { state = .waitingForParent(parent) }
+                else if case .integer(1) = row[3] { state = .pending }
+                else { state = .synced }
+            }
+            let tag: String? = if case let .text(t) = row[7] { t } else { nil }
+            return LedgerEntry(id: PersistentIdentifier(entityName: entity, id: id), state: state, causalLength: cl, changeTag: tag)
+        }
+    }
+
+    /// The newest merge decisions in which a local, not yet uploaded value lost (at most `limit`, newest first).
+    public func conflictLog(limit: Int = 100) throws -> [ConflictLogEntry] {
+        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp, winner FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
+                    [.integer(Int64(limit))]).compactMap { row in
+            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .text(field) = row[2],
+                  case let .text(local) = row[3], case let .text(winning) = row[4],
+                  let localStamp = FieldStamp(local), let winningStamp = FieldStamp(winning) else { return nil }
+            let winner = (try? UUID(sqliteValue: row[5])).map { PersistentIdentifier(entityName: entity, id: $0) }
+            return ConflictLogEntry(id: PersistentIdentifier(entityName: entity, id: id), field: field,
+                                    localStamp: localStamp, winningStamp: winningStamp, duplicateOf: winner)
+        }
+    }
+
+    // MARK: Schema gate
+
+    static let schemaKey = "schema"
+
+    /// Compares this device's schema with the zone's union schema: refuse on a contradiction, propose the new union
+    /// when this device adds something, accept otherwise.
+    private func checkSchema(_ stored: Data?) throws {
+        let local = ZoneSchema(version: container.schema.version, entities: store.entities)
+        let zoneSchema = stored.flatMap { try? JSONDecoder().decode(ZoneSchema.self, from: $0) }
+        let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
+        if !differences.isEmpty {
+            blocked = .incompatibleSchema(differences)
+            return
+        }
+        if union == zoneSchema {
+            schemaChecked = true
+            return
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        proposedSchema = (try encoder.encode(union), stored)
+    }
+
+    // MARK: Upload lease
+
+    private struct Lease: Codable {
+        var holder: UUID
+        var expires: Int64
+    }
+
+    /// Takes or renews the store's lease (so that of the processes sharing an app-group store, exactly one talks to
+    /// the cloud at a time). When another live holder has it, waits until it expires.
+    private func acquireLease() throws -> Bool {
+        func current() throws -> Lease? {
+            guard case let .text(json)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'sync_lease'") else { return nil }
+            return SyncLedger.decode(Lease.self, json)
+        }
+        if let lease = try current(), lease.holder == instanceID, lease.expires - now > options.leaseDurationMilliseconds / 2 {
+            return true
+        }
+        return try db.transaction(.immediate) {
+            if let lease = try current(), lease.holder != instanceID, lease.expires > now {
+                backoffUntil = lease.expires
+                return false
+            }
+            let lease = Lease(holder: instanceID, expires: now + options.leaseDurationMilliseconds)
+            try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       [.text(SyncLedger.encode(lease))])
+            return true
+        }
+    }
+
+    /// Gives up the upload lease if this engine holds it, so another process can take over at once.
+    public func releaseLease() {
+        try? db.run("DELETE FROM replica_metadata WHERE key = 'sync_lease' AND json_extract(value, '$.holder') = ?",
+                    [.text(instanceID.uuidString)])
+    }
+
+    // MARK: Applying
+
+    private func apply(_ outcome: CloudOperationResult, versions: [UUID: Int64]) throws {
+        switch outcome {
+        case .zoneCreated:
+            zoneReady = true
+        case let .changes(batch):
+            try importBatch(batch)
+            needsFetch = batch.moreComing
+        case let .modified(results):
+            try applySaveResults(results, versions: versions)
+            return
+        case let .metadata(metadata):
+            try checkSchema(metadata[Self.schemaKey])
+        case let .metadataValue(value):
+            if value == proposedSchema?.value { schemaChecked = true }
+            proposedSchema = nil
+        }
+        consecutiveFailures = 0
+        lastError = nil
+    }
+
+    /// Merges fetched records and stores the new token, in one transaction.
+    private func importBatch(_ batch: ZoneChangeBatch) throws {
+        if container.environment.canaries.contains(.tokenBeforeApply) {
+            try db.transaction(.immediate) { try saveToken(batch.token) }
+            try container.environment.faultHook?(.beforeImport(store: storeName))
+            try db.transaction(.immediate) { try mergeRecords(batch.records) }
+            return
+        }
+        try container.environment.faultHook?(.beforeImport(store: storeName))
+        try db.transaction(.immediate) {
+            try mergeRecords(batch.records)
+            try saveToken(batch.token)
+            try noteSeenDuringResync(batch)
+        }
+    }
+
+    // MARK: Full resync
+
+    /// A fetch from no token reads the whole zone. Records this device has that the zone turns out not to have (the
+    /// zone was reset and re-created by another device, or lost them) are uploaded again when the read completes.
+    /// The generation and the records seen are stored in the store, so a crash mid-resync resumes correctly.
+    private func beginFullResync() throws {
+        try db.transaction(.immediate) {
+            let active = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+            guard active == nil else { return }
+            try db.run("""
+                INSERT INTO replica_metadata (key, value) VALUES ('resync_generation', 1)
+                ON CONFLICT (key) DO UPDATE SET value = value + 1
+                """)
+            try db.run("INSERT INTO replica_metadata (key, value) VALUES ('resync_active', 1)")
+        }
+    }
+
+    private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
+        guard try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'") != nil,
+              case let .integer(generation)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+        else { return }
+        for record in batch.records {
+            try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+        }
+        guard !batch.moreComing else { return }
+        try db.run("""
+            UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
+                state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END
+            WHERE seen <> ?
+            """, [.integer(generation)])
+        try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
+    }
+
+    /// Merges remote records (inside the caller's transaction), then resolves references (delete rules of deleted
+    /// parents, waiting children), stamps the local changes that caused, and records one history transaction
+    /// authored by sync.
+    private func mergeRecords(_ records: [CloudRecord]) throws {
+        guard !records.isEmpty else { return }
+        var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
+        var changes = StoreChanges()
+        var tombstoned: [PersistentIdentifier] = []
+        for record in records {
+            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries)
+            changes.add(outcome)
+            if let id = outcome.tombstoned { tombstoned.append(id) }
+        }
+        try SyncLedger.saveHLC(hlc, db)
+        if !container.environment.canaries.contains(.dedupSkipped) {
+            let touched = changes.inserted + changes.updated.map(\.0)
+            tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
+        }
+        let consequences = try SyncLedger.resolveReferences(after: changes, tombstoned: tombstoned, store: store, db: db)
+        try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
+        changes.inserted += consequences.inserted
+        changes.updated += consequences.updated
+        changes.deleted += consequences.deleted
+        _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
+    }
+
+    private func applySaveResults(_ results: [RecordSaveResult], versions: [UUID: Int64]) throws {
+        var transient: CloudError?
+        try db.transaction(.immediate) {
+            var conflicts: [CloudRecord] = []
+            for result in results {
+                switch result {
+                case let .saved(id, changeTag):
+                    guard var state = try SyncLedger.load(id, db) else { continue }
+                    state.changeTag = changeTag
+                    if versions[id] == state.localVersion { state.pending = false }
+                    try SyncLedger.store(state, db)
+                    if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
+                        try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
+                    }
+                case let .conflict(serverRecord):
+                    if container.environment.canaries.contains(.conflictClobbers), var state = try SyncLedger.load(serverRecord.recordID, db) {
+                        state.changeTag = serverRecord.changeTag
+                        try SyncLedger.store(state, db)
+                        continue
+                    }
+                    conflicts.append(serverRecord)
+                case let .failed(id, error):
+                    if error.isTransient {
+                        transient = error
+                    } else {
+                        try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
+                                   [.text(error.description), id.sqliteValue])
+                    }
+                }
+            }
+            try mergeRecords(conflicts)
+        }
+        if let transient {
+            scheduleRetry(after: transient)
+        } else {
+            consecutiveFailures = 0
+            lastError = nil
+        }
+    }
+
+    private func fail(_ error: CloudError, request: SyncRequest) throws {
+        lastError = error
+        switch error {
+        case .changeTokenExpired:
+            // Full, idempotent resync: merging records already applied changes nothing.
+            try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+            needsFetch = true
+        case .zoneNotFound:
+            // The zone is gone (reset, or never created): create it and upload everything again, tombstones included.
+            zoneReady = false
+            needsFetch = true
+            try db.transaction(.immediate) {
+                try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+                try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
+            }
+        case .invalidRecord:
+            if case let .modifyRecords(records, _) = request.operation {
+                for record in records {
+                    try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
+                               [.text(error.description), record.recordID.sqliteValue])
+                }
+            }
+        default:
+            scheduleRetry(after: error)
+        }
+    }
+
+    private func scheduleRetry(after error: CloudError) {
+        lastError = error
+        consecutiveFailures += 1
+        let delay: Int64
+        if let retryAfter = error.retryAfterMilliseconds {
+            delay = retryAfter
+        } else {
+            let exponent = min(consecutiveFailures - 1, 20)
+            let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
+            delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
+        }
+        backoffUntil = now + delay
+    }
+
+    // MARK: Token
+
+    private func loadToken() throws -> ServerChangeToken? {
+        guard case let .text(json)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'server_change_token'") else { return nil }
+        return SyncLedger.decode(ServerChangeToken.self, json)
+    }
+
+    private func saveToken(_ token: ServerChangeToken) throws {
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.text(SyncLedger.encode(token))])
+    }
+}
+
+/// A record's place in the sync ledger.
+public enum LedgerState: Hashable, Sendable {
+    /// The cloud lacks a local change; it will be uploaded.
+    case pending
+    /// The cloud has everything this device knows of the record.
+    case synced
+    /// The record references a record (its parent) this device has not received; it is kept and linked on arrival.
+    case waitingForParent(UUID)
+    /// The cloud refused the record for good; it stays queued with the reason.
+    case rejected(reason: String)
+    /// An encrypted field of the record could not be opened; local values are untouched.
+    case undecryptable(reason: String)
+
+    /// The state without its associated values.
+    public enum Kind: Hashable, Sendable { case pending, synced, waitingForParent, rejected, undecryptable }
+
+    public var kind: Kind {
+        switch self {
+        case .pending: return .pending
+        case .synced: return .synced
+        case .waitingForParent: return .waitingForParent
+        case .rejected: return .rejected
+        case .undecryptable: return .undecryptable
+        }
+    }
+}
+
+/// One record's ledger entry.
+public struct LedgerEntry: Hashable, Sendable {
+    public let id: PersistentIdentifier
+    public let state: LedgerState
+    /// Odd while alive, even while deleted.
+    public let causalLength: Int64
+    /// The server version last seen or saved.
+    public let changeTag: String?
+}
+
+/// A merge decision in which a local value lost: a field whose local, not yet uploaded value lost to a newer remote
+/// write, or a duplicate of a unique key resolved into the winner.
+public struct ConflictLogEntry: Hashable, Sendable {
+    /// The record whose value lost (for a duplicate: the loser).
+    public let id: PersistentIdentifier
+    /// The field (`"*"` for a duplicate).
+    public let field: String
+    /// The losing stamp (for a duplicate: the loser's creation stamp).
+    public let localStamp: FieldStamp
+    /// The winning stamp (for a duplicate: the winner's creation stamp).
+    public let winningStamp: FieldStamp
+    /// For a resolved duplicate: the record it was merged into.
+    public let duplicateOf: PersistentIdentifier?
+}
+
+extension StoreChanges {
+    mutating func add(_ outcome: SyncLedger.MergeOutcome) {
+        switch outcome.change {
+        case let .inserted(snapshot)?: inserted.append(snapshot)
+        case let .updated(snapshot, fields)?: updated.append((snapshot, fields))
+        case let .deleted(record)?: deleted.append(record)
+        case nil: break
+        }
+    }
+}

@@ -1,0 +1,504 @@
+import Foundation
+
+/// The sync bookkeeping of one synced store: per-record replication state (causal length, field stamps, unknown
+/// fields, tombstone values, change tag, outbox flag, ledger state), the store's HLC, its server change token, and
+/// the merge of remote records. Internal.
+///
+/// Every function runs inside the caller's open write transaction, so bookkeeping commits atomically with the data
+/// (DESIGN.md principle 3).
+enum SyncLedger {
+    static let createSQL = """
+        CREATE TABLE IF NOT EXISTS replica_sync_record (
+            id BLOB PRIMARY KEY NOT NULL,
+            entity TEXT NOT NULL,
+            causal_length INTEGER NOT NULL,
+            created TEXT NOT NULL,
+            stamps TEXT NOT NULL,
+            unknown TEXT,
+            tombstone TEXT,
+            redirect BLOB,
+            change_tag TEXT,
+            local_version INTEGER NOT NULL DEFAULT 0,
+            pending INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL DEFAULT 'pending',
+            reason TEXT,
+            waiting_for BLOB,
+            seen INTEGER NOT NULL DEFAULT 0);
+        CREATE INDEX IF NOT EXISTS replica_sync_record_waiting ON replica_sync_record (waiting_for) WHERE waiting_for IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1;
+        CREATE TABLE IF NOT EXISTS replica_sync_unknown_record (
+            id BLOB PRIMARY KEY NOT NULL,
+            record_type TEXT NOT NULL,
+            record TEXT NOT NULL);
+        CREATE INDEX IF NOT EXISTS replica_sync_record_redirect ON replica_sync_record (redirect) WHERE redirect IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS replica_sync_conflict (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id BLOB NOT NULL,
+            entity TEXT NOT NULL,
+            field TEXT NOT NULL,
+            local_stamp TEXT NOT NULL,
+            winning_stamp TEXT NOT NULL,
+            kind TEXT NOT NULL DEFAULT 'field',
+            winner BLOB);
+        """
+
+    /// The conflict log keeps at most this many entries (oldest dropped first).
+    static let conflictLogCapacity = 1_000
+
+    /// The replication state of one record as stored locally.
+    struct RecordState {
+        var id: UUID
+        var entity: String
+        var causalLength: Int64
+        var created: FieldStamp
+        /// Stamps of known fields.
+        var stamps: [String: FieldStamp]
+        /// Fields this schema does not know, kept with their stamps and sent back unchanged.
+        var unknown: [String: CloudField]
+        /// Preserved fields of a deleted record.
+        var tombstone: [String: CloudField]
+        var redirect: UUID?
+        var changeTag: String?
+        var localVersion: Int64
+        var pending: Bool
+
+        var isAlive: Bool { causalLength % 2 == 1 }
+        /// The causal length of the current (or last) incarnation.
+        var incarnation: Int64 { causalLength % 2 == 1 ? causalLength : causalLength - 1 }
+    }
+
+    // MARK: HLC
+
+    static func loadHLC(_ db: Connection, replica: UUID) throws -> HLC {
+        if case let .text(hex)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'hlc'"), let hlc = HLC(hex: Substring(hex)) {
+            return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
+        }
+        return .zero(replica)
+    }
+
+    static func saveHLC(_ hlc: HLC, _ db: Connection) throws {
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.text(hlc.hex)])
+    }
+
+    // MARK: Record state
+
+    static func load(_ id: UUID, _ db: Connection) throws -> RecordState? {
+        let statement = try db.cachedStatement("""
+            SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
+            FROM replica_sync_record WHERE id = ?
+            """)
+        defer { statement.reset() }
+        try statement.bind(id.sqliteValue, at: 0)
+        guard try statement.step() else { return nil }
+        return RecordState(
+            id: id, entity: statement.string(0), causalLength: statement.int64(1),
+            created: FieldStamp(statement.string(2)) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
+            stamps: decode([String: FieldStamp].self, statement.isNull(3) ? nil : statement.string(3)) ?? [:],
+            unknown: decode([String: CloudField].self, statement.isNull(4) ? nil : statement.string(4)) ?? [:],
+            tombstone: decode([String: CloudField].self, statement.isNull(5) ? nil : statement.string(5)) ?? [:],
+            redirect: statement.isNull(6) ? nil : UUID(bytes: statement.data(6)),
+            changeTag: statement.isNull(7) ? nil : statement.string(7),
+            localVersion: statement.int64(8), pending: statement.int64(9) != 0)
+    }
+
+    static func store(_ state: RecordState, _ db: Connection) throws {
+        try db.run("""
+            INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
+                                             change_tag, local_version, pending, state)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
+                created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
+                tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
+                local_version = excluded.local_version, pending = excluded.pending,
+                state = CASE WHEN excluded.pending = 1 AND replica_sync_record.state NOT IN ('rejected', 'undecryptable')
+                             THEN 'pending' WHEN excluded.pending = 0 THEN 'synced' ELSE replica_sync_record.state END
+            """, [
+                state.id.sqliteValue, .text(state.entity), .integer(state.causalLength), .text(state.created.description),
+                .text(encode(state.stamps)), state.unknown.isEmpty ? .null : .text(encode(state.unknown)),
+                state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), state.redirect?.sqliteValue ?? .null,
+                state.changeTag.map(SQLiteValue.text) ?? .null, .integer(state.localVersion), .integer(state.pending ? 1 : 0),
+                .text(state.pending ? "pending" : "synced"),
+            ])
+    }
+
+    // MARK: Local changes
+
+    /// Stamps what a local save changed: inserts stamp every field (a new incarnation if the ID has a tombstone),
+    /// updates stamp only the changed fields, deletes bump the causal length and keep preserved values. Every
+    /// touched record enters the outbox.
+    static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment) throws {
+        guard !changes.isEmpty else { return }
+        var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        if environment.canaries.contains(.lwwByWallClock) {
+            hlc = HLC(physical: environment.clock.nowMilliseconds(), logical: 0, replica: store.identity)
+        }
+        for snapshot in changes.inserted {
+            guard let entity = store.entity(named: snapshot.entityName) else { continue }
+            var state = try load(snapshot.id, db) ?? RecordState(
+                id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
+                stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
+            if !state.isAlive { state.causalLength += 1 }
+            let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
+            state.created = stamp
+            state.stamps = Dictionary(uniqueKeysWithValues: entity.fieldNames.map { ($0, stamp) })
+            state.unknown = [:]
+            state.tombstone = [:]
+            state.redirect = nil
+            state.localVersion += 1
+            state.pending = true
+            try self.store(state, db)
+        }
+        for (snapshot, fields) in changes.updated {
+            guard store.entity(named: snapshot.entityName) != nil else { continue }
+            guard var state = try load(snapshot.id, db), state.isAlive else { continue }
+            let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
+            for field in fields { state.stamps[field] = stamp }
+            state.localVersion += 1
+            state.pending = true
+            try self.store(state, db)
+        }
+        for record in changes.deleted {
+            if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
+            guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
+            state.causalLength += 1
+            var tombstone: [String: CloudField] = [:]
+            for (name, value) in record.preservedValues {
+                if let stamp = state.stamps[name] {
+                    tombstone[name] = CloudField(value: value, stamp: stamp, isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
+                }
+            }
+            state.tombstone = tombstone
+            state.localVersion += 1
+            state.pending = true
+            try self.store(state, db)
+        }
+        try saveHLC(hlc, db)
+    }
+
+    // MARK: Outgoing records
+
+    /// The cloud record for a record in the outbox: current values of the fields stamped in the current incarnation,
+    /// unknown fields as received, or for a tombstone only the preserved fields.
+    static func outgoingRecord(_ state: RecordState, store: Store, db: Connection) throws -> CloudRecord? {
+        var fields: [String: CloudField] = [:]
+        if state.isAlive {
+            guard let entity = store.entity(named: state.entity),
+                  let statements = store.statements(for: state.entity),
+                  let row = try db.rows(statements.selectByID, [state.id.sqliteValue]).first else { return nil }
+            for (index, name) in entity.fieldNames.enumerated() {
+                guard let stamp = state.stamps[name], stamp.incarnation == state.causalLength else { continue }
+                let encrypted = entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false
+                fields[name] = CloudField(value: row[index + 1], stamp: stamp, isEncrypted: encrypted)
+            }
+            for (name, field) in state.unknown where field.stamp.incarnation == state.causalLength { fields[name] = field }
+        } else {
+            fields = state.tombstone
+        }
+        return CloudRecord(recordID: state.id, recordType: state.entity, changeTag: state.changeTag,
+                           causalLength: state.causalLength, created: state.created, redirect: state.redirect, fields: fields)
+    }
+
+    /// Up to `limit` records of the outbox, in ID order, with the local version each was built from.
+    static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
+        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected') ORDER BY id LIMIT ?",
+                              [.integer(Int64(limit))])
+        var result: [(CloudRecord, Int64)] = []
+        for row in ids {
+            guard let id = try? UUID(sqliteValue: row[0]), let state = try load(id, db) else { continue }
+            if let record = try outgoingRecord(state, store: store, db: db) {
+                result.append((record, state.localVersion))
+            } else {
+                // Alive in the ledger but the row is gone: nothing can be built; do not loop on it.
+                try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ?", [id.sqliteValue])
+            }
+        }
+        return result
+    }
+
+    // MARK: Merge
+
+    /// What merging one remote record did locally.
+    struct MergeOutcome {
+        var change: Change?
+        /// Set when the merged record is deleted (whether or not a local row existed).
+        var tombstoned: PersistentIdentifier?
+        enum Change {
+            case inserted(Snapshot)
+            case updated(Snapshot, [String])
+            case deleted(DeletedRecord)
+        }
+    }
+
+    /// Merges a remote record (from a fetch or a save conflict) into the local store: causal length by max, each
+    /// field by its stamp (absent fields keep their local value), unknown fields and record types kept. Writes the
+    /// data row and the bookkeeping; returns what changed for history. Idempotent, commutative and associative.
+    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
+                      canaries: Set<Canary> = []) throws -> MergeOutcome {
+        var remote = remote
+        // Advance the local clock past every stamp seen.
+        var newest = remote.created.clock
+        for field in remote.fields.values where field.stamp.clock > newest { newest = field.stamp.clock }
+        hlc = hlc.receive(newest, wall: wall, replica: store.identity)
+
+        guard let entity = store.entity(named: remote.recordType), let statements = store.statements(for: remote.recordType) else {
+            try keepUnknownRecord(remote, db)
+            return MergeOutcome(change: nil)
+        }
+        let local = try load(remote.recordID, db)
+        let localRow: [SQLiteValue]? = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
+        if canaries.contains(.absentAsNull), remote.isAlive {
+            let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
+            for name in entity.fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
+        }
+
+        var causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        if canaries.contains(.nonIdempotentApply), let local, local.causalLength == remote.causalLength, local.changeTag == remote.changeTag {
+            causalLength += 1
+        }
+        let incarnation = causalLength % 2 == 1 ? causalLength : causalLength - 1
+        var created: FieldStamp
+        switch (local, remote) {
+        case let (l?, r) where l.causalLength == r.causalLength: created = min(l.created, r.created)
+        case let (l?, r) where l.causalLength > r.causalLength: created = l.created
+        default: created = remote.created
+        }
+        if created.incarnation < incarnation { created.incarnation = incarnation }
+
+        // Field registers.
+        let fieldNames = entity.fieldNames
+        var stamps: [String: FieldStamp] = [:]
+        var values: [SQLiteValue] = []
+        var localNewer = false
+        var conflicts: [(String, FieldStamp, FieldStamp)] = []
+        for (index, name) in fieldNames.enumerated() {
+            let localStamp = local?.stamps[name]
+            let localValue = localRow?[index + 1]
+            let remoteField = remote.fields[name]
+            var winnerStamp: FieldStamp?
+            var winnerValue: SQLiteValue?
+            if let remoteField, localStamp == nil || remoteField.stamp >= localStamp! {
+                winnerStamp = remoteField.stamp
+                winnerValue = remoteField.value
+                if let localStamp, localStamp < remoteField.stamp, local?.pending == true, localStamp.incarnation == incarnation,
+                   let localValue, localValue != remoteField.value {
+                    conflicts.append((name, localStamp, remoteField.stamp))
+                }
+            } else if let localStamp {
+                winnerStamp = localStamp
+                winnerValue = localValue ?? local?.tombstone[name]?.value
+                if localStamp.incarnation == incarnation { localNewer = true }
+            }
+            if let winnerStamp, winnerStamp.incarnation == incarnation, let winnerValue {
+                stamps[name] = winnerStamp
+                values.append(winnerValue)
+            } else {
+                values.append(defaultValue(of: name, in: entity))
+            }
+        }
+        // Unknown fields: union by stamp, current incarnation only.
+        var unknown: [String: CloudField] = [:]
+        let known = Set(fieldNames)
+        for (name, field) in (local?.unknown ?? [:]) where field.stamp.incarnation == incarnation { unknown[name] = field }
+        for (name, field) in remote.fields where !known.contains(name) && field.stamp.incarnation == incarnation {
+            if let existing = unknown[name], existing.stamp > field.stamp { localNewer = true; continue }
+            unknown[name] = field
+        }
+        if let local, local.unknown.keys.contains(where: { !remote.fields.keys.contains($0) && local.unknown[$0]!.stamp.incarnation == incarnation }) {
+            localNewer = true
+        }
+        let alive = causalLength % 2 == 1
+        // Tombstone values: the preserved fields of whichever side holds the winning (dead) state.
+        var tombstone: [String: CloudField] = [:]
+        if !alive {
+            tombstone = (local?.causalLength ?? 0) > remote.causalLength ? (local?.tombstone ?? [:]) : remote.fields
+            if let local, local.causalLength == remote.causalLength {
+                for (name, field) in local.tombstone where tombstone[name].map({ $0.stamp < field.stamp }) ?? true { tombstone[name] = field }
+            }
+            // A duplicate that lost (a tombstone redirecting to the winner) carries every field, so that edits made
+            // to it anywhere reach the winner: fold in what this device knew of the live record.
+            if (remote.redirect ?? local?.redirect) != nil, let local, local.isAlive, let localRow {
+                for (index, name) in fieldNames.enumerated() {
+                    guard let stamp = local.stamps[name] else { continue }
+                    let field = CloudField(value: localRow[index + 1], stamp: stamp,
+                                           isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
+                    if tombstone[name].map({ $0.stamp < stamp }) ?? true { tombstone[name] = field }
+                }
+            }
+        }
+        if !alive {
+            // A tombstone: only the causal length and its fields matter.
+            localNewer = tombstone.contains { name, field in (remote.fields[name]?.stamp).map { $0 < field.stamp } ?? true }
+        }
+        if let local, local.causalLength > remote.causalLength { localNewer = true }
+        if let local, local.causalLength == remote.causalLength, alive, local.created < remote.created { localNewer = true }
+
+        var state = local ?? RecordState(
+            id: remote.recordID, entity: entity.name, causalLength: causalLength, created: created, stamps: [:], unknown: [:],
+            tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: false)
+        // A deleted record carries only its causal length, creation stamp and tombstone values: field stamps of the
+        // dead incarnation can never matter again (a re-insert starts a new incarnation).
+        if !alive {
+            stamps = [:]
+            unknown = [:]
+        }
+        state.causalLength = causalLength
+        state.created = created
+        state.stamps = stamps
+        state.unknown = unknown
+        state.tombstone = tombstone
+        state.redirect = remote.redirect ?? local?.redirect
+        if let tag = remote.changeTag { state.changeTag = tag }
+        let changedLocally = local.map {
+            $0.causalLength != causalLength || $0.created != created || $0.stamps != stamps || $0.unknown != unknown || $0.tombstone != tombstone
+        } ?? true
+        // A merge that changes what this device would upload invalidates any upload already in flight.
+        if changedLocally && localNewer { state.localVersion += 1 }
+        state.pending = localNewer
+        try self.store(state, db)
+        for (field, localStamp, winning) in conflicts {
+            try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
+        }
+
+        // Materialize the data row.
+        let id = PersistentIdentifier(entityName: entity.name, id: remote.recordID)
+        if alive {
+            let snapshot = Snapshot(entityName: entity.name, id: remote.recordID, values: values)
+            if let localRow {
+                let changed = fieldNames.indices.filter { localRow[$0 + 1] != values[$0] }
+                guard !changed.isEmpty else { return MergeOutcome(change: nil) }
+                let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
+                try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
+                           changed.map { values[$0] } + [remote.recordID.sqliteValue])
+                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }))
+            }
+            try db.run(statements.insert, [remote.recordID.sqliteValue] + values)
+            return MergeOutcome(change: .inserted(snapshot))
+        }
+        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
+        try db.run(statements.delete, [remote.recordID.sqliteValue])
+        let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
+            .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
+        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
+    }
+
+    /// The value a field takes when no write of the current incarnation is known: its declared default, else NULL.
+    static func defaultValue(of field: String, in entity: Schema.Entity) -> SQLiteValue {
+        entity.attribute(named: field)?.defaultValue ?? .null
+    }
+
+    /// Keeps a record whose type this schema does not know, so a newer app version's data survives here.
+    static func keepUnknownRecord(_ record: CloudRecord, _ db: Connection) throws {
+        var merged = record
+        if case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_unknown_record WHERE id = ?", [record.recordID.sqliteValue]),
+           let existing = decode(CloudRecord.self, json) {
+            merged = mergeOpaque(existing, record)
+        }
+        try db.run("""
+            INSERT INTO replica_sync_unknown_record (id, record_type, record) VALUES (?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET record = excluded.record
+            """, [record.recordID.sqliteValue, .text(record.recordType), .text(encode(merged))])
+    }
+
+    /// The join of two versions of a record, field by field (used for records this schema cannot materialize).
+    static func mergeOpaque(_ a: CloudRecord, _ b: CloudRecord) -> CloudRecord {
+        var result = a.causalLength >= b.causalLength ? a : b
+        let incarnation = result.causalLength % 2 == 1 ? result.causalLength : result.causalLength - 1
+        var fields: [String: CloudField] = [:]
+        for (name, field) in a.fields.merging(b.fields, uniquingKeysWith: { $0.stamp >= $1.stamp ? $0 : $1 })
+        where field.stamp.incarnation >= incarnation || result.causalLength % 2 == 0 {
+            fields[name] = field
+        }
+        result.fields = fields
+        if a.causalLength == b.causalLength { result.created = min(a.created, b.created) }
+        result.changeTag = b.changeTag ?? a.changeTag
+        return result
+    }
+
+    static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp,
+                            duplicateOf winner: UUID? = nil, _ db: Connection) throws {
+        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
+                    .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
+        try db.run("DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?",
+                   [.integer(Int64(conflictLogCapacity))])
+    }
+
+    // MARK: Relationships
+
+    /// After merging remote records: the children of records that died follow those records' delete rules; live
+    /// records whose references point at a deleted record follow that record's rule; references to records not here
+    /// yet mark the record as waiting for its parent (it is kept, never deleted for it); records that arrived release
+    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change).
+    static func resolveReferences(after changes: StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+        var writer = StoreWriter(store: store, db: db)
+        for id in tombstoned {
+            if let winner = try liveRedirectTarget(of: id.id, db) {
+                // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
+                try writer.retargetReferences(from: id, to: winner)
+                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &writer.changes)
+            } else {
+                try writer.applyDeleteRulesAfterRemoteDelete(of: id)
+            }
+            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [id.id.sqliteValue])
+        }
+        let live = changes.inserted + changes.updated.map(\.0)
+        for snapshot in live where !snapshot.values.isEmpty {
+            guard let entity = store.entity(named: snapshot.entityName) else { continue }
+            var waitingFor: UUID?
+            for (offset, relationship) in entity.toOneRelationships.enumerated() {
+                guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
+                      let destination = store.entity(named: relationship.destination),
+                      let destinationSQL = store.statements(for: relationship.destination) else { continue }
+                if try db.scalar(destinationSQL.exists, [target.sqliteValue]) != nil { continue }
+                if let parent = try load(target, db), !parent.isAlive {
+                    if let winner = try liveRedirectTarget(of: target, db) {
+                        try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
+                        continue
+                    }
+                    let rule = relationship.inverse.flatMap { destination.relationship(named: $0)?.deleteRule } ?? .noAction
+                    try writer.followDeletedReference(child: snapshot.persistentModelID, reference: relationship.name, rule: rule)
+                } else {
+                    waitingFor = waitingFor ?? target
+                }
+            }
+            try db.run("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?", [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
+        }
+        for snapshot in changes.inserted {
+            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
+        }
+        return writer.changes
+    }
+
+    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops).
+    static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
+        var current = id
+        for _ in 0..<16 {
+            guard let state = try load(current, db) else { return nil }
+            if state.isAlive { return current == id ? nil : current }
+            guard let next = state.redirect else { return nil }
+            current = next
+        }
+        return nil
+    }
+
+    // MARK: JSON
+
+    static func encode<T: Encodable>(_ value: T) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+    }
+
+    static func decode<T: Decodable>(_ type: T.Type, _ json: String?) -> T? {
+        guard let json else { return nil }
+        return try? JSONDecoder().decode(T.self, from: Data(json.utf8))
+    }
+}
+
+extension Store {
+    /// The entity named `name`, if this store holds it.
+    func entity(named name: String) -> Schema.Entity? { entityIndex[name].map { entities[$0] } }
+    /// The SQL of entity `name`, if this store holds it.
+    func statements(for name: String) -> EntityStatements? { entityIndex[name].map { statements[$0] } }
+}

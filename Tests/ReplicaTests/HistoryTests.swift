@@ -1,0 +1,251 @@
+import Foundation
+import Testing
+@testable import Replica
+
+private struct HTrip: PersistentModel, Codable {
+    static var entityName: String { "Trip" }
+    var id = UUID.unassigned
+    var name: String = ""
+    var notes: String?
+    var items: [Reference<HItem>] = []
+    static let entity = ModelEntity<HTrip>([
+        .attribute("name", \.name, default: "", options: .preserveValueOnDeletion),
+        .attribute("notes", \.notes),
+        .toMany("items", \.items, inverse: "trip", deleteRule: .cascade),
+    ])
+}
+
+private struct HItem: PersistentModel, Codable {
+    static var entityName: String { "Item" }
+    var id = UUID.unassigned
+    var title: String = ""
+    var trip: Reference<HTrip>?
+    static let entity = ModelEntity<HItem>([
+        .attribute("title", \.title, default: ""),
+        .toOne("trip", \.trip, inverse: "items"),
+    ])
+}
+
+private struct HDraft: PersistentModel, Codable {
+    static var entityName: String { "Draft" }
+    var id = UUID.unassigned
+    var text: String = ""
+    static let entity = ModelEntity<HDraft>([.attribute("text", \.text, default: "")])
+}
+
+private func makeDirectory() -> URL {
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent("replica-history-\(UUID().uuidString)", isDirectory: true)
+    try! FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    return url
+}
+
+private func makeContainer(_ directory: URL, seed: UInt64 = 1, process: ProcessIdentity? = nil) throws -> (ModelContainer, ManualClock) {
+    var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+    if let process { environment.processIdentity = process }
+    let container = try ModelContainer(
+        for: Schema([HTrip.self, HItem.self, HDraft.self]),
+        configurations: [
+            ModelConfiguration("trips", schema: Schema([HTrip.self, HItem.self])),
+            ModelConfiguration("drafts", schema: Schema([HDraft.self])),
+        ],
+        environment: environment)
+    return (container, environment.clock as! ManualClock)
+}
+
+@Suite("History tracking")
+struct HistoryTests {
+    @Test("each save writes one transaction with token, author, timestamp, process identity and its changes")
+    func recordsTransactions() throws {
+        let (container, clock) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        context.author = "app"
+        let trip = context.insert(HTrip(name: "Iceland"))
+        let item = context.insert(HItem(title: "Lights", trip: Reference(trip)))
+        try context.save()
+        clock.advance(by: 1_500)
+        var changed = trip
+        changed.notes = "bring wool"
+        context.update(changed)
+        context.update(item)  // unchanged: must not appear
+        try context.save()
+        clock.advance(by: 1_000)
+        context.delete(trip)  // cascades to the item
+        try context.save()
+
+        let history = try context.fetchHistory(HistoryDescriptor(storeNames: ["trips"]))
+        #expect(history.count == 3)
+        #expect(history.map(\.token.value) == [1, 2, 3])
+        #expect(history.allSatisfy { $0.author == "app" && $0.bundleIdentifier == "com.example.replica" && $0.processID == 1 })
+        #expect(history.allSatisfy { $0.token.storeIdentity == container.storeIdentity(of: "trips") })
+        #expect(history[1].timestamp.timeIntervalSince(history[0].timestamp) == 1.5)
+        #expect(history[0].changes == [.insert(trip.persistentModelID), .insert(item.persistentModelID)])
+        #expect(history[1].changes == [.update(trip.persistentModelID, updatedAttributes: ["notes"])])
+        let deletes = history[2].changes
+        #expect(Set(deletes.map(\.changedPersistentIdentifier)) == [trip.persistentModelID, item.persistentModelID])
+        guard case let .delete(_, tombstone)? = deletes.first(where: { $0.changedPersistentIdentifier == trip.persistentModelID }) else {
+            Issue.record("no delete change for the trip"); return
+        }
+        #expect(try tombstone.value("name", as: String.self) == "Iceland")
+        #expect(tombstone["notes"] == nil)  // not marked preserveValueOnDeletion
+    }
+
+    @Test("a save that changes nothing writes no transaction; a failed save writes none either")
+    func noEmptyTransactions() throws {
+        let (container, _) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        let trip = context.insert(HTrip(name: "A"))
+        try context.save()
+        context.update(trip)
+        try context.save()
+        context.insert(HTrip(id: trip.id, name: "B"))
+        #expect(throws: ReplicaError.self) { try context.save() }
+        #expect(try context.fetchHistory().count == 1)
+    }
+
+    @Test("filters: after a token, by author, by excluded author, by time range, by entity; sort and limit")
+    func filters() throws {
+        let (container, clock) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        for (i, author) in ["app", "widget", "app", "sync"].enumerated() {
+            context.author = author
+            if i == 2 { context.insert(HDraft(text: "d")) } else { context.insert(HTrip(name: "t\(i)")) }
+            try context.save()
+            clock.advance(by: 1_000)
+        }
+        let trips = try #require(container.storeIdentity(of: "trips"))
+        let all = try context.fetchHistory()
+        #expect(all.count == 4)
+        let afterFirst = try context.fetchHistory(HistoryDescriptor(after: HistoryToken(storeIdentity: trips, value: 1)))
+        #expect(afterFirst.map(\.author) == ["widget", "sync"])
+        #expect(try context.fetchHistory(HistoryDescriptor(authors: ["app"])).count == 2)
+        #expect(try context.fetchHistory(HistoryDescriptor(excludedAuthors: ["sync", "app"])).map(\.author) == ["widget"])
+        let start = all[1].timestamp
+        let ranged = try context.fetchHistory(HistoryDescriptor(from: start, to: start.addingTimeInterval(2)))
+        #expect(ranged.map(\.author) == ["widget", "app"])
+        #expect(try context.fetchHistory(HistoryDescriptor(entityNames: ["Draft"])).map(\.storeName) == ["drafts"])
+        let newest = try context.fetchHistory(HistoryDescriptor(sortBy: .timestamp, reverse: true, fetchLimit: 2))
+        #expect(newest.map(\.author) == ["sync", "app"])
+    }
+
+    @Test("fetching after a token costs the transactions after it, whatever came before")
+    func afterTokenReadsOnlyTheTail() throws {
+        let (container, _) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        for i in 0..<200 {
+            context.insert(HTrip(name: "t\(i)"))
+            try context.save()
+        }
+        let token = try #require(try context.currentHistoryToken(of: "trips"))
+        #expect(token.value == 200)
+        // The query plan must use the primary key range, not a scan.
+        let db = try context.connection(for: 0)
+        let plan = try db.rows("EXPLAIN QUERY PLAN SELECT token FROM replica_history_transaction t WHERE token > ? ORDER BY token ASC", [.integer(198)])
+        let detail = plan.map { row in if case let .text(s) = row[3] { s } else { "" } }.joined(separator: " | ")
+        #expect(detail.contains("USING INTEGER PRIMARY KEY"))
+        let tail = try context.fetchHistory(HistoryDescriptor(after: HistoryToken(storeIdentity: token.storeIdentity, value: 198)))
+        #expect(tail.map(\.token.value) == [199, 200])
+    }
+
+    @Test("pruning: a token older than pruned history is expired; tokens stay monotonic after pruning")
+    func pruning() throws {
+        let (container, clock) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        for i in 0..<5 {
+            context.insert(HTrip(name: "t\(i)"))
+            try context.save()
+            clock.advance(by: 1_000)
+        }
+        let store = try #require(container.storeIdentity(of: "trips"))
+        #expect(try context.deleteHistory(through: HistoryToken(storeIdentity: store, value: 3)) == 3)
+        #expect(throws: ReplicaError.historyTokenExpired(HistoryToken(storeIdentity: store, value: 2))) {
+            try context.fetchHistory(HistoryDescriptor(after: HistoryToken(storeIdentity: store, value: 2)))
+        }
+        #expect(try context.fetchHistory(HistoryDescriptor(after: HistoryToken(storeIdentity: store, value: 3))).map(\.token.value) == [4, 5])
+        // Prune everything by date; the next save still gets a new, higher token.
+        #expect(try context.deleteHistory(before: Date(timeIntervalSince1970: Double(clock.nowMilliseconds()) / 1000)) == 2)
+        context.insert(HTrip(name: "after"))
+        try context.save()
+        #expect(try context.fetchHistory(HistoryDescriptor(storeNames: ["trips"])).map(\.token.value) == [6])
+    }
+
+    @Test("a token from another store is rejected with a typed error")
+    func foreignToken() throws {
+        let (container, _) = try makeContainer(makeDirectory())
+        let (other, _) = try makeContainer(makeDirectory(), seed: 2)
+        let context = ModelContext(container)
+        let foreign = HistoryToken(storeIdentity: try #require(other.storeIdentity(of: "trips")), value: 1)
+        #expect(throws: ReplicaError.historyTokenFromAnotherStore(foreign)) {
+            try context.fetchHistory(HistoryDescriptor(after: foreign))
+        }
+        #expect(throws: ReplicaError.historyTokenFromAnotherStore(foreign)) { try context.deleteHistory(through: foreign) }
+    }
+
+    @Test("save notifications carry inserted, updated and deleted identifiers")
+    func saveNotification() throws {
+        let (container, _) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        let trip = context.insert(HTrip(name: "A"))
+        let gone = context.insert(HTrip(name: "B"))
+        try context.save()
+
+        final class Box: @unchecked Sendable { var userInfo: [AnyHashable: Any]? }
+        let box = Box()
+        let observer = NotificationCenter.default.addObserver(forName: ModelContext.didSave, object: context, queue: nil) {
+            box.userInfo = $0.userInfo
+        }
+        defer { NotificationCenter.default.removeObserver(observer) }
+        var renamed = trip
+        renamed.name = "A2"
+        context.update(renamed)
+        context.delete(gone)
+        let added = context.insert(HDraft(text: "x"))
+        try context.save()
+        let info = try #require(box.userInfo)
+        #expect(info[ModelContext.NotificationKey.insertedIdentifiers.rawValue] as? [PersistentIdentifier] == [added.persistentModelID])
+        #expect(info[ModelContext.NotificationKey.updatedIdentifiers.rawValue] as? [PersistentIdentifier] == [trip.persistentModelID])
+        #expect(info[ModelContext.NotificationKey.deletedIdentifiers.rawValue] as? [PersistentIdentifier] == [gone.persistentModelID])
+    }
+
+    @Test("a fault before commit rolls back data and history together")
+    func faultBeforeCommit() throws {
+        let directory = makeDirectory()
+        var environment = ReplicaEnvironment.seeded(seed: 3, directory: directory)
+        struct Crash: Error {}
+        environment.faultHook = { if case .beforeCommit = $0 { throw Crash() } }
+        let container = try ModelContainer(for: Schema([HTrip.self, HItem.self]), environment: environment)
+        let context = ModelContext(container)
+        context.insert(HTrip(name: "lost"))
+        #expect(throws: Crash.self) { try context.save() }
+        #expect(context.hasChanges)
+        let reader = ModelContext(container)
+        #expect(try reader.fetch(HTrip.self).isEmpty)
+        #expect(try reader.fetchHistory().isEmpty)
+    }
+}
+
+@Suite("History observation")
+struct HistoryObservationTests {
+    @Test("the observer announces transactions of other processes, not its own, in token order")
+    func observesOtherProcesses() async throws {
+        let directory = makeDirectory()
+        let (app, _) = try makeContainer(directory, seed: 10)
+        let (widget, _) = try makeContainer(directory, seed: 11,
+                                            process: ProcessIdentity(bundleIdentifier: "com.example.widget", processName: "widget", processID: 2))
+        #expect(app.storeIdentity(of: "trips") == widget.storeIdentity(of: "trips"))
+        let start = try ModelContext(app).currentHistoryToken(of: "trips")
+        var iterator = app.historyTransactions(ofStore: "trips", after: start, pollingInterval: 10).makeAsyncIterator()
+
+        let appContext = ModelContext(app)
+        appContext.insert(HTrip(name: "mine"))
+        try appContext.save()
+        let widgetContext = ModelContext(widget)
+        widgetContext.author = "widget"
+        let theirs = widgetContext.insert(HTrip(name: "theirs"))
+        try widgetContext.save()
+
+        let announced = try #require(try await iterator.next())
+        #expect(announced.author == "widget")
+        #expect(announced.bundleIdentifier == "com.example.widget")
+        #expect(announced.changes == [.insert(theirs.persistentModelID)])
+    }
+}

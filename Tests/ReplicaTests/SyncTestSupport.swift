@@ -1,0 +1,106 @@
+import Foundation
+import Testing
+@testable import Replica
+
+/// A synced model used by the sync tests.
+struct SyncNote: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var title: String = ""
+    var body: String?
+    var rating: Int = 0
+    static let entity = ModelEntity<SyncNote>([
+        .attribute("title", \.title, default: "", options: .preserveValueOnDeletion),
+        .attribute("body", \.body),
+        .attribute("rating", \.rating, default: 0),
+    ])
+}
+
+/// Version 2 of SyncNote: one more attribute.
+struct SyncNoteV2: PersistentModel, Codable, Equatable {
+    static var entityName: String { "SyncNote" }
+    var id = UUID.unassigned
+    var title: String = ""
+    var body: String?
+    var rating: Int = 0
+    var mood: String = "calm"
+    static let entity = ModelEntity<SyncNoteV2>([
+        .attribute("title", \.title, default: "", options: .preserveValueOnDeletion),
+        .attribute("body", \.body),
+        .attribute("rating", \.rating, default: 0),
+        .attribute("mood", \.mood, default: "calm"),
+    ])
+}
+
+/// One simulated device: a container with one synced store "notes", its engine, a context and a manual clock.
+final class Device {
+    let container: ModelContainer
+    let engine: SyncEngine
+    let context: ModelContext
+    let clock: ManualClock
+    let name: String
+
+    init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], version: Schema.Version = Schema.Version(1, 0, 0),
+         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = []) throws {
+        let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-sync-\(UUID().uuidString)")
+        var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+        environment.canaries = canaries
+        self.name = name
+        self.clock = environment.clock as! ManualClock
+        self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
+            ModelConfiguration("notes", isStoredInMemoryOnly: inMemory, cloudKitDatabase: .private("iCloud.test")),
+        ], environment: environment)
+        self.engine = try SyncEngine(container: container, storeName: "notes")
+        self.context = ModelContext(container)
+    }
+
+    /// Runs the engine against `cloud` until it has nothing to do (backoffs are skipped by moving the clock).
+    @discardableResult
+    func sync(_ cloud: InMemoryCloudDatabase, maxSteps: Int = 1_000) throws -> SyncStatus {
+        engine.setNeedsFetch()
+        for _ in 0..<maxSteps {
+            if let request = try engine.nextRequest() {
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            } else if let wake = engine.wakeTime {
+                clock.set(milliseconds: wake)
+            } else {
+                return try engine.status()
+            }
+        }
+        Issue.record("\(name) did not settle")
+        return try engine.status()
+    }
+
+    /// Performs the engine's requests until it wants to upload; returns that upload request, not yet performed.
+    func nextUpload(_ cloud: InMemoryCloudDatabase) throws -> SyncRequest? {
+        for _ in 0..<50 {
+            guard let request = try engine.nextRequest() else { return nil }
+            if case .modifyRecords = request.operation { return request }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        return nil
+    }
+
+    /// Delivers `records` as the answer to the engine's next zone fetch (as if the cloud returned exactly them).
+    /// Returns `false` when the engine would not fetch (e.g. blocked).
+    @discardableResult
+    func deliver(_ records: [CloudRecord], cloud: InMemoryCloudDatabase) throws -> Bool {
+        engine.setNeedsFetch()
+        for _ in 0..<50 {
+            guard let request = try engine.nextRequest() else {
+                guard let wake = engine.wakeTime else { return false }
+                clock.set(milliseconds: wake)
+                continue
+            }
+            if case .fetchZoneChanges = request.operation {
+                try engine.handle(request.id, .success(.changes(ZoneChangeBatch(
+                    records: records, token: ServerChangeToken(epoch: 1, sequence: 0), moreComing: false))))
+                return true
+            }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        return false
+    }
+
+    /// Every live record of the store as (id, title, body, rating), sorted by ID.
+    func notes() throws -> [SyncNote] { try ModelContext(container).fetch(SyncNote.self) }
+}
