@@ -23,7 +23,8 @@ extension ModelContext {
         return try engine.loadModels(Model.self, ids: [id], prefetch: PrefetchTree())[id]
     }
 
-    /// The models `descriptor` selects, sorted and paged, read in SQL.
+    /// The models `descriptor` selects, sorted and paged, read in SQL. Traps if `Model`'s entity is not in the
+    /// container's schema (a programming error).
     ///
     /// The predicate and sort are translated to one SQL query; rows are decoded straight from the statement. Each
     /// to-many relationship adds one query per 5000 models, and each prefetched relationship one more. Parts of the

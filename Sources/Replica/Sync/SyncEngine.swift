@@ -89,11 +89,16 @@ public final class SyncEngine {
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameter zone: the zone name; defaults to the configuration name.
-    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when there is no such synced store.
+    ///
+    /// Create one engine per synced store and keep it for the life of the process: the engine holds the store's upload
+    /// lease (see ``Options/leaseDurationMilliseconds``), so a second engine on the same store — in this process or
+    /// another — waits until the first releases it (``releaseLease()``, also on deinit) or the lease expires.
+    /// - Throws: ``ReplicaError/unknownStore(_:)`` or ``ReplicaError/storeNotSynced(_:)``; ``SQLiteError``.
     public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options()) throws {
-        guard let store = container.stores.first(where: { $0.configuration.name == storeName }), store.configuration.isSynced else {
-            throw ReplicaError.loadIssueModelContainer(configuration: storeName, reason: "not a synced store of this container")
+        guard let store = container.stores.first(where: { $0.configuration.name == storeName }) else {
+            throw ReplicaError.unknownStore(storeName)
         }
+        guard store.configuration.isSynced else { throw ReplicaError.storeNotSynced(storeName) }
         self.container = container
         self.store = store
         self.storeName = storeName
