@@ -103,6 +103,41 @@ struct QueryBatchTests {
         #expect(prioritySum == 10_000 * 7)
     }
 
+    @Test("fetched and enumerated models are the bases of field-level change tracking")
+    func changeTrackingBases() throws {
+        let container = try makeQueryContainer()
+        let setup = ModelContext(container)
+        let trip = setup.insert(QTrip(name: "a", destination: "d", rating: 1))
+        try setup.save()
+        let mine = ModelContext(container), other = ModelContext(container)
+        func otherWriter(_ change: (inout QTrip) -> Void) throws {
+            var theirs = try #require(try other.model(QTrip.self, id: trip.id))
+            change(&theirs)
+            other.update(theirs)
+            try other.save()
+        }
+
+        // A copy from a SQL fetch: only the field the app changed is written.
+        var fetched = try #require(try mine.fetch(FetchDescriptor<QTrip>(predicate: #Predicate { $0.rating == 1 })).first)
+        try otherWriter { $0.destination = "by other" }
+        fetched.name = "by me"
+        mine.update(fetched)
+        try mine.save()
+        var stored = try #require(try ModelContext(container).model(QTrip.self, id: trip.id))
+        #expect(stored.name == "by me" && stored.destination == "by other")
+
+        // A copy from enumerate, updated inside the block.
+        try mine.enumerate(FetchDescriptor<QTrip>(), batchSize: 1) { copy in
+            var copy = copy
+            copy.rating = 5
+            mine.update(copy)
+        }
+        try otherWriter { $0.name = "renamed by other" }
+        try mine.save()
+        stored = try #require(try ModelContext(container).model(QTrip.self, id: trip.id))
+        #expect(stored.rating == 5 && stored.name == "renamed by other" && stored.destination == "by other")
+    }
+
     @Test("delete(model:where:) applies delete rules at save, in one transaction")
     func batchDelete() throws {
         for seed in UInt64(1)...5 {

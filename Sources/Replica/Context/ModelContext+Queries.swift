@@ -117,16 +117,12 @@ extension ModelContext {
         try checkAllowed(plan, allowsInMemoryEvaluation: descriptor.allowsInMemoryEvaluation)
         queryState.streamingDepth += 1
         defer { queryState.streamingDepth -= 1 }
-        // Register each batch as the base of field-level change tracking while the block sees it, then forget it,
-        // so that memory stays flat.
+        // Each batch is the base of field-level change tracking while the block sees it, then forgotten, so that
+        // memory stays flat.
         engine.registersReads = false
         try engine.run(plan, descriptor, batchSize: batchSize, streaming: true) { batch in
-            var registeredHere: [PersistentIdentifier] = []
-            defer { for id in registeredHere { unregisterRead(id) } }
-            for model in batch where !isRegistered(model.persistentModelID) {
-                registerRead(Model.entity.fieldSnapshot(of: model))
-                registeredHere.append(model.persistentModelID)
-            }
+            let token = reads.register(batch)
+            defer { reads.remove(token) }
             for model in batch { try block(model) }
             return true
         }

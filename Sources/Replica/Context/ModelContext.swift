@@ -32,8 +32,9 @@ public final class ModelContext {
     }
 
     private var connections: [Connection?]
-    /// The stored snapshot of every record this context has read (or saved): the base of field-level change tracking.
-    private var registered: [PersistentIdentifier: Snapshot] = [:]
+    /// The copies of records this context has read (or saved): the bases of field-level change tracking. Fetches
+    /// register their results (see ReadRegistry).
+    let reads = ReadRegistry()
     private var pending: [PersistentIdentifier: PendingChange] = [:]
     /// First-registration order of pending IDs: saves apply changes in this order, deterministically.
     private var pendingOrder: [PersistentIdentifier] = []
@@ -80,7 +81,7 @@ public final class ModelContext {
         let id = snapshot.persistentModelID
         // Field-level change tracking: only fields that differ from the copy this context handed out are the
         // app's changes, so a stale copy never writes back values another writer changed meanwhile.
-        var fields: Set<Int>? = registered[id].map { base in
+        var fields: Set<Int>? = reads.base(for: id).map { base in
             Set(snapshot.values.indices.filter { $0 >= base.values.count || base.values[$0] != snapshot.values[$0] })
         }
         switch pending[id] {
@@ -216,8 +217,8 @@ public final class ModelContext {
         }
         for id in pendingOrder {
             switch pending[id] {
-            case let .insert(snapshot)?, let .replace(snapshot)?: registered[id] = snapshot
-            default: registered[id] = nil  // updated or deleted: the next read registers the stored state again
+            case let .insert(snapshot)?, let .replace(snapshot)?: reads.register(snapshot)
+            default: reads.forget(id)  // updated or deleted: the next read registers the stored state again
             }
         }
         rollback()
@@ -247,18 +248,6 @@ public final class ModelContext {
             return (id, change)
         }
     }
-
-    /// Registers the values of a model a fetch hands out as the base of field-level change tracking: a later
-    /// ``update(_:)`` of that copy writes only the fields that differ from it.
-    func registerRead(_ snapshot: Snapshot) {
-        registered[snapshot.persistentModelID] = snapshot
-    }
-
-    /// Whether a base is registered for `id`.
-    func isRegistered(_ id: PersistentIdentifier) -> Bool { registered[id] != nil }
-
-    /// Forgets the base of `id` (a streaming enumeration keeps memory flat by forgetting each batch).
-    func unregisterRead(_ id: PersistentIdentifier) { registered[id] = nil }
 
     // MARK: Internals
 

@@ -504,11 +504,10 @@ final class QueryEngine: QuerySources, ModelLoading {
         return result
     }
 
-    /// Registers the models a fetch hands out with the context (see ``registersReads``).
+    /// Registers the models a fetch hands out with the context (see ``registersReads``). O(1).
     func register<Model: PersistentModel>(_ models: [Model]) {
         guard registersReads else { return }
-        let entity = Model.entity
-        for model in models { context.registerRead(entity.fieldSnapshot(of: model)) }
+        context.reads.register(models)
     }
 
     // MARK: Running a plan
