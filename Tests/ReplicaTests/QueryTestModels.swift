@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 import Testing
 @testable import Replica
 
@@ -117,18 +116,12 @@ struct QPerson: PersistentModel, Codable {
 
 let queryModelTypes: [any PersistentModel.Type] = [QTrip.self, QItem.self, QTag.self, QLodging.self, QPerson.self]
 
-/// Distinguishes the containers of tests running in parallel: an in-memory store's database is named after an ID
-/// from the environment, so two containers with equally seeded environments would share one database.
-private let containerCounter = Atomic<UInt64>(0)
-
-/// An in-memory container over `models`, with a seeded environment (unique per container).
+/// An in-memory container over `models`, with a seeded environment.
 func makeQueryContainer(_ models: [any PersistentModel.Type] = queryModelTypes, seed: UInt64 = 1,
                         directory: URL? = nil) throws -> ModelContainer {
     let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-query-tests")
-    let configuration = ModelConfiguration("q", isStoredInMemoryOnly: true)
-    let unique = containerCounter.add(1, ordering: .relaxed).newValue
-    return try ModelContainer(for: Schema(models), configurations: [configuration],
-                              environment: .seeded(seed: seed &+ unique << 32, directory: directory))
+    return try ModelContainer(for: Schema(models), configurations: [ModelConfiguration("q", isStoredInMemoryOnly: true)],
+                              environment: .seeded(seed: seed, directory: directory))
 }
 
 // MARK: - Seeded random data
