@@ -31,8 +31,12 @@ import Foundation
 /// **Keys.** ``setKey(version:_:)`` loads keys; new values are sealed with the highest version
 /// (``currentKeyVersion``), and any loaded version opens. Keys live in one `sodium_malloc` region that is readable
 /// only while a batch is being sealed or opened (`sodium_mprotect_readonly`, then `_noaccess`), and wiped when the
-/// cipher is released. The per-field path allocates nothing but the output value: scratch buffers and the
-/// associated-data prefix are reused.
+/// cipher is released.
+///
+/// **Cost.** The per-field path allocates nothing but the output value: the associated data (its record prefix built
+/// once per record), the plaintext buffer (wiped after each use) and the nonce buffer are preallocated and written
+/// through pointers, and the nonces of a whole batch are drawn from the random source in one call (and all consumed
+/// by that call, so none outlive it).
 ///
 /// A cipher is not thread-safe: confine it to one task (the ``SyncEngine`` that owns it does).
 ///
@@ -56,15 +60,14 @@ public final class FieldCipher: CustomStringConvertible {
     public let zone: String
     private let zoneBytes: [UInt8]
     private let random: any RandomSource
-    /// Record type -> names of its encrypted attributes, sorted (so nonces are drawn in a deterministic order).
+    /// Record type -> names of its encrypted attributes, sorted (so nonces are used in a deterministic order).
     private let encryptedFields: [String: [String]]
     private var slots: GuardedBuffer
     /// `versions[i]` is the key version held in slot `i`.
     private var versions: [UInt32] = []
     private var currentSlot = -1
-    /// Reused buffers: associated data and plaintext.
-    private var ad: [UInt8] = []
-    private var scratch: [UInt8] = []
+    /// Reused working memory (not secret except `plain`, which is wiped after every value).
+    private var buffers = Buffers()
 
     /// Creates a cipher with no keys.
     /// - Parameters:
@@ -82,8 +85,10 @@ public final class FieldCipher: CustomStringConvertible {
         for (type, names) in encryptedFields where !names.isEmpty { sorted[type] = names.sorted() }
         self.encryptedFields = sorted
         self.slots = try GuardedBuffer(count: 4 * Self.keyLength)
-        ad.reserveCapacity(256)
-        scratch.reserveCapacity(256)
+    }
+
+    deinit {
+        buffers.release()
     }
 
     /// Record type -> encrypted attribute names of `entities` (the attributes marked
@@ -156,13 +161,29 @@ public final class FieldCipher: CustomStringConvertible {
     // MARK: Records
 
     /// Seals the encrypted fields of every record in place, under ``currentKeyVersion``. One guarded-memory unlock
-    /// for the whole batch.
+    /// and one draw from the random source for the whole batch.
     /// - Throws: ``FieldEncryptionError/noKey(zone:)`` when no key is loaded.
     public func seal(_ records: inout [CloudRecord]) throws(FieldEncryptionError) {
-        guard records.contains(where: needsCipher) else { return }
+        var types = TypeCache(encryptedFields)
+        var fieldCount = 0
+        for record in records where needsCipher(record, types.declared(record.recordType)) { fieldCount += record.fields.count }
+        guard fieldCount > 0 else { return }
         guard currentSlot >= 0 else { throw .noKey(zone: zone) }
-        try slots.withReadOnlyBytes { (keys) throws(FieldEncryptionError) in
-            for index in records.indices { try seal(&records[index], keys: keys) }
+        var work = buffers
+        defer { buffers = work }
+        work.reserveNonces(fieldCount)
+        random.fill(UnsafeMutableRawBufferPointer(start: work.nonces, count: fieldCount * Self.nonceLength))
+        var nonce = 0
+        let versions = self.versions
+        let version = versions[currentSlot]
+        let slot = currentSlot
+        slots.withReadOnlyBytes { keys in
+            let key = keys.baseAddress!.assumingMemoryBound(to: UInt8.self) + slot * Self.keyLength
+            for index in records.indices {
+                let declared = types.declared(records[index].recordType)
+                seal(&records[index], declared: declared, version: version, key: key, keys: keys, versions: versions,
+                     work: &work, nonce: &nonce)
+            }
         }
     }
 
@@ -179,20 +200,26 @@ public final class FieldCipher: CustomStringConvertible {
     /// - Throws: ``FieldEncryptionError/undecryptable(entity:field:recordID:keyVersion:failure:)`` for the first
     ///   field (in name order) that fails; the record is then unusable as a whole.
     public func opened(_ record: CloudRecord) throws(FieldEncryptionError) -> CloudRecord {
-        var record = record
-        _ = try slots.withReadOnlyBytes { (keys) throws(FieldEncryptionError) in try open(&record, keys: keys) }
-        return record
+        switch open([record])[0] {
+        case let .success(opened): return opened.record
+        case let .failure(error): throw error
+        }
     }
 
     /// Opens every record; one guarded-memory unlock for the batch.
     /// - Returns: per record, the opened record and the oldest key version among its sealed fields (`nil` when it
     ///   has none), or the error of its first failing field.
     public func open(_ records: [CloudRecord]) -> [Result<(record: CloudRecord, oldestKeyVersion: UInt32?), FieldEncryptionError>] {
-        slots.withReadOnlyBytes { keys in
+        var work = buffers
+        defer { buffers = work }
+        var types = TypeCache(encryptedFields)
+        let versions = self.versions
+        return slots.withReadOnlyBytes { keys in
             records.map { record in
                 var record = record
                 do throws(FieldEncryptionError) {
-                    let oldest = try open(&record, keys: keys)
+                    let declared = types.declared(record.recordType)
+                    let oldest = try open(&record, declared: declared, keys: keys, versions: versions, work: &work)
                     return .success((record, oldest))
                 } catch {
                     return .failure(error)
@@ -203,52 +230,65 @@ public final class FieldCipher: CustomStringConvertible {
 
     /// `true` when sealing or opening `record` has anything to do.
     func needsCipher(_ record: CloudRecord) -> Bool {
-        encryptedFields[record.recordType] != nil || record.fields.values.contains { $0.isEncrypted }
+        needsCipher(record, encryptedFields[record.recordType] ?? [])
     }
 
-    /// Names of fields of `record` flagged encrypted but not declared so (unknown fields of a newer schema), sorted.
-    private func flaggedFields(of record: CloudRecord, declared: [String]) -> [String] {
-        var names: [String] = []
-        for (name, field) in record.fields where field.isEncrypted && !declared.contains(name) { names.append(name) }
-        return names.sorted()
+    private func needsCipher(_ record: CloudRecord, _ declared: [String]) -> Bool {
+        !declared.isEmpty || record.fields.values.contains { $0.isEncrypted }
     }
 
-    private func seal(_ record: inout CloudRecord, keys: UnsafeRawBufferPointer) throws(FieldEncryptionError) {
-        let declared = encryptedFields[record.recordType] ?? []
-        let flagged = record.fields.values.contains { $0.isEncrypted } ? flaggedFields(of: record, declared: declared) : []
-        guard !declared.isEmpty || !flagged.isEmpty else { return }
-        let version = versions[currentSlot]
-        let key = keys.baseAddress! + currentSlot * Self.keyLength
-        let prefix = beginRecord(record)
-        for name in declared {
-            guard let index = record.fields.index(forKey: name) else { continue }
-            let field = record.fields.values[index]
-            setField(name, stamp: field.stamp, version: version, prefix: prefix)
-            let sealed = seal(field.value, version: version, key: key)
-            record.fields.values[index] = CloudField(value: .blob(sealed), stamp: field.stamp, isEncrypted: true)
+    /// The encrypted attributes of record types, looked up once per run of records of one type.
+    private struct TypeCache {
+        let table: [String: [String]]
+        var type: String?
+        var fields: [String] = []
+        init(_ table: [String: [String]]) { self.table = table }
+        mutating func declared(_ recordType: String) -> [String] {
+            if recordType != type {
+                type = recordType
+                fields = table[recordType] ?? []
+            }
+            return fields
         }
-        for name in flagged {
+    }
+
+    /// The fields of `record` to seal or open, in name order: its type's encrypted attributes (`declared`), then
+    /// (merged in order) fields flagged encrypted that the type does not declare (from a newer schema).
+    private func cipherFields(of record: CloudRecord, declared: [String]) -> [String] {
+        var flagged: [String] = []
+        for (name, field) in record.fields where field.isEncrypted && !declared.contains(name) { flagged.append(name) }
+        return flagged.isEmpty ? declared : (declared + flagged).sorted()
+    }
+
+    private func seal(_ record: inout CloudRecord, declared: [String], version: UInt32, key: UnsafePointer<UInt8>,
+                      keys: UnsafeRawBufferPointer, versions: [UInt32], work: inout Buffers, nonce: inout Int) {
+        let names = cipherFields(of: record, declared: declared)
+        guard !names.isEmpty else { return }
+        let prefix = beginRecord(record, work: &work)
+        for name in names {
             guard let index = record.fields.index(forKey: name) else { continue }
             let field = record.fields.values[index]
-            // Kept from a time this device had no key: already sealed for exactly this place, so send it unchanged.
-            if case let .blob(bytes) = field.value,
-               (try? openValue(bytes, record: record, field: name, stamp: field.stamp, prefix: prefix, keys: keys)) != nil {
+            if !declared.contains(name), case let .blob(bytes) = field.value,
+               (try? openValue(bytes, field: name, stamp: field.stamp, prefix: prefix, keys: keys, versions: versions, work: &work)) != nil {
+                // Kept from a time this device had no key: already sealed for exactly this place; send it unchanged.
                 continue
             }
-            setField(name, stamp: field.stamp, version: version, prefix: prefix)
-            let sealed = seal(field.value, version: version, key: key)
+            let adCount = setField(name, stamp: field.stamp, version: version, prefix: prefix, work: &work)
+            let sealed = Self.seal(field.value, version: version, key: key, nonce: work.nonces + nonce * Self.nonceLength,
+                                   ad: work.ad, adCount: adCount, work: &work)
+            nonce += 1
             record.fields.values[index] = CloudField(value: .blob(sealed), stamp: field.stamp, isEncrypted: true)
         }
     }
 
     /// Opens the sealed fields of `record` in place; returns the oldest key version used.
-    private func open(_ record: inout CloudRecord, keys: UnsafeRawBufferPointer) throws(FieldEncryptionError) -> UInt32? {
-        let declared = encryptedFields[record.recordType] ?? []
-        let flagged = record.fields.values.contains { $0.isEncrypted } ? flaggedFields(of: record, declared: declared) : []
-        guard !declared.isEmpty || !flagged.isEmpty else { return nil }
-        let prefix = beginRecord(record)
+    private func open(_ record: inout CloudRecord, declared: [String], keys: UnsafeRawBufferPointer, versions: [UInt32],
+                      work: inout Buffers) throws(FieldEncryptionError) -> UInt32? {
+        let names = cipherFields(of: record, declared: declared)
+        guard !names.isEmpty else { return nil }
+        let prefix = beginRecord(record, work: &work)
         var oldest: UInt32?
-        for name in (flagged.isEmpty ? declared : (declared + flagged).sorted()) {
+        for name in names {
             guard let index = record.fields.index(forKey: name) else { continue }
             let field = record.fields.values[index]
             func failure(_ kind: FieldEncryptionError.DecryptionFailure, _ version: UInt32? = nil) -> FieldEncryptionError {
@@ -259,7 +299,7 @@ public final class FieldCipher: CustomStringConvertible {
             let value: SQLiteValue
             let version: UInt32
             do {
-                (value, version) = try openValue(bytes, record: record, field: name, stamp: field.stamp, prefix: prefix, keys: keys)
+                (value, version) = try openValue(bytes, field: name, stamp: field.stamp, prefix: prefix, keys: keys, versions: versions, work: &work)
             } catch let error {
                 throw failure(error.failure, error.version)
             }
@@ -271,74 +311,103 @@ public final class FieldCipher: CustomStringConvertible {
 
     // MARK: Values
 
-    /// Starts the associated data of `record`: ID, zone, record type. Returns the prefix length.
-    private func beginRecord(_ record: CloudRecord) -> Int {
-        ad.removeAll(keepingCapacity: true)
-        withUnsafeBytes(of: record.recordID.uuid) { ad.append(contentsOf: $0) }
-        appendLength(zoneBytes.count)
-        ad.append(contentsOf: zoneBytes)
-        appendLength(record.recordType.utf8.count)
-        ad.append(contentsOf: record.recordType.utf8)
-        return ad.count
-    }
-
-    /// Completes the associated data for one field after the record prefix: name, stamp, format and key version.
-    private func setField(_ name: String, stamp: FieldStamp, version: UInt32, prefix: Int) {
-        ad.removeLast(ad.count - prefix)
-        appendLength(name.utf8.count)
-        ad.append(contentsOf: name.utf8)
-        appendBigEndian(UInt64(max(0, stamp.incarnation)), bytes: 8)
-        appendBigEndian(UInt64(max(0, stamp.clock.physical)), bytes: 8)
-        appendBigEndian(UInt64(max(0, stamp.clock.logical)), bytes: 4)
-        withUnsafeBytes(of: stamp.clock.replica.uuid) { ad.append(contentsOf: $0) }
-        ad.append(Self.formatVersion)
-        appendBigEndian(UInt64(version), bytes: 4)
-    }
-
-    @inline(__always) private func appendLength(_ count: Int) { appendBigEndian(UInt64(count), bytes: 4) }
-
-    @inline(__always) private func appendBigEndian(_ value: UInt64, bytes: Int) {
-        var shift = (bytes - 1) * 8
-        while shift >= 0 {
-            ad.append(UInt8(truncatingIfNeeded: value >> UInt64(shift)))
-            shift -= 8
+    /// Writes the record part of the associated data (ID, zone, record type) into `work.ad`; returns its length.
+    private func beginRecord(_ record: CloudRecord, work: inout Buffers) -> Int {
+        var type = record.recordType
+        return type.withUTF8 { typeBytes in
+            zoneBytes.withUnsafeBufferPointer { zone in
+                work.reserveAD(16 + 4 + zone.count + 4 + typeBytes.count + Self.maxFieldPart)
+                var p = work.ad
+                withUnsafeBytes(of: record.recordID.uuid) { p.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 16) }
+                p += 16
+                p = Self.putBytes(p, zone)
+                p = Self.putBytes(p, typeBytes)
+                return p - work.ad
+            }
         }
     }
 
-    /// Writes the plaintext form of `value` into `scratch`.
-    private func encodePlaintext(_ value: SQLiteValue) {
-        scratch.removeAll(keepingCapacity: true)
-        func append64(_ v: UInt64) { for shift in stride(from: 56, through: 0, by: -8) { scratch.append(UInt8(truncatingIfNeeded: v >> UInt64(shift))) } }
+    /// The field part of the associated data holds at most this much besides the field name.
+    private static let maxFieldPart = 4 + 36 + 5
+
+    /// Writes the field part of the associated data after the record prefix (name, stamp, format and key version);
+    /// returns the total length.
+    private func setField(_ name: String, stamp: FieldStamp, version: UInt32, prefix: Int, work: inout Buffers) -> Int {
+        var name = name
+        return name.withUTF8 { nameBytes in
+            work.reserveAD(prefix + nameBytes.count + Self.maxFieldPart, keeping: prefix)
+            var p = Self.putBytes(work.ad + prefix, nameBytes)
+            p = Self.put(p, UInt64(max(0, stamp.incarnation)), 8)
+            p = Self.put(p, UInt64(max(0, stamp.clock.physical)), 8)
+            p = Self.put(p, UInt64(max(0, stamp.clock.logical)), 4)
+            withUnsafeBytes(of: stamp.clock.replica.uuid) { p.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 16) }
+            p += 16
+            p.pointee = Self.formatVersion
+            p = Self.put(p + 1, UInt64(version), 4)
+            return p - work.ad
+        }
+    }
+
+    /// Writes a UInt32 big-endian length, then `bytes`.
+    @inline(__always)
+    private static func putBytes(_ p: UnsafeMutablePointer<UInt8>, _ bytes: UnsafeBufferPointer<UInt8>) -> UnsafeMutablePointer<UInt8> {
+        let q = put(p, UInt64(bytes.count), 4)
+        if let base = bytes.baseAddress { q.update(from: base, count: bytes.count) }
+        return q + bytes.count
+    }
+
+    /// Writes the low `width` bytes of `value`, big-endian.
+    @inline(__always)
+    private static func put(_ p: UnsafeMutablePointer<UInt8>, _ value: UInt64, _ width: Int) -> UnsafeMutablePointer<UInt8> {
+        for i in 0..<width { p[i] = UInt8(truncatingIfNeeded: value >> UInt64(8 * (width - 1 - i))) }
+        return p + width
+    }
+
+    /// Writes the plaintext form of `value` into `work.plain`; returns its length.
+    private static func encodePlaintext(_ value: SQLiteValue, work: inout Buffers) -> Int {
         switch value {
-        case .null: scratch.append(0)
-        case let .integer(v): scratch.append(1); append64(UInt64(bitPattern: v))
-        case let .real(v): scratch.append(2); append64(v.bitPattern)
-        case let .text(s): scratch.append(3); scratch.append(contentsOf: s.utf8)
-        case let .blob(d): scratch.append(4); scratch.append(contentsOf: d)
+        case .null:
+            work.reservePlain(1)
+            work.plain[0] = 0
+            return 1
+        case let .integer(v):
+            work.reservePlain(9)
+            work.plain[0] = 1
+            _ = put(work.plain + 1, UInt64(bitPattern: v), 8)
+            return 9
+        case let .real(v):
+            work.reservePlain(9)
+            work.plain[0] = 2
+            _ = put(work.plain + 1, v.bitPattern, 8)
+            return 9
+        case var .text(s):
+            return s.withUTF8 { bytes in
+                work.reservePlain(1 + bytes.count)
+                work.plain[0] = 3
+                if let base = bytes.baseAddress { (work.plain + 1).update(from: base, count: bytes.count) }
+                return 1 + bytes.count
+            }
+        case let .blob(d):
+            work.reservePlain(1 + d.count)
+            work.plain[0] = 4
+            d.copyBytes(to: work.plain + 1, count: d.count)
+            return 1 + d.count
         }
     }
 
-    /// Seals `value` with the key at `key` under the current associated data.
-    private func seal(_ value: SQLiteValue, version: UInt32, key: UnsafeRawPointer) -> Data {
-        encodePlaintext(value)
-        let count = scratch.count
-        var out = Data(count: Self.headerLength + count + Self.tagLength)
+    /// Seals `value` with `key`, `nonce` and the associated data `ad[0..<adCount]`.
+    private static func seal(_ value: SQLiteValue, version: UInt32, key: UnsafePointer<UInt8>, nonce: UnsafePointer<UInt8>,
+                             ad: UnsafePointer<UInt8>, adCount: Int, work: inout Buffers) -> Data {
+        let count = encodePlaintext(value, work: &work)
+        let plain = work.plain
+        defer { sodium_memzero(plain, count) }
+        var out = Data(count: headerLength + count + tagLength)
         out.withUnsafeMutableBytes { raw in
             let o = raw.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            o[0] = Self.formatVersion
-            o[1] = UInt8(truncatingIfNeeded: version >> 24)
-            o[2] = UInt8(truncatingIfNeeded: version >> 16)
-            o[3] = UInt8(truncatingIfNeeded: version >> 8)
-            o[4] = UInt8(truncatingIfNeeded: version)
-            random.fill(UnsafeMutableRawBufferPointer(start: o + 5, count: Self.nonceLength))
-            scratch.withUnsafeMutableBufferPointer { m in
-                ad.withUnsafeBufferPointer { a in
-                    _ = crypto_aead_xchacha20poly1305_ietf_encrypt(
-                        o + Self.headerLength, nil, m.baseAddress, UInt64(count), a.baseAddress, UInt64(a.count),
-                        nil, o + 5, key.assumingMemoryBound(to: UInt8.self))
-                }
-                sodium_memzero(m.baseAddress, count)
-            }
+            o[0] = formatVersion
+            _ = put(o + 1, UInt64(version), 4)
+            (o + 5).update(from: nonce, count: nonceLength)
+            _ = crypto_aead_xchacha20poly1305_ietf_encrypt(o + headerLength, nil, plain, UInt64(count), ad, UInt64(adCount), nil, o + 5, key)
         }
         return out
     }
@@ -348,9 +417,9 @@ public final class FieldCipher: CustomStringConvertible {
         var version: UInt32?
     }
 
-    /// Opens one sealed value of field `field` of `record` (the associated-data prefix of `record` must be current).
-    private func openValue(_ sealed: Data, record: CloudRecord, field: String, stamp: FieldStamp, prefix: Int,
-                           keys: UnsafeRawBufferPointer) throws(OpenFailure) -> (SQLiteValue, UInt32) {
+    /// Opens one sealed value of field `field` (the record prefix of the associated data must be in `work.ad`).
+    private func openValue(_ sealed: Data, field: String, stamp: FieldStamp, prefix: Int, keys: UnsafeRawBufferPointer,
+                           versions: [UInt32], work: inout Buffers) throws(OpenFailure) -> (SQLiteValue, UInt32) {
         guard sealed.count >= Self.headerLength + Self.tagLength + 1 else { throw OpenFailure(failure: .malformed) }
         let (format, version) = sealed.withUnsafeBytes { raw -> (UInt8, UInt32) in
             let high = UInt32(raw[1]) << 24 | UInt32(raw[2]) << 16
@@ -359,26 +428,22 @@ public final class FieldCipher: CustomStringConvertible {
         }
         guard format == Self.formatVersion else { throw OpenFailure(failure: .unsupportedFormat, version: version) }
         guard let slot = versions.firstIndex(of: version) else { throw OpenFailure(failure: .unknownKeyVersion, version: version) }
-        setField(field, stamp: stamp, version: version, prefix: prefix)
+        let adCount = setField(field, stamp: stamp, version: version, prefix: prefix, work: &work)
         let count = sealed.count - Self.headerLength - Self.tagLength
-        if scratch.count < count { scratch.append(contentsOf: repeatElement(0, count: count - scratch.count)) }
-        let key = keys.baseAddress! + slot * Self.keyLength
-        let (status, result): (Int32, SQLiteValue?) = sealed.withUnsafeBytes { raw in
+        work.reservePlain(count)
+        let plain = work.plain, ad = work.ad
+        defer { sodium_memzero(plain, count) }
+        let key = keys.baseAddress!.assumingMemoryBound(to: UInt8.self) + slot * Self.keyLength
+        let status = sealed.withUnsafeBytes { raw in
             let c = raw.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            return scratch.withUnsafeMutableBufferPointer { m in
-                defer { sodium_memzero(m.baseAddress, count) }
-                let status = ad.withUnsafeBufferPointer { a in
-                    crypto_aead_xchacha20poly1305_ietf_decrypt(
-                        m.baseAddress, nil, nil, c + Self.headerLength, UInt64(count + Self.tagLength),
-                        a.baseAddress, UInt64(a.count), c + 5, key.assumingMemoryBound(to: UInt8.self))
-                }
-                guard status == 0 else { return (status, nil) }
-                return (status, Self.decodePlaintext(UnsafeBufferPointer(start: m.baseAddress, count: count)))
-            }
+            return crypto_aead_xchacha20poly1305_ietf_decrypt(plain, nil, nil, c + Self.headerLength, UInt64(count + Self.tagLength),
+                                                              ad, UInt64(adCount), c + 5, key)
         }
         guard status == 0 else { throw OpenFailure(failure: .authenticationFailed, version: version) }
-        guard let result else { throw OpenFailure(failure: .malformed, version: version) }
-        return (result, version)
+        guard let value = Self.decodePlaintext(UnsafeBufferPointer(start: plain, count: count)) else {
+            throw OpenFailure(failure: .malformed, version: version)
+        }
+        return (value, version)
     }
 
     /// The value of a plaintext form, or `nil` for a malformed one (cannot happen for an authenticated value this
@@ -398,5 +463,52 @@ public final class FieldCipher: CustomStringConvertible {
         case 4: return .blob(Data(buffer: body))
         default: return nil
         }
+    }
+}
+
+/// Working memory of a ``FieldCipher``: associated data, plaintext and nonces, each grown on demand and reused.
+/// A value type of pointers, copied into a local for the duration of a batch so the hot loop touches no class
+/// property.
+struct Buffers {
+    private(set) var ad = UnsafeMutablePointer<UInt8>.allocate(capacity: 256)
+    private var adCapacity = 256
+    private(set) var plain = UnsafeMutablePointer<UInt8>.allocate(capacity: 256)
+    private var plainCapacity = 256
+    private(set) var nonces = UnsafeMutablePointer<UInt8>.allocate(capacity: 24 * 256)
+    private var nonceCapacity = 24 * 256
+
+    /// Makes room for `count` bytes of associated data, keeping the first `keeping` bytes.
+    mutating func reserveAD(_ count: Int, keeping: Int = 0) {
+        guard count > adCapacity else { return }
+        let bigger = UnsafeMutablePointer<UInt8>.allocate(capacity: count * 2)
+        bigger.update(from: ad, count: keeping)
+        ad.deallocate()
+        ad = bigger
+        adCapacity = count * 2
+    }
+
+    /// Makes room for `count` bytes of plaintext (the old buffer is wiped before it is freed).
+    mutating func reservePlain(_ count: Int) {
+        guard count > plainCapacity else { return }
+        sodium_memzero(plain, plainCapacity)
+        plain.deallocate()
+        plain = UnsafeMutablePointer<UInt8>.allocate(capacity: count * 2)
+        plainCapacity = count * 2
+    }
+
+    /// Makes room for `fields` nonces.
+    mutating func reserveNonces(_ fields: Int) {
+        guard fields * FieldCipher.nonceLength > nonceCapacity else { return }
+        nonces.deallocate()
+        nonceCapacity = fields * FieldCipher.nonceLength * 2
+        nonces = UnsafeMutablePointer<UInt8>.allocate(capacity: nonceCapacity)
+    }
+
+    /// Frees everything (the plaintext buffer wiped first).
+    func release() {
+        sodium_memzero(plain, plainCapacity)
+        ad.deallocate()
+        plain.deallocate()
+        nonces.deallocate()
     }
 }
