@@ -63,6 +63,15 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         }
     }
 
+    public func deleteZone(_ zone: String) throws(CloudError) {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
+        }
+    }
+
     public func modifyRecords(_ records: [CloudRecord], in zone: String) throws(CloudError) -> [RecordSaveResult] {
         try write { db in
             guard var z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }

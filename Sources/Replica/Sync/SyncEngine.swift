@@ -18,9 +18,15 @@ public struct SyncStatus: Hashable, Sendable {
     public var needsFetch: Bool
     /// The last error of the last failed operation, cleared by the next success.
     public var lastError: CloudError?
+    /// Records whose incoming version could not be decrypted (kept, untouched; see ``SyncEngine/undecryptableRecords()``).
+    public var undecryptableRecords = 0
+    /// The encryption error that stops the engine (e.g. a wrong key), else the last record that failed to decrypt.
+    public var encryptionError: FieldEncryptionError?
 
     /// Nothing to send, nothing to read, nothing failing.
-    public var isUpToDate: Bool { pendingRecords == 0 && rejectedRecords == 0 && !needsFetch && lastError == nil }
+    public var isUpToDate: Bool {
+        pendingRecords == 0 && rejectedRecords == 0 && undecryptableRecords == 0 && !needsFetch && lastError == nil && encryptionError == nil
+    }
 }
 
 /// The sans-IO sync engine of one synced store: it decides what to ask the cloud (``nextRequest()``) and applies
@@ -61,6 +67,8 @@ public final class SyncEngine {
     let container: ModelContainer
     let store: Store
     let db: Connection
+    /// Cloud field encryption (`Crypto/SyncEngine+Encryption.swift`); `nil` without.
+    var encryption: FieldEncryptionController?
 
     private var zoneReady = false
     private var needsFetch = true
@@ -71,9 +79,15 @@ public final class SyncEngine {
     private var lastError: CloudError?
 
     /// Creates the engine of synced store `storeName`.
-    /// - Parameter zone: the zone name; defaults to the configuration name.
-    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when there is no such synced store.
-    public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options()) throws {
+    /// - Parameters:
+    ///   - zone: the zone name; defaults to the configuration name.
+    ///   - encryption: how attributes marked ``Schema/Attribute/Options/allowsCloudEncryption`` are sealed (required
+    ///     when the store has any; see ``FieldEncryption``).
+    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when there is no such synced store;
+    ///   ``FieldEncryptionError/encryptionNotConfigured(entity:field:)`` when the store has encrypted attributes and
+    ///   `encryption` is `nil`.
+    public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options(),
+                encryption: FieldEncryption? = nil) throws {
         guard let store = container.stores.first(where: { $0.configuration.name == storeName }), store.configuration.isSynced else {
             throw ReplicaError.loadIssueModelContainer(configuration: storeName, reason: "not a synced store of this container")
         }
@@ -83,6 +97,7 @@ public final class SyncEngine {
         self.zone = zone ?? storeName
         self.options = options
         self.db = try store.openConnection()
+        self.encryption = try FieldEncryptionController.make(encryption, store: store, zone: self.zone, db: db, random: container.environment.random)
     }
 
     private var now: Int64 { container.environment.clock.nowMilliseconds() }
@@ -96,15 +111,19 @@ public final class SyncEngine {
         guard inFlight == nil, now >= backoffUntil else { return nil }
         var versions: [UUID: Int64] = [:]
         let operation: CloudOperation
+        let gate = zoneReady ? try encryptionGate(needsFetch: needsFetch) : .proceed
+        if case .blocked = gate { return nil }
         if !zoneReady {
             operation = .createZone(zone)
+        } else if case let .request(encryptionOperation) = gate {
+            operation = encryptionOperation
         } else if needsFetch {
             operation = .fetchZoneChanges(zone: zone, since: try loadToken(), limit: options.fetchLimit)
         } else {
             let outbox = try SyncLedger.outbox(limit: options.uploadBatchSize, store: store, db: db)
             guard !outbox.isEmpty else { return nil }
             for entry in outbox { versions[entry.record.recordID] = entry.version }
-            operation = .modifyRecords(outbox.map(\.record), zone: zone)
+            operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
         }
         let request = SyncRequest(id: nextID, operation: operation)
         nextID += 1
@@ -120,9 +139,11 @@ public final class SyncEngine {
         inFlight = nil
         switch result {
         case let .success(outcome):
-            try apply(outcome, versions: versions)
+            try apply(try prepareIncoming(outcome), versions: versions)
+            try didApplyIncoming()
         case let .failure(.partialFailure(results)):
-            try apply(.modified(results), versions: versions)
+            try apply(try prepareIncoming(.modified(results)), versions: versions)
+            try didApplyIncoming()
         case let .failure(error):
             try fail(error, request: request)
         }
@@ -144,10 +165,12 @@ public final class SyncEngine {
 
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
-        let pending = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE pending = 1 AND state <> 'rejected'")
+        let pending = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')")
         let rejected = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE state = 'rejected'")
         func count(_ value: SQLiteValue?) -> Int { if case let .integer(n)? = value { Int(n) } else { 0 } }
-        return SyncStatus(pendingRecords: count(pending), rejectedRecords: count(rejected), needsFetch: needsFetch, lastError: lastError)
+        var status = SyncStatus(pendingRecords: count(pending), rejectedRecords: count(rejected), needsFetch: needsFetch, lastError: lastError)
+        try reportEncryption(into: &status)
+        return status
     }
 
     // MARK: Applying
@@ -162,7 +185,7 @@ public final class SyncEngine {
         case let .modified(results):
             try applySaveResults(results, versions: versions)
             return
-        case .metadata, .metadataValue:
+        case .metadata, .metadataValue, .zoneDeleted:
             break
         }
         consecutiveFailures = 0
@@ -231,6 +254,7 @@ public final class SyncEngine {
             needsFetch = true
             try db.transaction(.immediate) {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+                try encryptionZoneWasReset()
                 try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
             }
         case .invalidRecord:

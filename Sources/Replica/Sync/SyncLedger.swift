@@ -191,7 +191,7 @@ enum SyncLedger {
 
     /// Up to `limit` records of the outbox, in ID order, with the local version each was built from.
     static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
-        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected') ORDER BY id LIMIT ?",
+        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?",
                               [.integer(Int64(limit))])
         var result: [(CloudRecord, Int64)] = []
         for row in ids {
