@@ -45,10 +45,8 @@ public struct UndecryptableRecord: Hashable, Sendable {
     public var reason: String
 }
 
-/// What the encryption layer lets the engine do next.
+/// What the encryption layer needs before the engine may fetch or upload (see ``SyncEngine/encryptionGate(needsFetch:)``).
 enum EncryptionGate {
-    /// Go on with the engine's own work (fetch, upload).
-    case proceed
     /// Perform this request first.
     case request(CloudOperation)
     /// Encryption is stopped by an error (e.g. a wrong key): send nothing.
@@ -225,10 +223,11 @@ extension SyncEngine {
 // MARK: - Engine hooks
 
 extension SyncEngine {
-    /// Called by ``nextRequest()`` once the zone exists: reads and checks the zone's keys before any fetch or
-    /// upload of the cycle, proposes new metadata, deletes the zone for a reset, or blocks on a key error.
-    func encryptionGate(needsFetch: Bool) throws -> EncryptionGate {
-        guard let encryption else { return .proceed }
+    /// Called by ``nextRequest()`` once the zone exists, before it fetches or uploads: reads and checks the zone's
+    /// keys once per sync cycle, proposes new metadata, deletes the zone for a reset, or blocks on a key error.
+    /// - Returns: `nil` when the engine may go on with its own work.
+    func encryptionGate(needsFetch: Bool) throws -> EncryptionGate? {
+        guard let encryption else { return nil }
         if needsFetch && !encryption.lastNeedsFetch { encryption.metadataFresh = false }
         encryption.lastNeedsFetch = needsFetch
         switch encryption.phase {
@@ -254,7 +253,7 @@ extension SyncEngine {
                 encryption.reencrypting = false
             }
         }
-        return .proceed
+        return nil
     }
 
     /// Called by ``nextRequest()`` on an upload batch just before it is emitted: seals every encrypted field.
@@ -265,17 +264,20 @@ extension SyncEngine {
         return records
     }
 
-    /// Called by ``handle(_:_:)`` on every successful response before it is applied: takes in zone metadata, and
-    /// opens every downloaded record (fetched, or returned by a save conflict). Records that fail to open are left
-    /// out of the result — so they are not merged and their local values stay untouched — and marked
-    /// `undecryptable` in the ledger.
-    func prepareIncoming(_ outcome: CloudOperationResult) throws -> CloudOperationResult {
+    /// Called by ``handle(_:_:)`` on every successful response to `operation` before it is applied: takes in zone
+    /// metadata (any fetch of it; a compare-and-swap only when it set the encryption key), and opens every
+    /// downloaded record (fetched, or returned by a save conflict). Records that fail to open are left out of the
+    /// result — so they are not merged and their local values stay untouched — and marked `undecryptable` in the
+    /// ledger.
+    func prepareIncoming(_ outcome: CloudOperationResult, for operation: CloudOperation) throws -> CloudOperationResult {
         guard let encryption else { return outcome }
         switch outcome {
         case let .metadata(values):
             try receiveZoneMetadata(values[ZoneEncryptionMetadata.key], encryption)
         case let .metadataValue(stored):
-            if case .proposing = encryption.phase { try receiveZoneMetadata(stored, encryption) }
+            if case let .setZoneMetadata(_, key, _, _) = operation, key == ZoneEncryptionMetadata.key, case .proposing = encryption.phase {
+                try receiveZoneMetadata(stored, encryption)
+            }
         case .zoneDeleted:
             if case .deletingZone = encryption.phase {
                 // Reading the metadata of the deleted zone fails with zoneNotFound, and the engine's own zone reset

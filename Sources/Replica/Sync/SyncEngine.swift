@@ -111,11 +111,10 @@ public final class SyncEngine {
         guard inFlight == nil, now >= backoffUntil else { return nil }
         var versions: [UUID: Int64] = [:]
         let operation: CloudOperation
-        let gate = zoneReady ? try encryptionGate(needsFetch: needsFetch) : .proceed
-        if case .blocked = gate { return nil }
         if !zoneReady {
             operation = .createZone(zone)
-        } else if case let .request(encryptionOperation) = gate {
+        } else if let gate = try encryptionGate(needsFetch: needsFetch) {
+            guard case let .request(encryptionOperation) = gate else { return nil }
             operation = encryptionOperation
         } else if needsFetch {
             operation = .fetchZoneChanges(zone: zone, since: try loadToken(), limit: options.fetchLimit)
@@ -139,10 +138,10 @@ public final class SyncEngine {
         inFlight = nil
         switch result {
         case let .success(outcome):
-            try apply(try prepareIncoming(outcome), versions: versions)
+            try apply(try prepareIncoming(outcome, for: request.operation), versions: versions)
             try didApplyIncoming()
         case let .failure(.partialFailure(results)):
-            try apply(try prepareIncoming(.modified(results)), versions: versions)
+            try apply(try prepareIncoming(.modified(results), for: request.operation), versions: versions)
             try didApplyIncoming()
         case let .failure(error):
             try fail(error, request: request)
