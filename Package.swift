@@ -37,7 +37,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ReplicaTests",
-            dependencies: ["Replica", "replica-widget"]
+            dependencies: ["Replica", "ReplicaTesting", "replica-widget"]
         ),
         .testTarget(
             name: "ReplicaTestingTests",

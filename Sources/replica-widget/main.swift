@@ -6,6 +6,9 @@
 //   replica-widget sync DIR CLOUD TEXT...     a separate device: insert one Note per TEXT into its synced store in DIR,
 //                                           sync through the SQLiteCloudDatabase file CLOUD, print every note's text
 //                                           (sorted) as one JSON array
+//   replica-widget lease-hold DIR CLOUD MS    open the app-group *synced* store, insert a note, take the upload lease
+//                                           (duration MS) by performing one sync request against CLOUD, print
+//                                           "ready", then block on stdin (the test kills it while it holds the lease)
 //   replica-widget hold DIR COUNT           insert COUNT notes inside one open transaction, print "ready", then block
 //                                           on stdin (the test kills the process with SIGKILL mid-transaction)
 //
@@ -48,6 +51,32 @@ func syncedDevice(_ root: String) throws -> ModelContainer {
 }
 
 let arguments = CommandLine.arguments
+if arguments.count >= 5, arguments[1] == "lease-hold" {
+    do {
+        var environment = ReplicaEnvironment.live
+        let groups = URL(fileURLWithPath: arguments[2], isDirectory: true)
+        environment.appGroupDirectory = { groups.appendingPathComponent($0, isDirectory: true) }
+        let device = try ModelContainer(for: Schema([Note.self]), configurations: [
+            ModelConfiguration("shared-synced", groupContainer: .identifier("group.replica.tests"), cloudKitDatabase: .private("iCloud.replica.tests")),
+        ], environment: environment)
+        let context = ModelContext(device)
+        context.insert(Note(text: "written by the widget"))
+        try context.save()
+        var options = SyncEngine.Options()
+        options.leaseDurationMilliseconds = Int64(arguments[4])!
+        let engine = try SyncEngine(container: device, storeName: "shared-synced", options: options)
+        let cloud = try SQLiteCloudDatabase(url: URL(fileURLWithPath: arguments[3]))
+        guard let request = try engine.nextRequest() else { throw ReplicaError.loadIssueModelContainer(configuration: "shared-synced", reason: "no lease") }
+        try engine.handle(request.id, await cloud.perform(request.operation))
+        print("ready")
+        fflush(nil)
+        _ = readLine()
+    } catch {
+        FileHandle.standardError.write(Data("replica-widget: \(error)\n".utf8))
+        exit(1)
+    }
+    exit(0)
+}
 if arguments.count >= 4, arguments[1] == "sync" {
     do {
         let device = try syncedDevice(arguments[2])

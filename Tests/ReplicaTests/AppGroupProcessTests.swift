@@ -3,10 +3,11 @@ import Testing
 @testable import Replica
 
 /// The same model the `replica-widget` helper executable declares.
-private struct Note: PersistentModel, Codable {
+private struct WidgetNote: PersistentModel, Codable {
+    static var entityName: String { "Note" }
     var id = UUID.unassigned
     var text: String = ""
-    static let entity = ModelEntity<Note>([.attribute("text", \.text, default: "")])
+    static let entity = ModelEntity<WidgetNote>([.attribute("text", \.text, default: "")])
 }
 
 /// Runs the `replica-widget` helper (built beside the test bundle) and returns its standard output.
@@ -36,7 +37,7 @@ private func appContainer(_ root: URL) throws -> ModelContainer {
     var environment = ReplicaEnvironment.seeded(seed: 42, directory: root)
     environment.appGroupDirectory = { root.appendingPathComponent($0, isDirectory: true) }
     environment.processIdentity = ProcessIdentity(bundleIdentifier: "com.example.trips", processName: "app", processID: ProcessInfo.processInfo.processIdentifier)
-    return try ModelContainer(for: Schema([Note.self]),
+    return try ModelContainer(for: Schema([WidgetNote.self]),
                               configurations: [ModelConfiguration("shared", groupContainer: .identifier("group.replica.tests"))],
                               environment: environment)
 }
@@ -59,8 +60,8 @@ struct AppGroupProcessTests {
         #expect(try widget(["identity", root.path]).trimmingCharacters(in: .whitespacesAndNewlines) == store.uuidString)
 
         // The app writes; the widget reads history after token 0 and sees exactly those changes.
-        context.insert(Note(text: "from app 1"))
-        context.insert(Note(text: "from app 2"))
+        context.insert(WidgetNote(text: "from app 1"))
+        context.insert(WidgetNote(text: "from app 2"))
         try context.save()
         let seen = try widget(["history", root.path, "0"]).split(separator: "\n")
         #expect(seen.count == 1)
@@ -76,7 +77,7 @@ struct AppGroupProcessTests {
         #expect(news.first?.author == "widget")
         #expect(news.first?.bundleIdentifier == "com.example.trips.widget")
         guard case let .insert(id)? = news.first?.changes.first else { Issue.record("expected an insert"); return }
-        #expect(try context.model(Note.self, id: id.id)?.text == "from widget")
+        #expect(try context.model(WidgetNote.self, id: id.id)?.text == "from widget")
     }
 
     @Test("a writer killed with SIGKILL mid-transaction leaves the store consistent, and the other process carries on")
@@ -84,7 +85,7 @@ struct AppGroupProcessTests {
         let root = temporaryRoot()
         let app = try appContainer(root)
         let context = ModelContext(app)
-        context.insert(Note(text: "before"))
+        context.insert(WidgetNote(text: "before"))
         try context.save()
 
         let process = Process()
@@ -104,13 +105,13 @@ struct AppGroupProcessTests {
 
         // The app carries on at once (the dead process's locks are gone) and sees no partial transaction.
         let reader = ModelContext(app)
-        #expect(try reader.fetch(Note.self).map(\.text) == ["before"])
+        #expect(try reader.fetch(WidgetNote.self).map(\.text) == ["before"])
         #expect(try reader.fetchHistory().count == 1)
         let db = try reader.connection(for: 0)
         #expect(try db.scalar("PRAGMA integrity_check") == .text("ok"))
-        context.insert(Note(text: "after"))
+        context.insert(WidgetNote(text: "after"))
         try context.save()
-        #expect(try reader.fetch(Note.self).map(\.text) == ["before", "after"])
+        #expect(try reader.fetch(WidgetNote.self).map(\.text) == ["before", "after"])
         #expect(try reader.fetchHistory().map(\.token.value) == [1, 2])
     }
 }
@@ -139,17 +140,60 @@ struct SQLiteCloudProcessTests {
 
         var environment = ReplicaEnvironment.seeded(seed: 5, directory: root.appendingPathComponent("device-here"))
         environment.sleep = { _ in await Task.yield() }
-        let here = try ModelContainer(for: Schema([Note.self]), configurations: [
+        let here = try ModelContainer(for: Schema([WidgetNote.self]), configurations: [
             ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.replica.tests")),
         ], environment: environment)
         let context = ModelContext(here)
-        context.insert(Note(text: "from this process"))
+        context.insert(WidgetNote(text: "from this process"))
         try context.save()
         let engine = try SyncEngine(container: here, storeName: "notes")
         let cloud = try SQLiteCloudDatabase(url: cloudFile)
         #expect(try await SyncDriver.syncUntilIdle(engine, with: cloud).isUpToDate)
-        #expect(try ModelContext(here).fetch(Note.self).map(\.text).sorted() == ["from the other process", "from this process"])
+        #expect(try ModelContext(here).fetch(WidgetNote.self).map(\.text).sorted() == ["from the other process", "from this process"])
         #expect(try widget(["sync", other, cloudFile.path]) == "[\"from the other process\",\"from this process\"]\n")
         #expect(try cloud.records(in: "notes").count == 2)
+    }
+}
+
+@Suite("App-group synced store shared by two OS processes")
+struct AppGroupSyncProcessTests {
+    @Test("both processes write; one uploads at a time; the lease of a killed holder is taken over; nothing uploads twice")
+    func leaseTakeover() async throws {
+        let root = temporaryRoot()
+        let cloudFile = root.appendingPathComponent("cloud.sqlite")
+        let process = Process()
+        process.executableURL = widgetExecutable()
+        process.arguments = ["lease-hold", root.path, cloudFile.path, "1500"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardInput = Pipe()
+        try process.run()
+        #expect(output.fileHandleForReading.availableLine() == "ready")
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+
+        var environment = ReplicaEnvironment.live
+        environment.appGroupDirectory = { root.appendingPathComponent($0, isDirectory: true) }
+        environment.processIdentity = ProcessIdentity(bundleIdentifier: "com.example.trips", processName: "app", processID: ProcessInfo.processInfo.processIdentifier)
+        let app = try ModelContainer(for: Schema([WidgetNote.self]), configurations: [
+            ModelConfiguration("shared-synced", groupContainer: .identifier("group.replica.tests"), cloudKitDatabase: .private("iCloud.replica.tests")),
+        ], environment: environment)
+        let context = ModelContext(app)
+        context.insert(WidgetNote(text: "written by the app"))
+        try context.save()
+        var options = SyncEngine.Options()
+        options.leaseDurationMilliseconds = 1500
+        let engine = try SyncEngine(container: app, storeName: "shared-synced", options: options)
+        // The dead widget still holds the lease: this engine must wait, not upload.
+        #expect(try engine.nextRequest() == nil)
+        #expect(engine.wakeTime != nil)
+        let cloud = try SQLiteCloudDatabase(url: cloudFile)
+        let status = try await SyncDriver.syncUntilIdle(engine, with: cloud)
+        #expect(status.isUpToDate)
+        let records = try cloud.records(in: "shared-synced")
+        #expect(records.count == 2)
+        // Each record was saved exactly once: change tags are "epoch.sequence" and the zone saw two saves in all.
+        #expect(Set(records.compactMap(\.changeTag)) == ["1.1", "1.2"])
+        #expect(try ModelContext(app).fetch(WidgetNote.self).count == 2)
     }
 }

@@ -182,13 +182,9 @@ struct SyncFaultTests {
         let a = try Device("A", seed: 1)
         a.context.insert(SyncNote(title: "t"))
         try a.context.save()
-        // Zone creation and the first fetch go through; the upload fails.
-        for _ in 0..<2 {
-            let request = try #require(try a.engine.nextRequest())
-            try a.engine.handle(request.id, cloud.performNow(request.operation))
-        }
+        // Zone creation, schema check and the first fetch go through; the upload fails.
+        let upload = try #require(try a.nextUpload(cloud))
         cloud.injectFailure(error, for: .modify)
-        let upload = try #require(try a.engine.nextRequest())
         try a.engine.handle(upload.id, cloud.performNow(upload.operation))
         let status = try a.engine.status()
         #expect(status.pendingRecords == 1)
@@ -211,11 +207,7 @@ struct SyncFaultTests {
         let first = a.context.insert(SyncNote(title: "1"))
         let second = a.context.insert(SyncNote(title: "2"))
         try a.context.save()
-        for _ in 0..<2 {
-            let request = try #require(try a.engine.nextRequest())
-            try a.engine.handle(request.id, cloud.performNow(request.operation))
-        }
-        let upload = try #require(try a.engine.nextRequest())
+        let upload = try #require(try a.nextUpload(cloud))
         try a.engine.handle(upload.id, .failure(.partialFailure([
             .failed(recordID: first.id, error: .invalidRecord(reason: "too large")),
             .failed(recordID: second.id, error: .zoneBusy(retryAfterMilliseconds: 10)),
@@ -265,6 +257,22 @@ struct SyncFaultTests {
         let records = cloud.records(in: "notes")
         #expect(records.count == 2)
         #expect(records.first { $0.recordID == gone.id }?.isAlive == false)
+    }
+
+    @Test("a zone reset and re-created by another device: records the zone lost are uploaded again (found by the property test)")
+    func zoneRecreatedElsewhere() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1)
+        let b = try Device("B", seed: 2)
+        let note = a.context.insert(SyncNote(title: "only on A"))
+        try a.context.save()
+        try a.sync(cloud)
+        cloud.resetZone("notes")
+        try b.sync(cloud)  // B re-creates the zone: A's token is now expired, not "zone not found"
+        try a.sync(cloud)
+        try b.sync(cloud)
+        #expect(cloud.records(in: "notes").map(\.recordID) == [note.id])
+        #expect(try b.notes().map(\.title) == ["only on A"])
     }
 
     @Test("the same response delivered twice changes nothing")

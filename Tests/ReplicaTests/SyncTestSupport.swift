@@ -39,13 +39,15 @@ final class Device {
     let clock: ManualClock
     let name: String
 
-    init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], directory: URL? = nil) throws {
+    init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], version: Schema.Version = Schema.Version(1, 0, 0),
+         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = []) throws {
         let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-sync-\(UUID().uuidString)")
-        let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+        var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+        environment.canaries = canaries
         self.name = name
         self.clock = environment.clock as! ManualClock
-        self.container = try ModelContainer(for: Schema(models), configurations: [
-            ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test")),
+        self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
+            ModelConfiguration("notes", isStoredInMemoryOnly: inMemory, cloudKitDatabase: .private("iCloud.test")),
         ], environment: environment)
         self.engine = try SyncEngine(container: container, storeName: "notes")
         self.context = ModelContext(container)
@@ -66,6 +68,37 @@ final class Device {
         }
         Issue.record("\(name) did not settle")
         return try engine.status()
+    }
+
+    /// Performs the engine's requests until it wants to upload; returns that upload request, not yet performed.
+    func nextUpload(_ cloud: InMemoryCloudDatabase) throws -> SyncRequest? {
+        for _ in 0..<50 {
+            guard let request = try engine.nextRequest() else { return nil }
+            if case .modifyRecords = request.operation { return request }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        return nil
+    }
+
+    /// Delivers `records` as the answer to the engine's next zone fetch (as if the cloud returned exactly them).
+    /// Returns `false` when the engine would not fetch (e.g. blocked).
+    @discardableResult
+    func deliver(_ records: [CloudRecord], cloud: InMemoryCloudDatabase) throws -> Bool {
+        engine.setNeedsFetch()
+        for _ in 0..<50 {
+            guard let request = try engine.nextRequest() else {
+                guard let wake = engine.wakeTime else { return false }
+                clock.set(milliseconds: wake)
+                continue
+            }
+            if case .fetchZoneChanges = request.operation {
+                try engine.handle(request.id, .success(.changes(ZoneChangeBatch(
+                    records: records, token: ServerChangeToken(epoch: 1, sequence: 0), moreComing: false))))
+                return true
+            }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        return false
     }
 
     /// Every live record of the store as (id, title, body, rating), sorted by ID.

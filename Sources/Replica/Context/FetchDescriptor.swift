@@ -12,7 +12,8 @@ public struct FetchDescriptor<Model: PersistentModel>: Sendable {
     public var fetchLimit: Int?
     /// This many models (after sorting) are skipped.
     public var fetchOffset: Int?
-    /// Whether unsaved inserts, updates and deletes of the context are reflected in the result (default `true`).
+    /// Whether unsaved inserts, updates and deletes of the context are reflected in the result, members of to-many
+    /// relationships included (default `true`).
     public var includePendingChanges: Bool
 
     public init(predicate: Predicate<Model>? = nil, sortBy: [SortDescriptor<Model>] = []) {

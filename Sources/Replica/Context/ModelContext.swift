@@ -16,20 +16,24 @@ public final class ModelContext {
 
     enum PendingChange {
         case insert(Snapshot)
-        case update(Snapshot)
+        /// New values; `fields` lists the field indices the app changed relative to the copy it fetched (`nil` when
+        /// the context never read the record: then every field that differs from the stored row counts).
+        case update(Snapshot, fields: Set<Int>?)
         case delete
         /// Deleted, then inserted again with the same ID.
         case replace(Snapshot)
 
         var snapshot: Snapshot? {
             switch self {
-            case let .insert(s), let .update(s), let .replace(s): return s
+            case let .insert(s), let .update(s, _), let .replace(s): return s
             case .delete: return nil
             }
         }
     }
 
     private var connections: [Connection?]
+    /// The stored snapshot of every record this context has read (or saved): the base of field-level change tracking.
+    private var registered: [PersistentIdentifier: Snapshot] = [:]
     private var pending: [PersistentIdentifier: PendingChange] = [:]
     /// First-registration order of pending IDs: saves apply changes in this order, deterministically.
     private var pendingOrder: [PersistentIdentifier] = []
@@ -68,11 +72,19 @@ public final class ModelContext {
         _ = storeIndex(of: Model.self)
         let snapshot = Model.entity.snapshot(of: model)
         let id = snapshot.persistentModelID
+        // Field-level change tracking: only fields that differ from the copy this context handed out are the
+        // app's changes, so a stale copy never writes back values another writer changed meanwhile.
+        var fields: Set<Int>? = registered[id].map { base in
+            Set(snapshot.values.indices.filter { $0 >= base.values.count || base.values[$0] != snapshot.values[$0] })
+        }
         switch pending[id] {
         case .insert?: register(id, .insert(snapshot))
         case .replace?: register(id, .replace(snapshot))
         case .delete?: preconditionFailure("Replica: \(id) was deleted in this context; insert it again instead")
-        case .update?, nil: register(id, .update(snapshot))
+        case let .update(_, earlier)?:
+            if let earlier, let now = fields { fields = earlier.union(now) } else { fields = nil }
+            register(id, .update(snapshot, fields: fields))
+        case nil: register(id, .update(snapshot, fields: fields))
         }
     }
 
@@ -104,7 +116,7 @@ public final class ModelContext {
 
     /// Identifiers of models updated (and not yet saved), in registration order.
     public var updatedIdentifiers: [PersistentIdentifier] {
-        pendingOrder.filter { if case .update = pending[$0] { return true } else { return false } }
+        pendingOrder.filter { if case .update? = pending[$0] { return true } else { return false } }
     }
 
     /// Identifiers of models deleted (and not yet saved), in registration order.
@@ -196,6 +208,12 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
+        for id in pendingOrder {
+            switch pending[id] {
+            case let .insert(snapshot)?, let .replace(snapshot)?: registered[id] = snapshot
+            default: registered[id] = nil  // updated or deleted: the next read registers the stored state again
+            }
+        }
         rollback()
         postDidSave(saved)
     }
@@ -242,7 +260,7 @@ public final class ModelContext {
             for id in pendingOrder where id.entityName == Model.entityName {
                 let existing = position[id.id]
                 switch pending[id] {
-                case let .update(snapshot)?, let .replace(snapshot)?, let .insert(snapshot)?:
+                case let .update(snapshot, _)?, let .replace(snapshot)?, let .insert(snapshot)?:
                     if let existing { snapshots[existing] = snapshot } else { snapshots.append(snapshot) }
                 case .delete?:
                     if let existing { removed.insert(existing) }
@@ -252,7 +270,7 @@ public final class ModelContext {
             if !removed.isEmpty { snapshots = snapshots.enumerated().filter { !removed.contains($0.offset) }.map(\.element) }
             snapshots.sort { $0.id.bytes.lexicographicallyPrecedes($1.id.bytes) }
         }
-        var models = try decodeModels(Model.self, snapshots, store: index)
+        var models = try decodeModels(Model.self, snapshots, store: index, includePendingChanges: descriptor.includePendingChanges)
         if let predicate = descriptor.predicate {
             models = try models.filter { try predicate.evaluate($0) }
         }
@@ -304,17 +322,22 @@ public final class ModelContext {
             var values: [SQLiteValue] = []
             values.reserveCapacity(Int(count) - 1)
             for column in 1..<count { values.append(statement.value(column)) }
-            result.append(Snapshot(entityName: entityName, id: id, values: values))
+            let snapshot = Snapshot(entityName: entityName, id: id, values: values)
+            registered[snapshot.persistentModelID] = snapshot
+            result.append(snapshot)
         }
         return result
     }
 
     /// Decodes snapshots into models, loading each to-many relationship with one query for the whole batch.
-    private func decodeModels<Model: PersistentModel>(_ type: Model.Type, _ snapshots: [Snapshot], store index: Int) throws -> [Model] {
+    private func decodeModels<Model: PersistentModel>(_ type: Model.Type, _ snapshots: [Snapshot], store index: Int,
+                                                      includePendingChanges: Bool = true) throws -> [Model] {
         let entity = Model.entity
         var members: [String: [UUID: [UUID]]] = [:]
         for (relationship, _) in entity.toManyMembers {
-            members[relationship.name] = try loadToMany(relationship, for: snapshots.map(\.id), store: index)
+            var loaded = try loadToMany(relationship, for: snapshots.map(\.id), store: index)
+            if includePendingChanges { applyPendingMembers(relationship, for: snapshots.map(\.id), store: index, to: &loaded) }
+            members[relationship.name] = loaded
         }
         do {
             return try snapshots.map { snapshot in
@@ -349,5 +372,31 @@ public final class ModelContext {
             }
         }
         return result
+    }
+
+    /// Applies this context's pending inserts, updates and deletes of `relationship`'s destination records to the
+    /// stored members of each owner; a changed list stays in member ID order.
+    private func applyPendingMembers(_ relationship: Schema.Relationship, for owners: [UUID], store index: Int,
+                                     to members: inout [UUID: [UUID]]) {
+        let store = container.stores[index]
+        guard let inverse = relationship.inverse, let destination = store.entityIndex[relationship.destination],
+              let field = store.entities[destination].fieldNames.firstIndex(of: inverse) else { return }
+        let changed = pendingOrder.filter { $0.entityName == relationship.destination }
+        if changed.isEmpty || owners.isEmpty { return }
+        let changedIDs = Set(changed.map(\.id))
+        for owner in owners {
+            if let list = members[owner], list.contains(where: changedIDs.contains) {
+                members[owner] = list.filter { !changedIDs.contains($0) }
+            }
+        }
+        let ownerSet = Set(owners)
+        var touched: [UUID] = []
+        for id in changed {
+            guard case let .blob(bytes)? = pending[id]?.snapshot?.values[field], let owner = UUID(bytes: bytes),
+                  ownerSet.contains(owner) else { continue }
+            members[owner, default: []].append(id.id)
+            touched.append(owner)
+        }
+        for owner in touched { members[owner]?.sort { $0.bytes.lexicographicallyPrecedes($1.bytes) } }
     }
 }

@@ -3,8 +3,9 @@ import Foundation
 
 /// Applies one save's changes to one store inside an open write transaction. Internal.
 ///
-/// Order: deletes (with delete rules), then inserts and updates, then uniqueness checks over every record written,
-/// so keys may be swapped between records within one save. Validation failures are collected, not thrown, so that
+/// Order: deletes (with delete rules), then inserts and updates, then the deny rules and required relationships of
+/// the deleted records and uniqueness checks over every record written, so keys may be swapped between records, and a
+/// record may be deleted together with (or after moving) the records that depend on it, in one save. Validation failures are collected, not thrown, so that
 /// the caller can report all of them at once and roll back.
 struct StoreWriter {
     let store: Store
@@ -13,6 +14,24 @@ struct StoreWriter {
     /// What this save did, for history and notifications.
     var changes = StoreChanges()
     private var deleted = Set<PersistentIdentifier>()
+    /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
+    private var deferredChecks: [DeferredCheck] = []
+
+    /// A deleted record's relationship whose related records must be gone (or point elsewhere) by the end of the save.
+    private struct DeferredCheck {
+        enum Kind {
+            /// The relationship has the deny rule: no related record may remain.
+            case deny
+            /// The related records' inverse to-one relationship is required: none may still point to the record.
+            case requiredInverse(String)
+        }
+        let kind: Kind
+        let entity: String
+        let relationship: Schema.Relationship
+        let id: UUID
+        /// The related records when the record was deleted.
+        let targets: [UUID]
+    }
 
     init(store: Store, db: Connection) {
         self.store = store
@@ -31,16 +50,17 @@ struct StoreWriter {
             switch change {
             case let .insert(snapshot), let .replace(snapshot):
                 if try insert(snapshot) { written.append(snapshot) }
-            case let .update(snapshot):
-                if try update(snapshot) { written.append(snapshot) }
+            case let .update(snapshot, fields):
+                if let stored = try update(snapshot, fields: fields) { written.append(stored) }
             case .delete:
                 _ = id
             }
         }
+        try checkDeletedRelationships()
         for snapshot in written { try checkUniqueness(snapshot) }
     }
 
-    private func entity(_ name: String) -> (Schema.Entity, EntityStatements) {
+    func entity(_ name: String) -> (Schema.Entity, EntityStatements) {
         let index = store.entityIndex[name]!
         return (store.entities[index], store.statements[index])
     }
@@ -56,6 +76,7 @@ struct StoreWriter {
                 return false
             }
         }
+        if !representable(snapshot, entity: entity, fields: nil) { return false }
         let statement = try db.cachedStatement(sql.insert)
         defer { statement.reset() }
         try statement.bind(snapshot.id.sqliteValue, at: 0)
@@ -73,26 +94,44 @@ struct StoreWriter {
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.
     /// - Throws: ``ReplicaError/recordNotFound(_:)`` when the record does not exist.
-    private mutating func update(_ snapshot: Snapshot) throws -> Bool {
+    /// Returns the record as stored after the update, or `nil` when nothing was written.
+    private mutating func update(_ snapshot: Snapshot, fields: Set<Int>?) throws -> Snapshot? {
         let (entity, sql) = entity(snapshot.entityName)
         guard let current = try db.rows(sql.selectByID, [snapshot.id.sqliteValue]).first else {
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
         let names = entity.fieldNames
         var changed: [Int] = []
-        for (i, value) in snapshot.values.enumerated() where current[i + 1] != value { changed.append(i) }
-        guard !changed.isEmpty else { return false }
+        for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
+            changed.append(i)
+        }
+        guard !changed.isEmpty else { return nil }
+        if !representable(snapshot, entity: entity, fields: Set(changed)) { return nil }
+        var stored = Snapshot(entityName: snapshot.entityName, id: snapshot.id, values: Array(current.dropFirst()))
+        for index in changed { stored.values[index] = snapshot.values[index] }
         for (offset, relationship) in entity.toOneRelationships.enumerated() where !relationship.isOptional {
-            if snapshot.values[entity.attributes.count + offset].isNull {
+            if stored.values[entity.attributes.count + offset].isNull {
                 failures.append(.missingRequiredRelationship(entity: entity.name, relationship: relationship.name, id: snapshot.persistentModelID))
-                return false
+                return nil
             }
         }
         let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
         try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
                    changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
-        changes.updated.append((snapshot, changed.map { names[$0] }))
-        return true
+        changes.updated.append((stored, changed.map { names[$0] }))
+        return stored
+    }
+
+    /// Records a failure for every NaN among `fields` (all fields when `nil`): SQLite would store it as NULL.
+    private mutating func representable(_ snapshot: Snapshot, entity: Schema.Entity, fields: Set<Int>?) -> Bool {
+        var ok = true
+        for (index, value) in snapshot.values.enumerated() where fields?.contains(index) ?? true {
+            if case let .real(v) = value, v.isNaN {
+                failures.append(.unrepresentableValue(entity: entity.name, attribute: entity.fieldNames[index], id: snapshot.persistentModelID))
+                ok = false
+            }
+        }
+        return ok
     }
 
     // MARK: Uniqueness
@@ -117,11 +156,65 @@ struct StoreWriter {
 
     /// Deletes a record and applies its relationships' delete rules (recursively for cascades).
     /// A record that does not exist (deleted earlier, or never saved) is skipped.
-    private mutating func deleteRecord(_ id: PersistentIdentifier) throws {
+    mutating func deleteRecord(_ id: PersistentIdentifier, viaCascade: Bool = false) throws {
         guard deleted.insert(id).inserted else { return }
         let (entity, sql) = entity(id.entityName)
         guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return }
-        let fieldIndex = Dictionary(uniqueKeysWithValues: entity.fieldNames.enumerated().map { ($1, $0 + 1) })
+        try applyDeleteRules(of: id, row: row)
+        try db.run(sql.delete, [id.id.sqliteValue])
+        let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
+        changes.deleted.append(DeletedRecord(
+            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: viaCascade))
+    }
+
+    /// Applies the delete rules of a record a sync import has already removed: its to-many relationships' members
+    /// (found through their inverse reference) are cascaded or nullified like a local delete, so every device
+    /// treats the children of a deleted parent the same way.
+    mutating func applyDeleteRulesAfterRemoteDelete(of id: PersistentIdentifier) throws {
+        guard deleted.insert(id).inserted else { return }
+        try applyDeleteRules(of: id, row: nil)
+    }
+
+    /// A live record `child` references a deleted record through its to-one `reference`: follow `rule` (the delete
+    /// rule of the deleted record's inverse relationship) — cascade deletes the child, nullify clears the reference.
+    mutating func followDeletedReference(child: PersistentIdentifier, reference: String, rule: Schema.DeleteRule) throws {
+        switch rule {
+        case .cascade:
+            try deleteRecord(child)
+        case .nullify:
+            let (_, sql) = entity(child.entityName)
+            try db.run("UPDATE \(sql.table) SET \(quoted(reference)) = NULL WHERE \"id\" = ?", [child.id.sqliteValue])
+            if db.changes > 0 { changes.updated.append((Snapshot(entityName: child.entityName, id: child.id, values: []), [reference])) }
+        case .deny, .noAction:
+            break
+        }
+    }
+
+    /// Points every to-one reference to `loser` at `winner` instead (a resolved duplicate), as local updates.
+    mutating func retargetReferences(from loser: PersistentIdentifier, to winner: UUID) throws {
+        for entity in store.entities {
+            for relationship in entity.toOneRelationships where relationship.destination == loser.entityName {
+                let (_, sql) = self.entity(entity.name)
+                let children = try db.rows("SELECT \"id\" FROM \(sql.table) WHERE \(quoted(relationship.name)) = ? ORDER BY \"id\"",
+                                           [loser.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
+                for child in children {
+                    try retargetReference(child: PersistentIdentifier(entityName: entity.name, id: child), reference: relationship.name, to: winner)
+                }
+            }
+        }
+    }
+
+    /// Points one record's to-one `reference` at `target`, as a local update.
+    mutating func retargetReference(child: PersistentIdentifier, reference: String, to target: UUID) throws {
+        let (_, sql) = entity(child.entityName)
+        try db.run("UPDATE \(sql.table) SET \(quoted(reference)) = ? WHERE \"id\" = ?", [target.sqliteValue, child.id.sqliteValue])
+        if db.changes > 0 { changes.updated.append((Snapshot(entityName: child.entityName, id: child.id, values: []), [reference])) }
+    }
+
+    /// Applies the delete rules of record `id`. With `row == nil` (the row is already gone) only to-many
+    /// relationships can be followed.
+    private mutating func applyDeleteRules(of id: PersistentIdentifier, row: [SQLiteValue]?) throws {
+        let (entity, _) = entity(id.entityName)
         for relationship in entity.relationships {
             let (destination, destinationSQL) = self.entity(relationship.destination)
             let targets: [UUID]
@@ -130,22 +223,21 @@ struct StoreWriter {
                 targets = try db.rows("SELECT \"id\" FROM \(destinationSQL.table) WHERE \(quoted(inverse)) = ? ORDER BY \"id\"",
                                       [id.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
             } else {
-                targets = [try? UUID(sqliteValue: row[fieldIndex[relationship.name]!])].compactMap { $0 }
+                guard let row, let index = entity.fieldNames.firstIndex(of: relationship.name) else { continue }
+                targets = [try? UUID(sqliteValue: row[index + 1])].compactMap { $0 }
             }
             if targets.isEmpty { continue }
             switch relationship.deleteRule {
             case .deny:
-                failures.append(.deleteDenied(entity: entity.name, relationship: relationship.name, count: targets.count))
+                deferredChecks.append(DeferredCheck(kind: .deny, entity: entity.name, relationship: relationship, id: id.id, targets: targets))
             case .cascade:
-                for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target)) }
+                for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target), viaCascade: true) }
             case .nullify:
                 guard let inverseName = relationship.inverse, let inverse = destination.relationship(named: inverseName),
                       !inverse.isToMany else { continue }
                 if !inverse.isOptional {
-                    for target in targets where !deleted.contains(PersistentIdentifier(entityName: destination.name, id: target)) {
-                        failures.append(.missingRequiredRelationship(entity: destination.name, relationship: inverseName,
-                                                                     id: PersistentIdentifier(entityName: destination.name, id: target)))
-                    }
+                    deferredChecks.append(DeferredCheck(kind: .requiredInverse(inverseName), entity: entity.name,
+                                                        relationship: relationship, id: id.id, targets: targets))
                     continue
                 }
                 try db.run("UPDATE \(destinationSQL.table) SET \(quoted(inverseName)) = NULL WHERE \(quoted(inverseName)) = ?",
@@ -157,10 +249,38 @@ struct StoreWriter {
                 break
             }
         }
-        try db.run(sql.delete, [id.id.sqliteValue])
-        let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
-        changes.deleted.append(DeletedRecord(
-            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }))
+    }
+}
+
+extension StoreWriter {
+    /// Applies the deny rules and required inverse relationships of the records this save deleted, now that every
+    /// delete, insert and update is applied: related records deleted or moved elsewhere by the same save do not
+    /// count, whatever order the changes were registered in.
+    private mutating func checkDeletedRelationships() throws {
+        for check in deferredChecks {
+            let (destination, sql) = entity(check.relationship.destination)
+            func referencing(_ column: String) throws -> [UUID] {
+                try db.rows("SELECT \"id\" FROM \(sql.table) WHERE \(quoted(column)) = ? ORDER BY \"id\"",
+                            [check.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
+            }
+            switch check.kind {
+            case .deny:
+                let remaining: [UUID]
+                if check.relationship.isToMany, let inverse = check.relationship.inverse {
+                    remaining = try referencing(inverse)
+                } else {
+                    remaining = try check.targets.filter { try db.scalar(sql.exists, [$0.sqliteValue]) != nil }
+                }
+                if !remaining.isEmpty {
+                    failures.append(.deleteDenied(entity: check.entity, relationship: check.relationship.name, count: remaining.count))
+                }
+            case let .requiredInverse(inverse):
+                for target in try referencing(inverse) {
+                    failures.append(.missingRequiredRelationship(entity: destination.name, relationship: inverse,
+                                                                 id: PersistentIdentifier(entityName: destination.name, id: target)))
+                }
+            }
+        }
     }
 }
 
@@ -177,4 +297,6 @@ struct StoreChanges {
 struct DeletedRecord {
     let id: PersistentIdentifier
     let preservedValues: [(String, SQLiteValue)]
+    /// `true` when a delete rule (cascade) deleted it rather than the app.
+    var viaCascade = false
 }

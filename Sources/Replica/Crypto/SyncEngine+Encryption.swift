@@ -333,17 +333,17 @@ extension SyncEngine {
         encryption.metadataFresh = false
     }
 
-    /// Adds the encryption part of ``status()``.
-    func reportEncryption(into status: inout SyncStatus) throws {
-        let undecryptable = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE state = 'undecryptable'")
-        if case let .integer(count)? = undecryptable { status.undecryptableRecords = Int(count) }
+    /// Adds the encryption error to ``status()`` (which already counts undecryptable records).
+    func reportEncryption(into status: inout SyncStatus) {
         status.encryptionError = encryption?.blockingError ?? (status.undecryptableRecords > 0 ? encryption?.lastRecordError : nil)
     }
 
     // MARK: Internals
 
     private func receiveZoneMetadata(_ data: Data?, _ encryption: FieldEncryptionController) throws {
+        // Fresh for the current sync cycle, whoever asked (another metadata user, such as the schema gate, may have).
         encryption.metadataFresh = true
+        encryption.lastNeedsFetch = true
         guard let data, !data.isEmpty else {
             // The zone has no keys yet: propose a new key set (compare-and-swap from nothing; if another device wins,
             // its key set is checked and adopted instead).
@@ -452,6 +452,12 @@ extension SyncEngine {
                         VALUES (?, ?, 0, ?, '{}', 0, 'undecryptable', ?)
                         """, [record.recordID.sqliteValue, .text(record.recordType), .text(record.created.description), .text(reason)])
                 }
+                // The zone does have this record: during a full resync it counts as seen, so it is not taken for one
+                // the zone lost (see P4).
+                try db.run("""
+                    UPDATE replica_sync_record SET seen = (SELECT value FROM replica_metadata WHERE key = 'resync_generation')
+                    WHERE id = ? AND EXISTS (SELECT 1 FROM replica_metadata WHERE key = 'resync_active')
+                    """, [record.recordID.sqliteValue])
             }
         }
         if let last = failed.last?.1 { encryption.lastRecordError = last }

@@ -25,6 +25,8 @@ public struct ReplicaEnvironment: Sendable {
     /// Called at named points of Replica's write paths (see ``FaultPoint``). Tests and the simulator use it to
     /// inject failures (by throwing) or to stop a process at an exact point; production leaves it `nil`.
     public var faultHook: (@Sendable (FaultPoint) throws -> Void)?
+    /// Deliberate bugs switched on for simulator canary runs (see ``Canary``). Always empty in production.
+    public var canaries: Set<Canary> = []
     /// The last identifier issued, so that identifiers stay strictly increasing.
     let identifierState = IdentifierState()
 
@@ -136,6 +138,8 @@ public enum FaultPoint: Sendable, Hashable {
     case beforeCommit(store: String)
     /// Store `store`'s transaction of a save has committed.
     case afterCommit(store: String)
+    /// The sync engine of store `store` is about to merge a fetched batch (and store its change token).
+    case beforeImport(store: String)
 }
 
 /// Who is writing to a store: recorded in history so other processes can tell their own changes from others'.

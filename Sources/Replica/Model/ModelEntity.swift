@@ -48,13 +48,18 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
+        /// A reference to ``UUID/unassigned`` means "not set yet": it is stored as no reference, and a save reports it as
+        /// ``ModelValidationFailure/missingRequiredRelationship(entity:relationship:id:)``.
         public static func toOne<Target: PersistentModel>(
             _ name: String, _ keyPath: WritableKeyPath<Model, Reference<Target>>, inverse: String? = nil,
             deleteRule: Schema.DeleteRule = .nullify
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: false)
-            return Member(kind: .toOne(relationship, encode: { $0[keyPath: keyPath].id.sqliteValue }), keyPath: keyPath)
+            return Member(kind: .toOne(relationship, encode: { model in
+                let id = model[keyPath: keyPath].id
+                return id == .unassigned ? .null : id.sqliteValue
+            }), keyPath: keyPath)
         }
 
         /// A to-many relationship. It is not stored in this record: its members are the `Target` records whose

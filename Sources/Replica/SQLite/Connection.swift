@@ -38,7 +38,11 @@ final class Connection {
         let path: String
         switch location {
         case let .file(url): path = url.path
-        case let .memory(name): path = "file:/\(name)?vfs=memdb"
+        case let .memory(name):
+            // The name is a URI path: escape everything but unreserved characters, so that a `?`, `#` or `%` in it
+            // cannot end the path early and open a file instead of the in-memory database.
+            let unreserved = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+            path = "file:/\(name.addingPercentEncoding(withAllowedCharacters: unreserved) ?? name)?vfs=memdb"
         }
         var db: OpaquePointer?
         let code = sqlite3_open_v2(path, &db, flags, nil)

@@ -84,9 +84,10 @@ public struct ModelConfiguration: Sendable, Hashable {
         }
     }
 
-    /// Whether `name` can be used as a store file's base name.
+    /// Whether `name` can be used as a store file's base name: `<name>.store` and the files SQLite keeps beside it
+    /// (`-wal`, `-shm`, and `-journal`, the longest) must fit the usual 255-byte file-name limit, so at most 241 bytes.
     static func isValidFileName(_ name: String) -> Bool {
         !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.contains("\0")
-            && name.utf8.count <= 249
+            && name.utf8.count <= 255 - ".store".utf8.count - "-journal".utf8.count
     }
 }

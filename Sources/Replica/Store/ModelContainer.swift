@@ -26,10 +26,10 @@ public final class ModelContainer: Sendable {
     ///   `.loadIssueModelContainer`.
     public init(for schema: Schema, configurations: [ModelConfiguration] = [], environment: ReplicaEnvironment = .live) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
-        do {
-            try schema.validate()
-        } catch let error as SchemaValidationError {
-            throw ReplicaError.invalidSchema(error)
+        let structural = SchemaValidator(schema: schema).violations()
+        if !structural.isEmpty {
+            let synced = Self.syncedViolations(of: schema, configurations)
+            throw ReplicaError.invalidSchema(SchemaValidationError(violations: structural + synced))
         }
 
         // Names and files must be distinct.
@@ -73,15 +73,12 @@ public final class ModelContainer: Sendable {
         for (name, indices) in owners { storeIndexByEntity[name] = indices[0] }
 
         // References stay within one store; synced stores follow the additive-only rules.
-        var violations: [SchemaViolation] = []
         for entity in schema.entities {
             for relationship in entity.relationships where storeIndexByEntity[relationship.destination] != storeIndexByEntity[entity.name] {
                 throw ReplicaError.crossStoreRelationship(entity: entity.name, relationship: relationship.name)
             }
         }
-        for (i, configuration) in configurations.enumerated() where configuration.isSynced {
-            violations += SchemaValidator.syncedViolations(of: entitiesByConfiguration[i].compactMap(schema.entity(named:)))
-        }
+        let violations = Self.syncedViolations(of: schema, configurations)
         if !violations.isEmpty { throw ReplicaError.invalidSchema(SchemaValidationError(violations: violations)) }
 
         self.schema = schema
@@ -92,6 +89,21 @@ public final class ModelContainer: Sendable {
             try Store(configuration: configuration, entities: entitiesByConfiguration[i].compactMap(schema.entity(named:)),
                       environment: environment)
         }
+    }
+
+    /// The additive-only violations of every synced configuration's entities: those its schema names or, for the
+    /// configuration without a schema, those no other configuration names. Works on an invalid schema too, so that
+    /// `.invalidSchema` can list every violation at once.
+    private static func syncedViolations(of schema: Schema, _ configurations: [ModelConfiguration]) -> [SchemaViolation] {
+        let claimed = Set(configurations.flatMap { $0.schema?.entityNames ?? [] })
+        let catchAll = configurations.firstIndex { $0.schema == nil }
+        var violations: [SchemaViolation] = []
+        for (i, configuration) in configurations.enumerated() where configuration.isSynced {
+            let names = configuration.schema?.entityNames
+                ?? (i == catchAll ? schema.entityNames.filter { !claimed.contains($0) } : [])
+            violations += SchemaValidator.syncedViolations(of: names.compactMap(schema.entity(named:)))
+        }
+        return violations
     }
 
     /// Opens a container for the given model types.

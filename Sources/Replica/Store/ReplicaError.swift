@@ -9,7 +9,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case duplicateConfiguration(name: String)
     /// A configuration names entities that the container's schema does not have.
     case configurationSchemaNotFoundInContainerSchema(configuration: String, entities: [String])
-    /// A configuration's name cannot be used as a file name (empty, `/`, NUL, `..`, or longer than 255 bytes).
+    /// A configuration's name cannot be used as a file name (empty, `/`, NUL, `..`, or longer than 241 bytes,
+    /// so that `<name>.store-journal` fits the 255-byte file-name limit).
     case configurationFileNameContainsInvalidCharacters(name: String)
     /// An entity of the container schema is in more than one configuration, or in none.
     case entityNotRoutable(entity: String, configurations: [String])
@@ -34,6 +35,9 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case historyTokenExpired(HistoryToken)
     /// A history token belongs to a store this container does not have.
     case historyTokenFromAnotherStore(HistoryToken)
+    /// This device's schema contradicts the union schema of the zone (something removed, renamed or retyped).
+    /// The sync engine syncs nothing until the app's schema is fixed.
+    case incompatibleSchema([SchemaDifference])
     /// A save failed while committing: the stores listed in `committed` were committed before the failure and keep
     /// their changes; the others were rolled back. See ``ModelContext/save()`` for the guarantee.
     case partialSave(committed: [String], failed: String, underlying: SQLiteError)
@@ -57,6 +61,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .valueConversion(error): return error.description
         case let .historyTokenExpired(token): return "history token \(token) is expired (history before it was pruned)"
         case let .historyTokenFromAnotherStore(token): return "history token \(token) belongs to a store this container does not have"
+        case let .incompatibleSchema(differences):
+            return "schema incompatible with the zone: " + differences.map(\.description).joined(separator: "; ")
         case let .partialSave(committed, failed, underlying):
             return "save committed \(committed.joined(separator: ", ")) but failed on '\(failed)': \(underlying)"
         }
@@ -72,6 +78,8 @@ public enum ModelValidationFailure: Sendable, Hashable, CustomStringConvertible 
     case duplicateIdentifier(PersistentIdentifier)
     /// A delete was refused by a deny rule: `count` records are still related through `relationship`.
     case deleteDenied(entity: String, relationship: String, count: Int)
+    /// A value SQLite cannot store faithfully (a floating-point NaN, which SQLite turns into NULL).
+    case unrepresentableValue(entity: String, attribute: String, id: PersistentIdentifier)
     /// A required to-one relationship has no value.
     case missingRequiredRelationship(entity: String, relationship: String, id: PersistentIdentifier)
 
@@ -82,6 +90,8 @@ public enum ModelValidationFailure: Sendable, Hashable, CustomStringConvertible 
         case let .duplicateIdentifier(id): return "\(id) already exists"
         case let .deleteDenied(entity, relationship, count):
             return "cannot delete \(entity): \(count) related record(s) through '\(relationship)' (deny rule)"
+        case let .unrepresentableValue(entity, attribute, id):
+            return "\(id): \(entity).\(attribute) holds a value SQLite cannot store (NaN)"
         case let .missingRequiredRelationship(entity, relationship, id):
             return "\(id): required relationship \(entity).\(relationship) has no value"
         }

@@ -17,6 +17,8 @@ final class Store: Sendable {
     private let anchor: Mutex<Connection?>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
+    /// In-memory stores opened by this process so far: part of each in-memory database's name.
+    private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
     /// Opens (creating if needed) the store and brings its tables up to `entities`.
     /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
@@ -43,8 +45,10 @@ final class Store: Sendable {
                 throw loadIssue("read-only store file \(url.path) does not exist")
             }
         } else {
-            // A unique name per container: in-memory stores of different containers never share data.
-            self.location = .memory(name: "replica-\(name)-\(environment.makeIdentifier().uuidString)")
+            // A unique name per container: in-memory stores of different containers never share data, even when
+            // their environments produce the same identifiers (two environments seeded alike).
+            let serial = Self.inMemoryStoreCount.add(1, ordering: .relaxed).newValue
+            self.location = .memory(name: "replica-\(name)-\(serial)-\(environment.makeIdentifier().uuidString)")
         }
 
         do {
@@ -85,6 +89,10 @@ final class Store: Sendable {
                     // attributes stay (their data is kept) and are ignored.
                     for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
                         try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                        // Records written before the attribute existed take its declared default.
+                        if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
+                            _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
+                        }
                     }
                 }
                 for relationship in entity.toOneRelationships {

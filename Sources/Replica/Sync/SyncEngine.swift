@@ -14,18 +14,23 @@ public struct SyncStatus: Hashable, Sendable {
     public var pendingRecords: Int
     /// Records the cloud refused for good (they stay queued, with a reason in the ledger).
     public var rejectedRecords: Int
+    /// Live records that reference a record this device has not received yet.
+    public var waitingForParent: Int
+    /// Records whose encrypted fields could not be opened.
+    public var undecryptableRecords: Int
+    /// Set when the engine refuses to sync (e.g. an incompatible schema).
+    public var blockedBy: ReplicaError?
     /// `true` while the engine still has to read the zone's changes.
     public var needsFetch: Bool
     /// The last error of the last failed operation, cleared by the next success.
     public var lastError: CloudError?
-    /// Records whose incoming version could not be decrypted (kept, untouched; see ``SyncEngine/undecryptableRecords()``).
-    public var undecryptableRecords = 0
     /// The encryption error that stops the engine (e.g. a wrong key), else the last record that failed to decrypt.
     public var encryptionError: FieldEncryptionError?
 
     /// Nothing to send, nothing to read, nothing failing.
     public var isUpToDate: Bool {
-        pendingRecords == 0 && rejectedRecords == 0 && undecryptableRecords == 0 && !needsFetch && lastError == nil && encryptionError == nil
+        pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && !needsFetch
+            && lastError == nil && blockedBy == nil && encryptionError == nil
     }
 }
 
@@ -56,6 +61,9 @@ public final class SyncEngine {
         public var baseBackoffMilliseconds: Int64 = 500
         /// Upper bound of the retry delay, in milliseconds.
         public var maxBackoffMilliseconds: Int64 = 300_000
+        /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
+        /// dies holding it is replaced once it expires.
+        public var leaseDurationMilliseconds: Int64 = 30_000
         public init() {}
     }
 
@@ -71,6 +79,11 @@ public final class SyncEngine {
     var encryption: FieldEncryptionController?
 
     private var zoneReady = false
+    private var schemaChecked = false
+    private var proposedSchema: (value: Data, expected: Data?)?
+    private var blocked: ReplicaError?
+    /// Identifies this engine instance as the holder of the store's upload lease.
+    private let instanceID: UUID
     private var needsFetch = true
     private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
     private var nextID: UInt64 = 1
@@ -97,8 +110,11 @@ public final class SyncEngine {
         self.zone = zone ?? storeName
         self.options = options
         self.db = try store.openConnection()
+        self.instanceID = container.environment.makeIdentifier()
         self.encryption = try FieldEncryptionController.make(encryption, store: store, zone: self.zone, db: db, random: container.environment.random)
     }
+
+    deinit { releaseLease() }
 
     private var now: Int64 { container.environment.clock.nowMilliseconds() }
 
@@ -108,16 +124,26 @@ public final class SyncEngine {
     /// backing off until ``wakeTime``). At most one request is outstanding at a time.
     /// - Throws: ``SQLiteError`` when the store cannot be read.
     public func nextRequest() throws -> SyncRequest? {
+        if let blocked { throw blocked }
         guard inFlight == nil, now >= backoffUntil else { return nil }
+        guard try acquireLease() else { return nil }
         var versions: [UUID: Int64] = [:]
         let operation: CloudOperation
         if !zoneReady {
             operation = .createZone(zone)
+        } else if !schemaChecked {
+            if let proposed = proposedSchema {
+                operation = .setZoneMetadata(zone: zone, key: Self.schemaKey, value: proposed.value, ifCurrent: proposed.expected)
+            } else {
+                operation = .fetchZoneMetadata(zone: zone)
+            }
         } else if let gate = try encryptionGate(needsFetch: needsFetch) {
             guard case let .request(encryptionOperation) = gate else { return nil }
             operation = encryptionOperation
         } else if needsFetch {
-            operation = .fetchZoneChanges(zone: zone, since: try loadToken(), limit: options.fetchLimit)
+            let token = try loadToken()
+            if token == nil { try beginFullResync() }
+            operation = .fetchZoneChanges(zone: zone, since: token, limit: options.fetchLimit)
         } else {
             let outbox = try SyncLedger.outbox(limit: options.uploadBatchSize, store: store, db: db)
             guard !outbox.isEmpty else { return nil }
@@ -164,12 +190,125 @@ public final class SyncEngine {
 
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
-        let pending = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')")
-        let rejected = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE state = 'rejected'")
-        func count(_ value: SQLiteValue?) -> Int { if case let .integer(n)? = value { Int(n) } else { 0 } }
-        var status = SyncStatus(pendingRecords: count(pending), rejectedRecords: count(rejected), needsFetch: needsFetch, lastError: lastError)
-        try reportEncryption(into: &status)
+        let row = try db.rows("""
+            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')),
+                   count(*) FILTER (WHERE state = 'rejected'),
+                   count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
+                   count(*) FILTER (WHERE state = 'undecryptable')
+            FROM replica_sync_record
+            """).first ?? []
+        func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
+        var status = SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
+                                undecryptableRecords: count(3), blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
+        reportEncryption(into: &status)
         return status
+    }
+
+    // MARK: Ledger
+
+    /// The ledger entry of one record, or `nil` when the store never synced it.
+    public func ledgerEntry(for id: PersistentIdentifier) throws -> LedgerEntry? {
+        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first
+    }
+
+    /// Every ledger entry in `state` (all entries when `nil`), in record ID order.
+    public func ledgerEntries(in state: LedgerState.Kind? = nil) throws -> [LedgerEntry] {
+        let entries = try ledgerEntries(where: "1", [])
+        guard let state else { return entries }
+        return entries.filter { $0.state.kind == state }
+    }
+
+    private func ledgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
+        try db.rows("""
+            SELECT id, entity, causal_length, pending, state, reason, waiting_for, change_tag FROM replica_sync_record
+            WHERE \(condition) ORDER BY id
+            """, values).compactMap { row in
+            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .integer(cl) = row[2],
+                  case let .text(stateText) = row[4] else { return nil }
+            let reason: String = if case let .text(r) = row[5] { r } else { "" }
+            let state: LedgerState
+            switch stateText {
+            case "rejected": state = .rejected(reason: reason)
+            case "undecryptable": state = .undecryptable(reason: reason)
+            default:
+                if cl % 2 == 1, let parent = try? UUID(sqliteValue: row[6]) { state = .waitingForParent(parent) }
+                else if case .integer(1) = row[3] { state = .pending }
+                else { state = .synced }
+            }
+            let tag: String? = if case let .text(t) = row[7] { t } else { nil }
+            return LedgerEntry(id: PersistentIdentifier(entityName: entity, id: id), state: state, causalLength: cl, changeTag: tag)
+        }
+    }
+
+    /// The newest merge decisions in which a local, not yet uploaded value lost (at most `limit`, newest first).
+    public func conflictLog(limit: Int = 100) throws -> [ConflictLogEntry] {
+        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp, winner FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
+                    [.integer(Int64(limit))]).compactMap { row in
+            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .text(field) = row[2],
+                  case let .text(local) = row[3], case let .text(winning) = row[4],
+                  let localStamp = FieldStamp(local), let winningStamp = FieldStamp(winning) else { return nil }
+            let winner = (try? UUID(sqliteValue: row[5])).map { PersistentIdentifier(entityName: entity, id: $0) }
+            return ConflictLogEntry(id: PersistentIdentifier(entityName: entity, id: id), field: field,
+                                    localStamp: localStamp, winningStamp: winningStamp, duplicateOf: winner)
+        }
+    }
+
+    // MARK: Schema gate
+
+    static let schemaKey = "schema"
+
+    /// Compares this device's schema with the zone's union schema: refuse on a contradiction, propose the new union
+    /// when this device adds something, accept otherwise.
+    private func checkSchema(_ stored: Data?) throws {
+        let local = ZoneSchema(version: container.schema.version, entities: store.entities)
+        let zoneSchema = stored.flatMap { try? JSONDecoder().decode(ZoneSchema.self, from: $0) }
+        let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
+        if !differences.isEmpty {
+            blocked = .incompatibleSchema(differences)
+            return
+        }
+        if union == zoneSchema {
+            schemaChecked = true
+            return
+        }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        proposedSchema = (try encoder.encode(union), stored)
+    }
+
+    // MARK: Upload lease
+
+    private struct Lease: Codable {
+        var holder: UUID
+        var expires: Int64
+    }
+
+    /// Takes or renews the store's lease (so that of the processes sharing an app-group store, exactly one talks to
+    /// the cloud at a time). When another live holder has it, waits until it expires.
+    private func acquireLease() throws -> Bool {
+        func current() throws -> Lease? {
+            guard case let .text(json)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'sync_lease'") else { return nil }
+            return SyncLedger.decode(Lease.self, json)
+        }
+        if let lease = try current(), lease.holder == instanceID, lease.expires - now > options.leaseDurationMilliseconds / 2 {
+            return true
+        }
+        return try db.transaction(.immediate) {
+            if let lease = try current(), lease.holder != instanceID, lease.expires > now {
+                backoffUntil = lease.expires
+                return false
+            }
+            let lease = Lease(holder: instanceID, expires: now + options.leaseDurationMilliseconds)
+            try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       [.text(SyncLedger.encode(lease))])
+            return true
+        }
+    }
+
+    /// Gives up the upload lease if this engine holds it, so another process can take over at once.
+    public func releaseLease() {
+        try? db.run("DELETE FROM replica_metadata WHERE key = 'sync_lease' AND json_extract(value, '$.holder') = ?",
+                    [.text(instanceID.uuidString)])
     }
 
     // MARK: Applying
@@ -184,7 +323,12 @@ public final class SyncEngine {
         case let .modified(results):
             try applySaveResults(results, versions: versions)
             return
-        case .metadata, .metadataValue, .zoneDeleted:
+        case let .metadata(metadata):
+            try checkSchema(metadata[Self.schemaKey])
+        case let .metadataValue(value):
+            if value == proposedSchema?.value { schemaChecked = true }
+            proposedSchema = nil
+        case .zoneDeleted:
             break
         }
         consecutiveFailures = 0
@@ -193,24 +337,83 @@ public final class SyncEngine {
 
     /// Merges fetched records and stores the new token, in one transaction.
     private func importBatch(_ batch: ZoneChangeBatch) throws {
-        try db.transaction(.immediate) {
-            var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
-            var changes = StoreChanges()
-            for record in batch.records {
-                let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now)
-                changes.add(outcome)
-            }
-            try saveToken(batch.token)
-            try SyncLedger.saveHLC(hlc, db)
-            _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
+        if container.environment.canaries.contains(.tokenBeforeApply) {
+            try db.transaction(.immediate) { try saveToken(batch.token) }
+            try container.environment.faultHook?(.beforeImport(store: storeName))
+            try db.transaction(.immediate) { try mergeRecords(batch.records) }
+            return
         }
+        try container.environment.faultHook?(.beforeImport(store: storeName))
+        try db.transaction(.immediate) {
+            try mergeRecords(batch.records)
+            try saveToken(batch.token)
+            try noteSeenDuringResync(batch)
+        }
+    }
+
+    // MARK: Full resync
+
+    /// A fetch from no token reads the whole zone. Records this device has that the zone turns out not to have (the
+    /// zone was reset and re-created by another device, or lost them) are uploaded again when the read completes.
+    /// The generation and the records seen are stored in the store, so a crash mid-resync resumes correctly.
+    private func beginFullResync() throws {
+        try db.transaction(.immediate) {
+            let active = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+            guard active == nil else { return }
+            try db.run("""
+                INSERT INTO replica_metadata (key, value) VALUES ('resync_generation', 1)
+                ON CONFLICT (key) DO UPDATE SET value = value + 1
+                """)
+            try db.run("INSERT INTO replica_metadata (key, value) VALUES ('resync_active', 1)")
+        }
+    }
+
+    private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
+        guard try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'") != nil,
+              case let .integer(generation)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+        else { return }
+        for record in batch.records {
+            try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+        }
+        guard !batch.moreComing else { return }
+        try db.run("""
+            UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
+                state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END
+            WHERE seen <> ?
+            """, [.integer(generation)])
+        try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
+    }
+
+    /// Merges remote records (inside the caller's transaction), then resolves references (delete rules of deleted
+    /// parents, waiting children), stamps the local changes that caused, and records one history transaction
+    /// authored by sync.
+    private func mergeRecords(_ records: [CloudRecord]) throws {
+        guard !records.isEmpty else { return }
+        var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
+        var changes = StoreChanges()
+        var tombstoned: [PersistentIdentifier] = []
+        for record in records {
+            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries)
+            changes.add(outcome)
+            if let id = outcome.tombstoned { tombstoned.append(id) }
+        }
+        try SyncLedger.saveHLC(hlc, db)
+        if !container.environment.canaries.contains(.dedupSkipped) {
+            let touched = changes.inserted + changes.updated.map(\.0)
+            tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
+        }
+        let consequences = try SyncLedger.resolveReferences(after: changes, tombstoned: tombstoned, store: store, db: db)
+        try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
+        changes.inserted += consequences.inserted
+        changes.updated += consequences.updated
+        changes.deleted += consequences.deleted
+        _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
     }
 
     private func applySaveResults(_ results: [RecordSaveResult], versions: [UUID: Int64]) throws {
         var transient: CloudError?
         try db.transaction(.immediate) {
-            var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
-            var changes = StoreChanges()
+            var conflicts: [CloudRecord] = []
             for result in results {
                 switch result {
                 case let .saved(id, changeTag):
@@ -218,8 +421,16 @@ public final class SyncEngine {
                     state.changeTag = changeTag
                     if versions[id] == state.localVersion { state.pending = false }
                     try SyncLedger.store(state, db)
+                    if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
+                        try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
+                    }
                 case let .conflict(serverRecord):
-                    changes.add(try SyncLedger.merge(serverRecord, store: store, db: db, hlc: &hlc, wall: now))
+                    if container.environment.canaries.contains(.conflictClobbers), var state = try SyncLedger.load(serverRecord.recordID, db) {
+                        state.changeTag = serverRecord.changeTag
+                        try SyncLedger.store(state, db)
+                        continue
+                    }
+                    conflicts.append(serverRecord)
                 case let .failed(id, error):
                     if error.isTransient {
                         transient = error
@@ -229,8 +440,7 @@ public final class SyncEngine {
                     }
                 }
             }
-            try SyncLedger.saveHLC(hlc, db)
-            _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
+            try mergeRecords(conflicts)
         }
         if let transient {
             scheduleRetry(after: transient)
@@ -293,6 +503,58 @@ public final class SyncEngine {
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                    [.text(SyncLedger.encode(token))])
     }
+}
+
+/// A record's place in the sync ledger.
+public enum LedgerState: Hashable, Sendable {
+    /// The cloud lacks a local change; it will be uploaded.
+    case pending
+    /// The cloud has everything this device knows of the record.
+    case synced
+    /// The record references a record (its parent) this device has not received; it is kept and linked on arrival.
+    case waitingForParent(UUID)
+    /// The cloud refused the record for good; it stays queued with the reason.
+    case rejected(reason: String)
+    /// An encrypted field of the record could not be opened; local values are untouched.
+    case undecryptable(reason: String)
+
+    /// The state without its associated values.
+    public enum Kind: Hashable, Sendable { case pending, synced, waitingForParent, rejected, undecryptable }
+
+    public var kind: Kind {
+        switch self {
+        case .pending: return .pending
+        case .synced: return .synced
+        case .waitingForParent: return .waitingForParent
+        case .rejected: return .rejected
+        case .undecryptable: return .undecryptable
+        }
+    }
+}
+
+/// One record's ledger entry.
+public struct LedgerEntry: Hashable, Sendable {
+    public let id: PersistentIdentifier
+    public let state: LedgerState
+    /// Odd while alive, even while deleted.
+    public let causalLength: Int64
+    /// The server version last seen or saved.
+    public let changeTag: String?
+}
+
+/// A merge decision in which a local value lost: a field whose local, not yet uploaded value lost to a newer remote
+/// write, or a duplicate of a unique key resolved into the winner.
+public struct ConflictLogEntry: Hashable, Sendable {
+    /// The record whose value lost (for a duplicate: the loser).
+    public let id: PersistentIdentifier
+    /// The field (`"*"` for a duplicate).
+    public let field: String
+    /// The losing stamp (for a duplicate: the loser's creation stamp).
+    public let localStamp: FieldStamp
+    /// The winning stamp (for a duplicate: the winner's creation stamp).
+    public let winningStamp: FieldStamp
+    /// For a resolved duplicate: the record it was merged into.
+    public let duplicateOf: PersistentIdentifier?
 }
 
 extension StoreChanges {

@@ -21,19 +21,25 @@ enum SyncLedger {
             local_version INTEGER NOT NULL DEFAULT 0,
             pending INTEGER NOT NULL DEFAULT 0,
             state TEXT NOT NULL DEFAULT 'pending',
-            reason TEXT);
+            reason TEXT,
+            waiting_for BLOB,
+            seen INTEGER NOT NULL DEFAULT 0);
+        CREATE INDEX IF NOT EXISTS replica_sync_record_waiting ON replica_sync_record (waiting_for) WHERE waiting_for IS NOT NULL;
         CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1;
         CREATE TABLE IF NOT EXISTS replica_sync_unknown_record (
             id BLOB PRIMARY KEY NOT NULL,
             record_type TEXT NOT NULL,
             record TEXT NOT NULL);
+        CREATE INDEX IF NOT EXISTS replica_sync_record_redirect ON replica_sync_record (redirect) WHERE redirect IS NOT NULL;
         CREATE TABLE IF NOT EXISTS replica_sync_conflict (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
             id BLOB NOT NULL,
             entity TEXT NOT NULL,
             field TEXT NOT NULL,
             local_stamp TEXT NOT NULL,
-            winning_stamp TEXT NOT NULL);
+            winning_stamp TEXT NOT NULL,
+            kind TEXT NOT NULL DEFAULT 'field',
+            winner BLOB);
         """
 
     /// The conflict log keeps at most this many entries (oldest dropped first).
@@ -123,7 +129,10 @@ enum SyncLedger {
     /// touched record enters the outbox.
     static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment) throws {
         guard !changes.isEmpty else { return }
-        let hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        if environment.canaries.contains(.lwwByWallClock) {
+            hlc = HLC(physical: environment.clock.nowMilliseconds(), logical: 0, replica: store.identity)
+        }
         for snapshot in changes.inserted {
             guard let entity = store.entity(named: snapshot.entityName) else { continue }
             var state = try load(snapshot.id, db) ?? RecordState(
@@ -150,6 +159,7 @@ enum SyncLedger {
             try self.store(state, db)
         }
         for record in changes.deleted {
+            if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
             guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
             state.causalLength += 1
             var tombstone: [String: CloudField] = [:]
@@ -211,6 +221,8 @@ enum SyncLedger {
     /// What merging one remote record did locally.
     struct MergeOutcome {
         var change: Change?
+        /// Set when the merged record is deleted (whether or not a local row existed).
+        var tombstoned: PersistentIdentifier?
         enum Change {
             case inserted(Snapshot)
             case updated(Snapshot, [String])
@@ -221,7 +233,9 @@ enum SyncLedger {
     /// Merges a remote record (from a fetch or a save conflict) into the local store: causal length by max, each
     /// field by its stamp (absent fields keep their local value), unknown fields and record types kept. Writes the
     /// data row and the bookkeeping; returns what changed for history. Idempotent, commutative and associative.
-    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64) throws -> MergeOutcome {
+    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
+                      canaries: Set<Canary> = []) throws -> MergeOutcome {
+        var remote = remote
         // Advance the local clock past every stamp seen.
         var newest = remote.created.clock
         for field in remote.fields.values where field.stamp.clock > newest { newest = field.stamp.clock }
@@ -233,8 +247,15 @@ enum SyncLedger {
         }
         let local = try load(remote.recordID, db)
         let localRow: [SQLiteValue]? = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
+        if canaries.contains(.absentAsNull), remote.isAlive {
+            let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
+            for name in entity.fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
+        }
 
-        let causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        var causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        if canaries.contains(.nonIdempotentApply), let local, local.causalLength == remote.causalLength, local.changeTag == remote.changeTag {
+            causalLength += 1
+        }
         let incarnation = causalLength % 2 == 1 ? causalLength : causalLength - 1
         var created: FieldStamp
         switch (local, remote) {
@@ -294,13 +315,20 @@ enum SyncLedger {
             if let local, local.causalLength == remote.causalLength {
                 for (name, field) in local.tombstone where tombstone[name].map({ $0.stamp < field.stamp }) ?? true { tombstone[name] = field }
             }
+            // A duplicate that lost (a tombstone redirecting to the winner) carries every field, so that edits made
+            // to it anywhere reach the winner: fold in what this device knew of the live record.
+            if (remote.redirect ?? local?.redirect) != nil, let local, local.isAlive, let localRow {
+                for (index, name) in fieldNames.enumerated() {
+                    guard let stamp = local.stamps[name] else { continue }
+                    let field = CloudField(value: localRow[index + 1], stamp: stamp,
+                                           isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
+                    if tombstone[name].map({ $0.stamp < stamp }) ?? true { tombstone[name] = field }
+                }
+            }
         }
         if !alive {
-            // A tombstone: only the causal length and the preserved fields matter.
-            localNewer = false
-            if let local, local.causalLength == remote.causalLength {
-                localNewer = local.tombstone.contains { name, field in (remote.fields[name]?.stamp).map { $0 < field.stamp } ?? true }
-            }
+            // A tombstone: only the causal length and its fields matter.
+            localNewer = tombstone.contains { name, field in (remote.fields[name]?.stamp).map { $0 < field.stamp } ?? true }
         }
         if let local, local.causalLength > remote.causalLength { localNewer = true }
         if let local, local.causalLength == remote.causalLength, alive, local.created < remote.created { localNewer = true }
@@ -347,11 +375,11 @@ enum SyncLedger {
             try db.run(statements.insert, [remote.recordID.sqliteValue] + values)
             return MergeOutcome(change: .inserted(snapshot))
         }
-        guard localRow != nil else { return MergeOutcome(change: nil) }
+        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
         try db.run(statements.delete, [remote.recordID.sqliteValue])
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
-        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)))
+        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
     }
 
     /// The value a field takes when no write of the current incarnation is known: its declared default, else NULL.
@@ -387,11 +415,71 @@ enum SyncLedger {
         return result
     }
 
-    static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp, _ db: Connection) throws {
-        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp) VALUES (?, ?, ?, ?, ?)",
-                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description)])
+    static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp,
+                            duplicateOf winner: UUID? = nil, _ db: Connection) throws {
+        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
+                    .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
         try db.run("DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?",
                    [.integer(Int64(conflictLogCapacity))])
+    }
+
+    // MARK: Relationships
+
+    /// After merging remote records: the children of records that died follow those records' delete rules; live
+    /// records whose references point at a deleted record follow that record's rule; references to records not here
+    /// yet mark the record as waiting for its parent (it is kept, never deleted for it); records that arrived release
+    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change).
+    static func resolveReferences(after changes: StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+        var writer = StoreWriter(store: store, db: db)
+        for id in tombstoned {
+            if let winner = try liveRedirectTarget(of: id.id, db) {
+                // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
+                try writer.retargetReferences(from: id, to: winner)
+                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &writer.changes)
+            } else {
+                try writer.applyDeleteRulesAfterRemoteDelete(of: id)
+            }
+            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [id.id.sqliteValue])
+        }
+        let live = changes.inserted + changes.updated.map(\.0)
+        for snapshot in live where !snapshot.values.isEmpty {
+            guard let entity = store.entity(named: snapshot.entityName) else { continue }
+            var waitingFor: UUID?
+            for (offset, relationship) in entity.toOneRelationships.enumerated() {
+                guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
+                      let destination = store.entity(named: relationship.destination),
+                      let destinationSQL = store.statements(for: relationship.destination) else { continue }
+                if try db.scalar(destinationSQL.exists, [target.sqliteValue]) != nil { continue }
+                if let parent = try load(target, db), !parent.isAlive {
+                    if let winner = try liveRedirectTarget(of: target, db) {
+                        try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
+                        continue
+                    }
+                    let rule = relationship.inverse.flatMap { destination.relationship(named: $0)?.deleteRule } ?? .noAction
+                    try writer.followDeletedReference(child: snapshot.persistentModelID, reference: relationship.name, rule: rule)
+                } else {
+                    waitingFor = waitingFor ?? target
+                }
+            }
+            try db.run("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?", [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
+        }
+        for snapshot in changes.inserted {
+            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
+        }
+        return writer.changes
+    }
+
+    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops).
+    static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
+        var current = id
+        for _ in 0..<16 {
+            guard let state = try load(current, db) else { return nil }
+            if state.isAlive { return current == id ? nil : current }
+            guard let next = state.redirect else { return nil }
+            current = next
+        }
+        return nil
     }
 
     // MARK: JSON

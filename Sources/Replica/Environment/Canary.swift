@@ -1,0 +1,23 @@
+/// Deliberate bugs that the simulator switches on (`replica-sim --canary NAME`) to prove that its invariants catch
+/// real sync defects. Each canary disables one rule of the replication contract.
+///
+/// Never enable a canary outside tests and simulations: each one loses or corrupts data by design.
+public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
+    /// Field stamps use the device's wall clock only (no HLC): an edit made after seeing another can lose to it.
+    case lwwByWallClock = "lww-by-wall-clock"
+    /// The server change token is committed before the fetched batch is merged, in its own transaction: a crash in
+    /// between loses the batch for good.
+    case tokenBeforeApply = "token-before-apply"
+    /// Merging the same record twice bumps its causal length again: duplicates flip a record between alive and dead.
+    case nonIdempotentApply = "non-idempotent-apply"
+    /// Fields missing from an incoming record are treated as explicit nulls.
+    case absentAsNull = "absent-as-null"
+    /// The ledger forgets a tombstone as soon as the cloud acknowledges it: a stale copy resurrects the record.
+    case tombstonesDroppedEarly = "tombstones-dropped-early"
+    /// A local cascade deletes children but does not emit their tombstones: other devices keep orphans.
+    case cascadeForgetsChildTombstones = "child-tombstones-forgotten"
+    /// Duplicates of unique keys created on different devices are not resolved: both stay alive.
+    case dedupSkipped = "dedup-skipped"
+    /// On a save conflict the local record overwrites the server's without merging: other devices' writes are lost.
+    case conflictClobbers = "conflict-clobbers"
+}

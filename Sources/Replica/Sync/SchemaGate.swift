@@ -1,0 +1,77 @@
+import Foundation
+
+/// One way a device's schema contradicts the union schema its zone keeps (DESIGN.md, "Additive-only schema").
+public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
+    /// An entity the zone has is missing from a device at the zone's version or later (removed or renamed).
+    case entityRemoved(String)
+    /// An attribute the zone has is missing from a device at the zone's version or later (removed or renamed).
+    case attributeRemoved(entity: String, attribute: String)
+    /// An attribute has another type than in the zone.
+    case attributeRetyped(entity: String, attribute: String, zoneType: Schema.AttributeType, localType: Schema.AttributeType)
+    /// A relationship the zone has is missing from a device at the zone's version or later.
+    case relationshipRemoved(entity: String, relationship: String)
+    /// A relationship points elsewhere or changed between to-one and to-many.
+    case relationshipChanged(entity: String, relationship: String)
+
+    public var description: String {
+        switch self {
+        case let .entityRemoved(e): return "entity \(e) was removed or renamed"
+        case let .attributeRemoved(e, a): return "\(e).\(a) was removed or renamed"
+        case let .attributeRetyped(e, a, zone, local): return "\(e).\(a) changed type from \(zone.rawValue) to \(local.rawValue)"
+        case let .relationshipRemoved(e, r): return "relationship \(e).\(r) was removed or renamed"
+        case let .relationshipChanged(e, r): return "relationship \(e).\(r) changed destination or cardinality"
+        }
+    }
+}
+
+/// The union schema a zone keeps: every entity, attribute and relationship any device that synced has declared,
+/// and the highest schema version seen. Stored as JSON in the zone metadata key `schema`.
+struct ZoneSchema: Codable, Hashable {
+    var version: Schema.Version
+    var entities: [Schema.Entity]
+
+    /// Compares a device's schema with the zone's and returns the differences that make it incompatible, and the
+    /// union to store when there are none. A device older than the zone may lack things (it keeps them as unknown
+    /// fields); a device at or past the zone's version may not.
+    static func check(local: ZoneSchema, zone: ZoneSchema?) -> (differences: [SchemaDifference], union: ZoneSchema) {
+        guard let zone else { return ([], local) }
+        let current = local.version >= zone.version
+        var differences: [SchemaDifference] = []
+        var union = zone
+        union.version = max(zone.version, local.version)
+        for (index, zoneEntity) in zone.entities.enumerated() {
+            guard let mine = local.entities.first(where: { $0.name == zoneEntity.name }) else {
+                if current { differences.append(.entityRemoved(zoneEntity.name)) }
+                continue
+            }
+            for attribute in zoneEntity.attributes {
+                guard let own = mine.attribute(named: attribute.name) else {
+                    if current { differences.append(.attributeRemoved(entity: mine.name, attribute: attribute.name)) }
+                    continue
+                }
+                if own.type != attribute.type {
+                    differences.append(.attributeRetyped(entity: mine.name, attribute: attribute.name, zoneType: attribute.type, localType: own.type))
+                }
+            }
+            for relationship in zoneEntity.relationships {
+                guard let own = mine.relationship(named: relationship.name) else {
+                    if current { differences.append(.relationshipRemoved(entity: mine.name, relationship: relationship.name)) }
+                    continue
+                }
+                if own.destination != relationship.destination || own.isToMany != relationship.isToMany {
+                    differences.append(.relationshipChanged(entity: mine.name, relationship: relationship.name))
+                }
+            }
+            var merged = zoneEntity
+            for attribute in mine.attributes where zoneEntity.attribute(named: attribute.name) == nil { merged.attributes.append(attribute) }
+            for relationship in mine.relationships where zoneEntity.relationship(named: relationship.name) == nil {
+                merged.relationships.append(relationship)
+            }
+            union.entities[index] = merged
+        }
+        for entity in local.entities where zone.entities.first(where: { $0.name == entity.name }) == nil {
+            union.entities.append(entity)
+        }
+        return (differences, union)
+    }
+}

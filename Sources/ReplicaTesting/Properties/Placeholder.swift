@@ -1,1 +1,0 @@
-// ReplicaTesting: property engine and simulator.

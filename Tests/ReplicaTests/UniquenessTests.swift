@@ -1,0 +1,182 @@
+// Unique attributes and compound keys, enforced on save.
+import Foundation
+import Testing
+@testable import Replica
+
+/// Unique keys of other attribute types: an integer, and a compound key of a date and a composite.
+struct Ticket: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var number: Int = 0
+    var issued: Date = Date(timeIntervalSince1970: 0)
+    var seat: Address = Address(street: "", city: "")
+
+    static let entity = ModelEntity<Ticket>([
+        .attribute("number", \.number, options: .unique),
+        .attribute("issued", \.issued),
+        .attribute("seat", \.seat),
+    ], uniquenessConstraints: [["issued", "seat"]])
+}
+
+@Suite("Uniqueness")
+struct UniquenessTests {
+    let directory = TestDirectory()
+    let container: ModelContainer
+
+    init() throws {
+        container = try ModelContainer(for: User.self, Membership.self, Ticket.self, environment: directory.environment())
+    }
+
+    private func violation(_ model: User, _ attributes: [String] = ["email"]) -> ModelValidationFailure {
+        .uniqueConstraintViolation(entity: "User", attributes: attributes, id: model.persistentModelID)
+    }
+
+    @Test func aKeyTakenByAStoredRecordIsRefused() throws {
+        let context = ModelContext(container)
+        let first = context.insert(User(email: "a@example.com"))
+        try context.save()
+        let second = context.insert(User(email: "a@example.com"))
+        #expect(throws: ReplicaError.modelValidationFailure([violation(second)])) { try context.save() }
+        #expect(try rowCount("User", in: directory.storeURL()) == 1)
+        #expect(try ModelContext(container).fetch(User.self) == [first])
+
+        // A different context, the same outcome.
+        let other = ModelContext(container)
+        let third = other.insert(User(email: "a@example.com"))
+        #expect(throws: ReplicaError.modelValidationFailure([violation(third)])) { try other.save() }
+    }
+
+    @Test func updatingToATakenKeyIsRefused() throws {
+        let context = ModelContext(container)
+        _ = context.insert(User(email: "a@example.com"))
+        var b = context.insert(User(email: "b@example.com"))
+        try context.save()
+        b.email = "a@example.com"
+        context.update(b)
+        #expect(throws: ReplicaError.modelValidationFailure([violation(b)])) { try context.save() }
+        #expect(try ModelContext(container).model(User.self, id: b.id)?.email == "b@example.com")
+    }
+
+    @Test func duplicatesWithinOneBatchAreAllReported() throws {
+        let context = ModelContext(container)
+        let a = context.insert(User(email: "same@example.com"))
+        let b = context.insert(User(email: "same@example.com"))
+        let c = context.insert(User(email: "unique@example.com", nickname: "nick"))
+        let d = context.insert(User(email: "also-unique@example.com", nickname: "nick"))
+        #expect(throws: ReplicaError.modelValidationFailure([
+            violation(a), violation(b), violation(c, ["nickname"]), violation(d, ["nickname"]),
+        ])) { try context.save() }
+        #expect(try rowCount("User", in: directory.storeURL()) == 0)
+    }
+
+    @Test func swappingKeysBetweenTwoRecordsInOneSaveIsAllowed() throws {
+        let context = ModelContext(container)
+        var a = context.insert(User(email: "a@example.com", nickname: "alpha"))
+        var b = context.insert(User(email: "b@example.com", nickname: "beta"))
+        try context.save()
+        (a.email, b.email) = (b.email, a.email)
+        (a.nickname, b.nickname) = (b.nickname, a.nickname)
+        context.update(a)
+        context.update(b)
+        try context.save()
+        let reader = ModelContext(container)
+        #expect(try reader.model(User.self, id: a.id)?.email == "b@example.com")
+        #expect(try reader.model(User.self, id: b.id)?.email == "a@example.com")
+        #expect(try reader.model(User.self, id: a.id)?.nickname == "beta")
+    }
+
+    @Test func aKeyFreedByADeleteInTheSameSaveCanBeReused() throws {
+        let context = ModelContext(container)
+        let old = context.insert(User(email: "a@example.com"))
+        try context.save()
+        let new = context.insert(User(email: "a@example.com"))
+        context.delete(old)
+        try context.save()
+        #expect(try ModelContext(container).fetch(User.self).map(\.id) == [new.id])
+    }
+
+    @Test func nullKeysNeverCollide() throws {
+        let context = ModelContext(container)
+        context.insert(User(email: "a@example.com", nickname: nil))
+        context.insert(User(email: "b@example.com", nickname: nil))
+        context.insert(Membership(group: "g", member: nil, role: "x"))
+        context.insert(Membership(group: "g", member: nil, role: "y"))
+        try context.save()
+        context.insert(User(email: "c@example.com", nickname: nil))
+        context.insert(Membership(group: "g", member: nil, role: "z"))
+        try context.save()
+        #expect(try rowCount("User", in: directory.storeURL()) == 3)
+        #expect(try rowCount("Membership", in: directory.storeURL()) == 3)
+    }
+
+    @Test func compoundKeysCollideOnlyWhenEveryPartIsEqual() throws {
+        let context = ModelContext(container)
+        context.insert(Membership(group: "g", member: "m", role: "owner"))
+        context.insert(Membership(group: "g", member: "n", role: "owner"))
+        context.insert(Membership(group: "h", member: "m", role: "owner"))
+        try context.save()
+
+        let duplicate = context.insert(Membership(group: "g", member: "m", role: "guest"))
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .uniqueConstraintViolation(entity: "Membership", attributes: ["group", "member"], id: duplicate.persistentModelID),
+        ])) { try context.save() }
+        context.rollback()
+
+        // Within one batch, too.
+        let x = context.insert(Membership(group: "new", member: "m", role: "a"))
+        let y = context.insert(Membership(group: "new", member: "m", role: "b"))
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .uniqueConstraintViolation(entity: "Membership", attributes: ["group", "member"], id: x.persistentModelID),
+            .uniqueConstraintViolation(entity: "Membership", attributes: ["group", "member"], id: y.persistentModelID),
+        ])) { try context.save() }
+        #expect(try rowCount("Membership", in: directory.storeURL()) == 3)
+    }
+
+    @Test func uniqueKeysOfOtherTypes() throws {
+        let context = ModelContext(container)
+        let day = Date(timeIntervalSince1970: 1_767_225_600.5)
+        let seat = Address(street: "Row 1", city: "Seat 2", postalCode: nil)
+        context.insert(Ticket(number: 1, issued: day, seat: seat))
+        context.insert(Ticket(number: 2, issued: day, seat: Address(street: "Row 1", city: "Seat 3")))
+        try context.save()
+        let sameNumber = context.insert(Ticket(number: 1, issued: day.addingTimeInterval(1), seat: seat))
+        let sameSeat = context.insert(Ticket(number: 3, issued: day, seat: seat))
+        #expect(throws: ReplicaError.modelValidationFailure([
+            .uniqueConstraintViolation(entity: "Ticket", attributes: ["number"], id: sameNumber.persistentModelID),
+            .uniqueConstraintViolation(entity: "Ticket", attributes: ["issued", "seat"], id: sameSeat.persistentModelID),
+        ])) { try context.save() }
+    }
+
+    @Test func updatesThatLeaveTheKeyAloneAreFine() throws {
+        let context = ModelContext(container)
+        var membership = context.insert(Membership(group: "g", member: "m", role: "guest"))
+        try context.save()
+        membership.role = "owner"
+        context.update(membership)
+        try context.save()
+        #expect(try ModelContext(container).model(Membership.self, id: membership.id)?.role == "owner")
+    }
+
+    @Test func violationsNeverContainTheDuplicatedValue() throws {
+        let context = ModelContext(container)
+        let secretEmail = "secret.person@hidden.example"
+        let secretGroup = "classified-group-name"
+        context.insert(User(email: secretEmail))
+        context.insert(Membership(group: secretGroup, member: "agent", role: "r"))
+        try context.save()
+        context.insert(User(email: secretEmail))
+        context.insert(Membership(group: secretGroup, member: "agent", role: "r"))
+        let error = #expect(throws: ReplicaError.self) { try context.save() }
+        #expect(error?.validationFailures.count == 2)
+        let texts = [error.map { "\($0)" } ?? "", error?.description ?? "", String(reflecting: error as Any)]
+            + (error?.validationFailures.map(\.description) ?? [])
+        for text in texts {
+            #expect(!text.contains(secretEmail))
+            #expect(!text.contains("secret.person"))
+            #expect(!text.contains(secretGroup))
+            #expect(!text.contains("agent"))
+        }
+        // What it does say: the entity, the attributes and the record.
+        #expect(error?.description.contains("User") == true)
+        #expect(error?.description.contains("email") == true)
+    }
+}
