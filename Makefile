@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 PACKAGES := libsqlite3-dev libsodium-dev pkg-config
 SWIFT ?= swift
+# Extra flags for swift build/test/run, e.g. `make test SWIFT_FLAGS="--scratch-path /tmp/build"`.
+SWIFT_FLAGS ?=
 export SWIFT_DETERMINISTIC_HASHING := 1
 
 .PHONY: setup build test run example bench clean
@@ -21,15 +23,15 @@ setup:
 
 ## build: debug build of every target.
 build: setup
-	$(SWIFT) build
+	$(SWIFT) build $(SWIFT_FLAGS)
 
 ## test: the whole test suite.
 test: setup
-	$(SWIFT) test
+	$(SWIFT) test $(SWIFT_FLAGS)
 
 ## run: the main job (until the simulator lands: the trips example host app).
 run: setup
-	$(SWIFT) run -c release trips-example
+	$(SWIFT) run $(SWIFT_FLAGS) -c release trips-example
 
 example: run
 

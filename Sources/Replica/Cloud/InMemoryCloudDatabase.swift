@@ -165,7 +165,9 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if let error = Self.takeInjected(&state, .fetch) { throw error }
             guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
             let after = token?.sequence ?? 0
-            if let token, token.epoch != z.epoch || token.sequence < z.oldestValidSequence { throw CloudError.changeTokenExpired }
+            if let token, token.epoch != z.epoch || token.sequence < z.oldestValidSequence || token.sequence > z.sequence {
+                throw CloudError.changeTokenExpired  // older than kept, from another incarnation, or from the future
+            }
             let sequences = z.bySequence.keys.filter { $0 > after }.sorted()
             let page = sequences.prefix(max(1, limit))
             let records = page.compactMap { z.bySequence[$0].flatMap { z.records[$0]?.record } }

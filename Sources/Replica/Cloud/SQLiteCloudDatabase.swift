@@ -14,11 +14,16 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     private nonisolated(unsafe) let db: Connection
     /// The database file.
     public let url: URL
+    private let environment: ReplicaEnvironment
 
     /// Opens (creating if needed) the cloud database file at `url`.
-    /// - Throws: ``SQLiteError`` when the file cannot be opened or is not a database.
-    public init(url: URL) throws {
+    /// - Parameter environment: the source of randomness for zone epochs (``ReplicaEnvironment/live`` by default):
+    ///   a zone created in a new or re-created file never accepts a change token issued by another file.
+    /// - Throws: ``SQLiteError`` when the file cannot be opened or is not a database, or the file system's error when
+    ///   its directory cannot be created.
+    public init(url: URL, environment: ReplicaEnvironment = .live) throws {
         self.url = url
+        self.environment = environment
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         let db = try Connection(location: .file(url))
         try db.transaction(.immediate) {
@@ -56,10 +61,15 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     public func createZone(_ zone: String) throws(CloudError) {
         try write { db in
             guard try Self.zone(zone, db) == nil else { return }
-            let previous: Int64 = if case let .integer(e)? = try db.scalar("SELECT epoch FROM cloud_epoch WHERE name = ?", [.text(zone)]) { e } else { 0 }
-            try db.run("INSERT INTO cloud_zone (name, epoch) VALUES (?, ?)", [.text(zone), .integer(previous + 1)])
+            // A random epoch: tokens of an earlier incarnation of this zone, or of a zone in another (or a deleted and
+            // re-created) database file, never match.
+            var epoch: Int64
+            repeat {
+                epoch = Int64(environment.random.next() >> 17)
+            } while try db.scalar("SELECT 1 FROM cloud_epoch WHERE name = ? AND epoch = ?", [.text(zone), .integer(epoch)]) != nil || epoch == 0
+            try db.run("INSERT INTO cloud_zone (name, epoch) VALUES (?, ?)", [.text(zone), .integer(epoch)])
             try db.run("INSERT INTO cloud_epoch (name, epoch) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET epoch = excluded.epoch",
-                       [.text(zone), .integer(previous + 1)])
+                       [.text(zone), .integer(epoch)])
         }
     }
 
@@ -106,7 +116,9 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) throws(CloudError) -> ZoneChangeBatch {
         try write { db in
             guard let z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
-            if let token, token.epoch != z.epoch || token.sequence < z.oldestValid { throw CloudError.changeTokenExpired }
+            if let token, token.epoch != z.epoch || token.sequence < z.oldestValid || token.sequence > z.sequence {
+                throw CloudError.changeTokenExpired
+            }
             let after = token?.sequence ?? 0
             let limit = max(1, limit)
             let rows = try db.rows("SELECT sequence, record FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",

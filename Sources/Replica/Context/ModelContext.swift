@@ -65,8 +65,13 @@ public final class ModelContext {
         return model
     }
 
-    /// Registers new values for an existing model. At save, only fields whose value differs from the stored record
-    /// are written.
+    /// Registers new values for an existing model. At save, only the fields the app changed are written: those that
+    /// differ from the copy this context last read (or, for a record it never read, from the stored row).
+    ///
+    /// To-many arrays are filled on fetch and are not written back: change membership through the member's to-one
+    /// reference (e.g. set `item.trip`), as the inverse is the stored side.
+    ///
+    /// Traps if the model was never inserted (its ID is ``UUID/unassigned``) — a programming error.
     public func update<Model: PersistentModel>(_ model: Model) {
         precondition(model.id != .unassigned, "Replica: update(_:) needs an inserted model; call insert(_:) first")
         _ = storeIndex(of: Model.self)
@@ -243,7 +248,8 @@ public final class ModelContext {
         return try decodeModels(Model.self, rows, store: index).first
     }
 
-    /// The models `descriptor` selects, sorted, paged.
+    /// The models `descriptor` selects, sorted, paged. Traps if `Model`'s entity is not in the container's schema (a
+    /// programming error).
     ///
     /// Complexity: reads every record of the entity and filters in memory (O(n)); predicates are not yet compiled
     /// to SQL.

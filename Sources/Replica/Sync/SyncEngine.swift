@@ -96,14 +96,19 @@ public final class SyncEngine {
     ///   - zone: the zone name; defaults to the configuration name.
     ///   - encryption: how attributes marked ``Schema/Attribute/Options/allowsCloudEncryption`` are sealed (required
     ///     when the store has any; see ``FieldEncryption``).
-    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when there is no such synced store;
+    ///
+    /// Create one engine per synced store and keep it for the life of the process: the engine holds the store's upload
+    /// lease (see ``Options/leaseDurationMilliseconds``), so a second engine on the same store — in this process or
+    /// another — waits until the first releases it (``releaseLease()``, also on deinit) or the lease expires.
+    /// - Throws: ``ReplicaError/unknownStore(_:)`` or ``ReplicaError/storeNotSynced(_:)``; ``SQLiteError``;
     ///   ``FieldEncryptionError/encryptionNotConfigured(entity:field:)`` when the store has encrypted attributes and
     ///   `encryption` is `nil`.
     public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options(),
                 encryption: FieldEncryption? = nil) throws {
-        guard let store = container.stores.first(where: { $0.configuration.name == storeName }), store.configuration.isSynced else {
-            throw ReplicaError.loadIssueModelContainer(configuration: storeName, reason: "not a synced store of this container")
+        guard let store = container.stores.first(where: { $0.configuration.name == storeName }) else {
+            throw ReplicaError.unknownStore(storeName)
         }
+        guard store.configuration.isSynced else { throw ReplicaError.storeNotSynced(storeName) }
         self.container = container
         self.store = store
         self.storeName = storeName
