@@ -2,8 +2,9 @@ import CSodium
 import Foundation
 
 /// A region of libsodium guarded memory for key material: allocated with `sodium_malloc` (guard pages before and
-/// after, a canary, `mlock`ed so it is never swapped), kept inaccessible (`sodium_mprotect_noaccess`) except inside
-/// ``withReadOnlyBytes(_:)`` and ``withWritableBytes(_:)``, and wiped when freed (`sodium_free` zeroes it).
+/// after, a canary, and an `mlock` so it is not swapped — best effort: libsodium ignores an `mlock` that fails, e.g.
+/// beyond `RLIMIT_MEMLOCK`), kept inaccessible (`sodium_mprotect_noaccess`) except inside ``withReadOnlyBytes(_:)``
+/// and ``withWritableBytes(_:)``, and wiped when freed (`sodium_free` zeroes it).
 ///
 /// Allocate these rarely (one per key ring or per secret, not per operation): each costs at least three pages and
 /// several system calls. Internal; not thread-safe by itself (owners confine or lock it).
