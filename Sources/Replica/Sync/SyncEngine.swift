@@ -459,12 +459,18 @@ public final class SyncEngine {
         lastError = error
         switch error {
         case .changeTokenExpired:
-            // Full, idempotent resync: merging records already applied changes nothing.
+            // Full, idempotent resync: merging records already applied changes nothing. The zone may have been reset
+            // and re-created by another device, so its union schema is checked (and completed) again too.
             try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
             needsFetch = true
+            schemaChecked = false
+            proposedSchema = nil
         case .zoneNotFound:
-            // The zone is gone (reset, or never created): create it and upload everything again, tombstones included.
+            // The zone is gone (reset, or never created): create it, write the union schema again, and upload
+            // everything again, tombstones included.
             zoneReady = false
+            schemaChecked = false
+            proposedSchema = nil
             needsFetch = true
             try db.transaction(.immediate) {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
