@@ -176,7 +176,7 @@ public final class SyncEngine {
     public func status() throws -> SyncStatus {
         let row = try db.rows("""
             SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')),
-                   count(*) FILTER (WHERE state = 'rejected'),
+                   count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
                    count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable')
             FROM replica_sync_record
@@ -190,7 +190,7 @@ public final class SyncEngine {
 
     /// The ledger entry of one record, or `nil` when the store never synced it.
     public func ledgerEntry(for id: PersistentIdentifier) throws -> LedgerEntry? {
-        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first
+        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first { $0.id == id }
     }
 
     /// Every ledger entry in `state` (all entries when `nil`), in record ID order.
@@ -200,7 +200,29 @@ public final class SyncEngine {
         return entries.filter { $0.state.kind == state }
     }
 
+    /// The entries of local records, with the versions received from the cloud that could not be applied: such a
+    /// version marks its record rejected (with the reason), or is an entry of its own when no local record has it.
     private func ledgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
+        var entries = try localLedgerEntries(where: condition, values)
+        let rejected = try db.rows("SELECT id, record_type, record, reason FROM replica_sync_rejected WHERE \(condition) ORDER BY id, record_type",
+                                   values, cache: false)
+        for row in rejected {
+            guard let id = try? UUID(sqliteValue: row[0]), case let .text(type) = row[1], case let .text(json) = row[2],
+                  case let .text(reason) = row[3] else { continue }
+            let pid = PersistentIdentifier(entityName: type, id: id)
+            if let index = entries.firstIndex(where: { $0.id == pid }) {
+                let entry = entries[index]
+                entries[index] = LedgerEntry(id: pid, state: .rejected(reason: reason), causalLength: entry.causalLength, changeTag: entry.changeTag)
+            } else {
+                let record = SyncLedger.decode(CloudRecord.self, json)
+                entries.append(LedgerEntry(id: pid, state: .rejected(reason: reason), causalLength: record?.causalLength ?? 0,
+                                           changeTag: record?.changeTag))
+            }
+        }
+        return entries.sorted { $0.id.id.bytes.lexicographicallyPrecedes($1.id.id.bytes) || ($0.id.id == $1.id.id && $0.id < $1.id) }
+    }
+
+    private func localLedgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
         try db.rows("""
             SELECT id, entity, causal_length, pending, state, reason, waiting_for, change_tag FROM replica_sync_record
             WHERE \(condition) ORDER BY id
@@ -401,6 +423,8 @@ public final class SyncEngine {
                     state.changeTag = changeTag
                     if versions[id] == state.localVersion { state.pending = false }
                     try SyncLedger.store(state, db)
+                    // The cloud's version is now this one: a version of it that could not be applied is superseded.
+                    try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [id.sqliteValue, .text(state.entity)])
                     if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
                         try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
                     }
