@@ -542,11 +542,15 @@ enum SyncLedger {
         return writer.changes
     }
 
-    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops).
+    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops). A duplicate
+    /// only ever redirects to a record of its own entity: a chain that reaches another entity (a malformed record)
+    /// ends nowhere, and the tombstone is a plain delete.
     static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
         var current = id
+        var entity: String?
         for _ in 0..<16 {
-            guard let state = try load(current, db) else { return nil }
+            guard let state = try load(current, db), state.entity == (entity ?? state.entity) else { return nil }
+            entity = state.entity
             if state.isAlive { return current == id ? nil : current }
             guard let next = state.redirect else { return nil }
             current = next
