@@ -265,7 +265,7 @@ public final class SyncEngine {
     /// when this device adds something, accept otherwise.
     private func checkSchema(_ stored: Data?) throws {
         let local = ZoneSchema(version: container.schema.version, entities: store.entities)
-        let zoneSchema = stored.flatMap { try? JSONDecoder().decode(ZoneSchema.self, from: $0) }
+        let zoneSchema = stored.flatMap { try? ReplicaJSON.decoder().decode(ZoneSchema.self, from: $0) }
         let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
         if !differences.isEmpty {
             blocked = .incompatibleSchema(differences)
@@ -275,9 +275,7 @@ public final class SyncEngine {
             schemaChecked = true
             return
         }
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
-        proposedSchema = (try encoder.encode(union), stored)
+        proposedSchema = (try ReplicaJSON.encoder().encode(union), stored)
     }
 
     // MARK: Upload lease

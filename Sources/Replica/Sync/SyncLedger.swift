@@ -561,14 +561,12 @@ enum SyncLedger {
     // MARK: JSON
 
     static func encode<T: Encodable>(_ value: T) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+        String(decoding: (try? ReplicaJSON.encoder().encode(value)) ?? Data(), as: UTF8.self)
     }
 
     static func decode<T: Decodable>(_ type: T.Type, _ json: String?) -> T? {
         guard let json else { return nil }
-        return try? JSONDecoder().decode(T.self, from: Data(json.utf8))
+        return try? ReplicaJSON.decoder().decode(T.self, from: Data(json.utf8))
     }
 }
 
