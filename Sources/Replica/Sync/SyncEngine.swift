@@ -50,9 +50,9 @@ public struct SyncStatus: Hashable, Sendable {
 public final class SyncEngine {
     /// Tuning knobs.
     public struct Options: Sendable, Hashable {
-        /// Records per modify request.
+        /// Records per modify request (values below 1 count as 1).
         public var uploadBatchSize = 200
-        /// Records per fetch request.
+        /// Records per fetch request (values below 1 count as 1).
         public var fetchLimit = 500
         /// First retry delay after a transient error without a server-given delay, in milliseconds (doubles per
         /// consecutive failure, plus up to 25% random jitter from the environment).
@@ -129,9 +129,9 @@ public final class SyncEngine {
         } else if needsFetch {
             let token = try loadToken()
             if token == nil { try beginFullResync() }
-            operation = .fetchZoneChanges(zone: zone, since: token, limit: options.fetchLimit)
+            operation = .fetchZoneChanges(zone: zone, since: token, limit: max(1, options.fetchLimit))
         } else {
-            let outbox = try SyncLedger.outbox(limit: options.uploadBatchSize, store: store, db: db)
+            let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
             guard !outbox.isEmpty else { return nil }
             for entry in outbox { versions[entry.record.recordID] = entry.version }
             operation = .modifyRecords(outbox.map(\.record), zone: zone)
