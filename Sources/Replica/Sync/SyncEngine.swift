@@ -461,7 +461,10 @@ public final class SyncEngine {
             needsFetch = true
         case .zoneNotFound:
             // The zone is gone (reset, or never created): create it and upload everything again, tombstones included.
+            // Its metadata went with it, so the union schema is checked (and written) again before anything else.
             zoneReady = false
+            schemaChecked = false
+            proposedSchema = nil
             needsFetch = true
             try db.transaction(.immediate) {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
