@@ -476,6 +476,10 @@ public final class SyncEngine {
                     try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                [.text(error.description), record.recordID.sqliteValue])
                 }
+            } else {
+                // The cloud cannot serve the zone (e.g. a stored record it cannot read): asking again at once would
+                // fail the same way, forever. Back off; the error stays in the status.
+                scheduleRetry(after: error)
             }
         default:
             scheduleRetry(after: error)
