@@ -87,4 +87,27 @@ struct AdversarialEngineTests {
         #expect(try b.engine.nextRequest() == nil)
         #expect(b.engine.wakeTime != nil)
     }
+
+    /// Known issue: the engine reads the zone before it uploads, and a zone the cloud cannot serve is never read, so
+    /// this device's own changes stay in the outbox for as long as the bad record stays in the cloud file. Uploading
+    /// would be safe (saves are guarded by change tags and conflicts merge); the fix is an engine policy change.
+    @Test("a device's own changes still upload while the cloud file holds a record it cannot read")
+    func uploadsDespiteUnreadableCloudRecord() async throws {
+        let root = adversarialDirectory()
+        let file = root.appendingPathComponent("cloud.sqlite")
+        let cloud = try SQLiteCloudDatabase(url: file)
+        let a = try Device("A", seed: 1, directory: root.appendingPathComponent("a"))
+        let b = try Device("B", seed: 2, directory: root.appendingPathComponent("b"))
+        a.context.insert(SyncNote(title: "one"))
+        try a.context.save()
+        try await drive(a, cloud)
+        try rawConnection(file).execute("UPDATE cloud_record SET record = 'not json' WHERE sequence = 1")
+        b.context.insert(SyncNote(title: "from b"))
+        try b.context.save()
+        try await drive(b, cloud, maxRequests: 50)
+        let stored = try rawConnection(file).rows("SELECT id FROM cloud_record").count
+        withKnownIssue("uploads wait for a fetch that cannot succeed") {
+            #expect(stored == 2)
+        }
+    }
 }
