@@ -74,8 +74,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
 
     /// Every byte this database holds for `zone` (records as stored and metadata), for leak scans.
     public func storedBytes(of zone: String) -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
+        let encoder = ReplicaJSON.encoder()
         var bytes = Data()
         for record in records(in: zone) { bytes.append((try? encoder.encode(record)) ?? Data()) }
         let metadata = state.withLock { $0.zones[zone]?.metadata ?? [:] }
