@@ -74,8 +74,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
 
     /// Every byte this database holds for `zone` (records as stored and metadata), for leak scans.
     public func storedBytes(of zone: String) -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
+        let encoder = ReplicaJSON.encoder()
         var bytes = Data()
         for record in records(in: zone) { bytes.append((try? encoder.encode(record)) ?? Data()) }
         let metadata = state.withLock { $0.zones[zone]?.metadata ?? [:] }
@@ -99,6 +98,9 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             case let .createZone(zone):
                 try createZone(zone)
                 return .success(.zoneCreated)
+            case let .deleteZone(zone):
+                try deleteZone(zone)
+                return .success(.zoneDeleted)
             case let .modifyRecords(records, zone):
                 return .success(.modified(try modifyRecords(records, in: zone)))
             case let .fetchZoneChanges(zone, token, limit):
@@ -123,6 +125,14 @@ public final class InMemoryCloudDatabase: CloudDatabase {
                 state.epochs[zone] = epoch
                 state.zones[zone] = Zone(epoch: epoch)
             }
+        }
+    }
+
+    public func deleteZone(_ zone: String) throws(CloudError) {
+        try state.withLock { (state) throws(CloudError) in
+            if let error = Self.takeInjected(&state, .modify) { throw error }
+            guard state.zones[zone] != nil else { throw CloudError.zoneNotFound }
+            state.zones[zone] = nil
         }
     }
 
@@ -180,7 +190,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
             if z.metadata[key] == expected { z.metadata[key] = value }
             state.zones[zone] = z
-            return z.metadata[key]!
+            return z.metadata[key] ?? Data()
         }
     }
 }

@@ -73,6 +73,15 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         }
     }
 
+    public func deleteZone(_ zone: String) throws(CloudError) {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
+        }
+    }
+
     public func modifyRecords(_ records: [CloudRecord], in zone: String) throws(CloudError) -> [RecordSaveResult] {
         try write { db in
             guard var z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
@@ -82,7 +91,8 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                                          [.text(zone), record.recordID.sqliteValue]).first,
                    case let .text(tag) = row[0], tag != record.changeTag {
                     guard case let .text(json) = row[1], let server = SyncLedger.decode(CloudRecord.self, json) else {
-                        results.append(.failed(recordID: record.recordID, error: .invalidRecord(reason: "stored record is unreadable")))
+                        results.append(.failed(recordID: record.recordID, error: .invalidRecord(
+                            reason: Self.unreadable(record.recordID.sqliteValue, zone: zone))))
                         continue
                     }
                     results.append(.conflict(serverRecord: server))
@@ -112,20 +122,26 @@ public final class SQLiteCloudDatabase: CloudDatabase {
             }
             let after = token?.sequence ?? 0
             let limit = max(1, limit)
-            let rows = try db.rows("SELECT sequence, record FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+            let rows = try db.rows("SELECT sequence, record, id FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
                                    [.text(zone), .integer(after), .integer(Int64(limit + 1))])
             let more = rows.count > limit
             let page = rows.prefix(limit)
             var records: [CloudRecord] = []
             for row in page {
                 guard case let .text(json) = row[1], let record = SyncLedger.decode(CloudRecord.self, json) else {
-                    throw CloudError.invalidRecord(reason: "stored record is unreadable")
+                    throw CloudError.invalidRecord(reason: Self.unreadable(row[2], zone: zone))
                 }
                 records.append(record)
             }
             let last: Int64 = if more, case let .integer(s)? = page.last?[0] { s } else { z.sequence }
             return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
         }
+    }
+
+    /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
+    private static func unreadable(_ id: SQLiteValue, zone: String) -> String {
+        let name = (try? UUID(sqliteValue: id)).map { $0.uuidString.lowercased() } ?? "with a malformed ID"
+        return "stored record \(name) of zone '\(zone)' is unreadable"
     }
 
     public func zoneMetadata(_ zone: String) throws(CloudError) -> [String: Data] {

@@ -80,6 +80,10 @@ struct StoreWriter {
             }
         }
         if !representable(snapshot, entity: entity, fields: nil) { return false }
+        if store.configuration.isSynced, try idBelongsToAnotherEntity(snapshot) {
+            failures.append(.duplicateIdentifier(snapshot.persistentModelID))
+            return false
+        }
         let statement = try db.cachedStatement(sql.insert)
         defer { statement.reset() }
         try statement.bind(snapshot.id.sqliteValue, at: 0)
@@ -94,6 +98,20 @@ struct StoreWriter {
         changes.inserted.append(snapshot)
         _ = try writeLinks(snapshot)
         return true
+    }
+
+    /// Whether the record ID of `snapshot` is already used in this synced store by a record of another entity, alive
+    /// (in its table, perhaps inserted earlier in this save) or known to sync (a tombstone, a record received): sync
+    /// tracks, uploads and merges records by ID alone, so one ID cannot name two records of a synced store.
+    private func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
+        if case let .text(owner)? = try db.scalar("SELECT entity FROM replica_sync_record WHERE id = ?", [snapshot.id.sqliteValue]),
+           owner != snapshot.entityName {
+            return true
+        }
+        for (index, other) in store.entities.enumerated() where other.name != snapshot.entityName {
+            if try db.scalar(store.statements[index].exists, [snapshot.id.sqliteValue]) != nil { return true }
+        }
+        return false
     }
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.

@@ -215,15 +215,13 @@ enum HistoryLog {
     }
 
     static func encodeTombstone(_ values: [(String, SQLiteValue)]) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
         let dictionary = Dictionary(values, uniquingKeysWith: { a, _ in a })
-        let data = (try? encoder.encode(HistoryTombstone(values: dictionary))) ?? Data("{}".utf8)
+        let data = (try? ReplicaJSON.encoder().encode(HistoryTombstone(values: dictionary))) ?? Data("{}".utf8)
         return String(decoding: data, as: UTF8.self)
     }
 
     static func decodeTombstone(_ json: String) -> HistoryTombstone {
-        (try? JSONDecoder().decode(HistoryTombstone.self, from: Data(json.utf8))) ?? HistoryTombstone()
+        (try? ReplicaJSON.decoder().decode(HistoryTombstone.self, from: Data(json.utf8))) ?? HistoryTombstone()
     }
 }
 

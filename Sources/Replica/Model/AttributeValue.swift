@@ -210,18 +210,16 @@ public struct CompositeMember<Root>: @unchecked Sendable {
 extension CompositeAttribute {
     public static var attributeType: Schema.AttributeType { .composite }
     public var sqliteValue: SQLiteValue {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        // Encoding a Codable struct of plain values into JSON does not fail; a custom encode(to:) that throws is a
-        // programmer error in the composite type.
-        guard let data = try? encoder.encode(self) else {
+        // Encoding a Codable struct of plain values into JSON does not fail (non-finite doubles included, see
+        // ReplicaJSON); a custom encode(to:) that throws is a programmer error in the composite type.
+        guard let data = try? ReplicaJSON.encoder().encode(self) else {
             preconditionFailure("Replica: composite attribute \(Self.self) failed to encode as JSON")
         }
         return .text(String(decoding: data, as: UTF8.self))
     }
     public init(sqliteValue: SQLiteValue) throws(ValueConversionError) {
         guard case let .text(json) = sqliteValue,
-              let value = try? JSONDecoder().decode(Self.self, from: Data(json.utf8)) else {
+              let value = try? ReplicaJSON.decoder().decode(Self.self, from: Data(json.utf8)) else {
             throw ValueConversionError(expected: "\(Self.self)", found: sqliteValue)
         }
         self = value

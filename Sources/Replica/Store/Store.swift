@@ -62,6 +62,8 @@ final class Store: Sendable {
             anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
+        } catch let error as StoreLayoutError {
+            throw loadIssue(error.reason)
         }
     }
 
@@ -86,6 +88,7 @@ final class Store: Sendable {
                     let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
                     try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                 } else {
+                    try checkLayout(of: entity, db)
                     // Lightweight migration: add columns for new attributes and references. Columns of removed
                     // attributes stay (their data is kept) and are ignored.
                     for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
@@ -129,14 +132,47 @@ final class Store: Sendable {
             if columns.isEmpty || !missing.isEmpty {
                 throw SQLiteError(extendedResultCode: 1, message: "read-only store lacks \(entity.name)\(missing.isEmpty ? "" : " columns \(missing.joined(separator: ", "))")")
             }
+            try checkLayout(of: entity, db)
         }
         return identity
+    }
+
+    /// Checks that an existing table can hold `entity` faithfully: `id` is the BLOB primary key, and each existing
+    /// column of an attribute or reference has the type Replica declares for it. A column of another type would
+    /// convert values by its affinity (a string "007" saved into an INTEGER column reads back as the integer 7), and
+    /// rows with other IDs would be invisible.
+    /// - Throws: ``StoreLayoutError`` naming the table and column.
+    private static func checkLayout(of entity: Schema.Entity, _ db: Connection) throws {
+        var declared: [String: (type: String, pk: Bool)] = [:]
+        for row in try db.rows("SELECT name, type, pk FROM pragma_table_info(?)", [.text(entity.name)]) {
+            guard case let .text(name) = row[0] else { continue }
+            let type = if case let .text(t) = row[1] { t.uppercased() } else { "" }
+            let pk = if case let .integer(p) = row[2] { p != 0 } else { false }
+            declared[name] = (type, pk)
+        }
+        if let id = declared["id"], id.type != "BLOB" || !id.pk {
+            throw StoreLayoutError(reason: "table \(entity.name) has an 'id' column of type '\(id.type)'\(id.pk ? "" : ", not the primary key"); Replica needs a BLOB primary key of 16-byte record IDs")
+        } else if declared["id"] == nil {
+            throw StoreLayoutError(reason: "table \(entity.name) has no 'id' column")
+        }
+        let expected = entity.attributes.map { ($0.name, $0.type.sqliteDeclaredType, "\($0.type.rawValue)") }
+            + entity.toOneRelationships.map { ($0.name, "BLOB", "reference") }
+        for (name, type, what) in expected {
+            guard let column = declared[name], column.type != type else { continue }
+            throw StoreLayoutError(reason: "\(entity.name).\(name) is stored in a column of type '\(column.type)' but declared \(what) (\(type)); changing an attribute's type needs a migration")
+        }
     }
 
     private static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
         entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
             + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
     }
+}
+
+/// A store file's tables do not have the layout the schema needs. Internal: reported as
+/// ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
+struct StoreLayoutError: Error {
+    let reason: String
 }
 
 /// Quotes an SQL identifier. Names are validated identifiers, so this never needs escaping, but it is done anyway.

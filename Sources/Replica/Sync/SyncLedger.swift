@@ -31,6 +31,12 @@ enum SyncLedger {
             record_type TEXT NOT NULL,
             record TEXT NOT NULL);
         CREATE INDEX IF NOT EXISTS replica_sync_record_redirect ON replica_sync_record (redirect) WHERE redirect IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS replica_sync_rejected (
+            id BLOB NOT NULL,
+            record_type TEXT NOT NULL,
+            record TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            PRIMARY KEY (id, record_type));
         CREATE TABLE IF NOT EXISTS replica_sync_conflict (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
             id BLOB NOT NULL,
@@ -201,7 +207,7 @@ enum SyncLedger {
 
     /// Up to `limit` records of the outbox, in ID order, with the local version each was built from.
     static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
-        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected') ORDER BY id LIMIT ?",
+        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?",
                               [.integer(Int64(limit))])
         var result: [(CloudRecord, Int64)] = []
         for row in ids {
@@ -236,6 +242,12 @@ enum SyncLedger {
     static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
                       canaries: Set<Canary> = []) throws -> MergeOutcome {
         var remote = remote
+        // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6).
+        if let reason = try rejectionReason(remote, store: store, db: db) {
+            try reject(remote, reason: reason, db)
+            return MergeOutcome(change: nil)
+        }
+        try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [remote.recordID.sqliteValue, .text(remote.recordType)])
         // Advance the local clock past every stamp seen.
         var newest = remote.created.clock
         for field in remote.fields.values where field.stamp.clock > newest { newest = field.stamp.clock }
@@ -382,6 +394,66 @@ enum SyncLedger {
         return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
     }
 
+    // MARK: Records that cannot be applied
+
+    /// The largest causal length accepted from the cloud: far beyond any real number of deletes and re-inserts, and
+    /// far enough below `Int64.max` that local increments never overflow.
+    static let maxCausalLength: Int64 = 1 << 62
+
+    /// Why `remote` cannot be applied here, or `nil` when it can: a causal length out of range, a stamp whose clock
+    /// does not fit its fixed-width text form (48-bit milliseconds, 16-bit counter) or whose incarnation is beyond the
+    /// record's, an ID that belongs to a local record of another entity, or a known field whose value does not have
+    /// the attribute's type (or is NaN, or is a reference that is not a record ID). Reasons name fields, never values.
+    static func rejectionReason(_ remote: CloudRecord, store: Store, db: Connection) throws -> String? {
+        guard (1...maxCausalLength).contains(remote.causalLength) else {
+            return "causal length \(remote.causalLength) is out of range"
+        }
+        func check(_ stamp: FieldStamp, _ what: String) -> String? {
+            if !(0...remote.causalLength).contains(stamp.incarnation) { return "\(what) has an incarnation beyond the record's causal length" }
+            if !(0..<(Int64(1) << 48)).contains(stamp.clock.physical) || !(0...HLC.maxLogical).contains(stamp.clock.logical) {
+                return "\(what) has a clock outside 48-bit milliseconds and a 16-bit counter"
+            }
+            return nil
+        }
+        if let reason = check(remote.created, "the creation stamp") { return reason }
+        let names = remote.fields.keys.sorted()
+        for name in names {
+            if let reason = check(remote.fields[name]!.stamp, "field '\(name)'") { return reason }
+        }
+        guard let entity = store.entity(named: remote.recordType) else { return nil }
+        if case let .text(owner)? = try db.scalar("SELECT entity FROM replica_sync_record WHERE id = ?", [remote.recordID.sqliteValue]),
+           owner != entity.name {
+            return "the record ID belongs to a local \(owner)"
+        }
+        for name in names {
+            let value = remote.fields[name]!.value
+            if let attribute = entity.attribute(named: name) {
+                if case let .real(v) = value, v.isNaN { return "field '\(name)' holds NaN" }
+                if !SchemaValidator.value(value, fits: attribute) {
+                    return "field '\(name)' holds \(value), which is not a\(attribute.isOptional ? "n optional" : "") \(attribute.type.rawValue)"
+                }
+            } else if let relationship = entity.relationship(named: name), !relationship.isToMany, !value.isNull {
+                guard case let .blob(bytes) = value, bytes.count == 16 else { return "reference '\(name)' holds \(value), not a record ID" }
+            }
+        }
+        return nil
+    }
+
+    /// Keeps a record that cannot be applied, with the reason (reported by the ledger and counted by the status as
+    /// rejected). A local record with changes to upload takes its change tag: its upload then replaces the version
+    /// no device can read instead of conflicting with it forever. The next version of the record that can be applied
+    /// clears the entry.
+    static func reject(_ remote: CloudRecord, reason: String, _ db: Connection) throws {
+        try db.run("""
+            INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
+            ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason
+            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(encode(remote)), .text(reason)])
+        if var local = try load(remote.recordID, db), local.pending, let tag = remote.changeTag, local.changeTag != tag {
+            local.changeTag = tag
+            try store(local, db)
+        }
+    }
+
     /// The value a field takes when no write of the current incarnation is known: its declared default, else NULL.
     static func defaultValue(of field: String, in entity: Schema.Entity) -> SQLiteValue {
         entity.attribute(named: field)?.defaultValue ?? .null
@@ -470,11 +542,15 @@ enum SyncLedger {
         return writer.changes
     }
 
-    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops).
+    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops). A duplicate
+    /// only ever redirects to a record of its own entity: a chain that reaches another entity (a malformed record)
+    /// ends nowhere, and the tombstone is a plain delete.
     static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
         var current = id
+        var entity: String?
         for _ in 0..<16 {
-            guard let state = try load(current, db) else { return nil }
+            guard let state = try load(current, db), state.entity == (entity ?? state.entity) else { return nil }
+            entity = state.entity
             if state.isAlive { return current == id ? nil : current }
             guard let next = state.redirect else { return nil }
             current = next
@@ -485,14 +561,12 @@ enum SyncLedger {
     // MARK: JSON
 
     static func encode<T: Encodable>(_ value: T) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+        String(decoding: (try? ReplicaJSON.encoder().encode(value)) ?? Data(), as: UTF8.self)
     }
 
     static func decode<T: Decodable>(_ type: T.Type, _ json: String?) -> T? {
         guard let json else { return nil }
-        return try? JSONDecoder().decode(T.self, from: Data(json.utf8))
+        return try? ReplicaJSON.decoder().decode(T.self, from: Data(json.utf8))
     }
 }
 
