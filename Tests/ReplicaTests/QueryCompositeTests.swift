@@ -40,6 +40,24 @@ struct QueryCompositeTests {
         }
     }
 
+    @Test("non-finite doubles inside composites compare as in Swift")
+    func nonFiniteMembers() throws {
+        let context = ModelContext(try makeQueryContainer())
+        var g = SeededGenerator(seed: 8)
+        var people: [QPerson] = []
+        for lat in [Double.infinity, -Double.infinity, .nan, 3, -3, 0] {
+            var address = QueryDataset.randomAddress(&g)
+            address.geo.lat = lat
+            people.append(context.insert(QPerson(id: g.uuid(), name: "\(lat)", homeAddress: address)))
+        }
+        try context.save()
+        for bound in [-5.0, 0, 5] {
+            try expectSameAsSwift(context, people, FetchDescriptor(predicate: #Predicate { $0.homeAddress.geo.lat > bound }))
+            try expectSameAsSwift(context, people, FetchDescriptor(predicate: #Predicate { $0.homeAddress.geo.lat <= bound }))
+            try expectSameAsSwift(context, people, FetchDescriptor(predicate: #Predicate { $0.homeAddress.geo.lat != bound }))
+        }
+    }
+
     @Test("composite values round-trip")
     func roundTrip() throws {
         let context = ModelContext(try makeQueryContainer())

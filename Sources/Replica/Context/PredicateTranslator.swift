@@ -345,9 +345,21 @@ final class PredicateTranslator {
                 ? ".\(key)" : ".\"\(key.replacingOccurrences(of: "\"", with: "\\\""))\""
         }.joined()
         var text = "json_extract(\(json.text), ?)"
-        // JSONEncoder writes dates as seconds since 2001; columns hold seconds since 1970.
-        if case .date = leaf { text = "(\(text) + 978307200.0)" }
-        return SQLExpr(text, json.args + [.text(jsonPath)], nullable: true, mayFail: json.mayFail, propagatesNull: true)
+        var args = json.args + [.text(jsonPath)]
+        switch leaf {
+        case .date:
+            // JSONEncoder writes dates as seconds since 2001; columns hold seconds since 1970.
+            text = "(\(text) + 978307200.0)"
+        case .double:
+            // Non-finite doubles are written as strings (ReplicaJSON): read them back as IEEE values; NaN as NULL,
+            // so that comparisons with it are false, as in Swift.
+            text = "(CASE WHEN json_type(\(json.text), ?) = 'text' THEN (CASE json_extract(\(json.text), ?) "
+                + "WHEN '+Infinity' THEN 9e999 WHEN '-Infinity' THEN -9e999 ELSE NULL END) ELSE \(text) END)"
+            args = json.args + [.text(jsonPath)] + json.args + [.text(jsonPath)] + json.args + [.text(jsonPath)]
+        default:
+            break
+        }
+        return SQLExpr(text, args, nullable: true, mayFail: json.mayFail, propagatesNull: true)
     }
 
     private func column(_ name: String, of record: RecordRef, nullable: Bool) throws -> SQLExpr {
