@@ -59,10 +59,34 @@ final class Store: Sendable {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
             anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
+            if configuration.allowsSave && configuration.isSynced {
+                try adoptUntrackedRecords(try openConnection(), environment: environment)
+            }
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
         } catch let error as StoreLayoutError {
             throw loadIssue(error.reason)
+        }
+    }
+
+    /// Records of a synced store that have no sync bookkeeping — saved while the store was opened local-only, before
+    /// sync was turned on — enter the outbox as local inserts (every field stamped now), so turning sync on for an
+    /// existing store uploads what it holds. Done in one write transaction, only when there are any.
+    private func adoptUntrackedRecords(_ db: Connection, environment: ReplicaEnvironment) throws {
+        func untracked() throws -> StoreChanges {
+            var changes = StoreChanges()
+            for (index, entity) in entities.enumerated() {
+                let sql = "SELECT \"id\" FROM \(statements[index].table) WHERE \"id\" NOT IN (SELECT id FROM replica_sync_record) ORDER BY \"id\""
+                for row in try db.rows(sql, cache: false) {
+                    guard let id = try? UUID(sqliteValue: row[0]) else { continue }
+                    changes.inserted.append(Snapshot(entityName: entity.name, id: id, values: []))
+                }
+            }
+            return changes
+        }
+        guard try !untracked().isEmpty else { return }
+        try db.transaction(.immediate) {
+            try SyncLedger.recordLocalChanges(try untracked(), store: self, db: db, environment: environment)
         }
     }
 
