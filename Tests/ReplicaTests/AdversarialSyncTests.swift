@@ -203,11 +203,9 @@ struct MoodNoteV3: PersistentModel, Codable, Equatable {
 
 @Suite("Adversarial: schema versions")
 struct AdversarialSchemaVersionTests {
-    /// Known issue: the schema gate compares types and shapes but not declared defaults, and a field nobody wrote is
-    /// materialized with the default of the version that merged it. A device that merged an old record under
-    /// version 2 keeps "calm" in its row after upgrading to version 3, while a device that starts at version 3
-    /// shows "happy": two devices on the same app version disagree forever. Either the gate should refuse a changed
-    /// default, or unstamped fields should take the current default when a store is opened.
+    /// A field nobody wrote is materialized with the default of the version that merged it; a device that merged an
+    /// old record under version 2 must not keep "calm" after upgrading to version 3, while a device that starts at
+    /// version 3 shows "happy" (R8: the declared default, that is, the current one).
     @Test("devices on the same schema version agree on a field no writer set, after its default changed")
     func changedDefaultConverges() throws {
         let cloud = InMemoryCloudDatabase()
@@ -226,8 +224,7 @@ struct AdversarialSchemaVersionTests {
         let fresh = try Device("v3", seed: 4, models: [MoodNoteV3.self], version: Schema.Version(3, 0, 0))
         try fresh.sync(cloud)
         let moods = try [twiceUpgraded, fresh].map { try ModelContext($0.container).fetch(MoodNoteV3.self).map(\.mood) }
-        withKnownIssue("a changed default is neither refused by the gate nor re-applied to unwritten fields") {
-            #expect(moods[0] == moods[1], "\(moods)")
-        }
+        #expect(moods[0] == moods[1], "\(moods)")
+        #expect(moods[0] == ["happy"])
     }
 }

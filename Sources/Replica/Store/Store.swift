@@ -130,6 +130,7 @@ final class Store: Sendable {
                     try db.execute("CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_unique\(i)")) ON \(table) (\(columns))")
                 }
             }
+            if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
                 return identity
@@ -138,6 +139,35 @@ final class Store: Sendable {
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
             return identity
         }
+    }
+
+    /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
+    /// default of the schema that merged them, so when a synced store is opened with other defaults than the last
+    /// time, every such field takes the current one; otherwise devices on the same schema version would disagree
+    /// forever about records an older writer created. Runs only when the declared defaults changed (they are
+    /// remembered in `replica_metadata['synced_defaults']`). Nothing is stamped or uploaded: no one wrote these fields.
+    private static func applyCurrentDefaults(_ db: Connection, entities: [Schema.Entity]) throws {
+        var defaults: [String: SQLiteValue] = [:]
+        for entity in entities {
+            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
+        }
+        let fingerprint = SyncLedger.encode(defaults)
+        if case let .text(previous)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'synced_defaults'"),
+           previous == fingerprint {
+            return
+        }
+        for entity in entities {
+            for attribute in entity.attributes {
+                let value = attribute.defaultValue ?? .null
+                _ = try db.rows("""
+                    UPDATE \(quoted(entity.name)) SET \(quoted(attribute.name)) = ? WHERE \(quoted(attribute.name)) IS NOT ?
+                      AND "id" IN (SELECT id FROM replica_sync_record
+                                   WHERE entity = ? AND causal_length % 2 = 1 AND json_type(stamps, ?) IS NULL)
+                    """, [value, value, .text(entity.name), .text("$.\"\(attribute.name)\"")], cache: false)
+            }
+        }
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('synced_defaults', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.text(fingerprint)])
     }
 
     private static func readIdentity(_ db: Connection, entities: [Schema.Entity]) throws -> UUID {
