@@ -4,6 +4,24 @@ import Testing
 
 @Suite("Adversarial: sync edge cases")
 struct AdversarialSyncTests {
+    @Test("a record the cloud rejected for good is tried again once the app changes it")
+    func rejectedRecordRetriedAfterLocalEdit() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1)
+        var note = a.context.insert(SyncNote(title: "far too long a title"))
+        try a.context.save()
+        let upload = try #require(try a.nextUpload(cloud))
+        try a.engine.handle(upload.id, .failure(.partialFailure([.failed(recordID: note.id, error: .invalidRecord(reason: "title too long"))])))
+        #expect(try a.engine.status().rejectedRecords == 1)
+        // The app fixes the record: the new content deserves a new attempt.
+        note.title = "short"
+        a.context.update(note)
+        try a.context.save()
+        let status = try a.sync(cloud)
+        #expect(cloud.records(in: "notes").first?.fields["title"]?.value == .text("short"))
+        #expect(status.isUpToDate)
+    }
+
     @Test("a store that becomes synced uploads the records it already had")
     func syncEnabledOnAnExistingStore() throws {
         let directory = adversarialDirectory()
