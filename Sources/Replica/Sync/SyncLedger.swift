@@ -153,7 +153,7 @@ enum SyncLedger {
             state.redirect = nil
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         for (snapshot, fields) in changes.updated {
             guard store.entity(named: snapshot.entityName) != nil else { continue }
@@ -162,7 +162,7 @@ enum SyncLedger {
             for field in fields { state.stamps[field] = stamp }
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         for record in changes.deleted {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
@@ -177,9 +177,17 @@ enum SyncLedger {
             state.tombstone = tombstone
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         try saveHLC(hlc, db)
+    }
+
+    /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
+    /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
+    private static func storeLocalChange(_ state: RecordState, _ db: Connection) throws {
+        try store(state, db)
+        try db.run("UPDATE replica_sync_record SET state = 'pending', reason = NULL WHERE id = ? AND state = 'rejected'",
+                   [state.id.sqliteValue])
     }
 
     // MARK: Outgoing records
