@@ -245,4 +245,26 @@ struct AdversarialSchemaVersionTests {
         #expect(moods[0] == moods[1], "\(moods)")
         #expect(moods[0] == ["happy"])
     }
+
+    @Test("an older device that cannot read a newer version's union schema keeps syncing and leaves that schema alone")
+    func newerUnionSchemaSurvivesOlderDevice() throws {
+        let cloud = InMemoryCloudDatabase()
+        let newer = try Device("v2", seed: 2, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0))
+        newer.context.insert(SyncNoteV2(title: "from a newer version", mood: "happy"))
+        try newer.context.save()
+        try newer.sync(cloud)
+        // Make the union what a future version would write: version 3, and an attribute type this build lacks.
+        let written = try #require(try cloud.zoneMetadata("notes")["schema"])
+        let future = Data(String(decoding: written, as: UTF8.self)
+            .replacingOccurrences(of: #""major":2"#, with: #""major":3"#)
+            .replacingOccurrences(of: #""type":"string""#, with: #""type":"decimal""#).utf8)
+        #expect(future != written)
+        #expect(try cloud.setZoneMetadata("notes", key: "schema", value: future, ifCurrent: written) == future)
+
+        let older = try Device("v1", seed: 1)
+        let status = try older.sync(cloud)
+        #expect(status.isUpToDate)
+        #expect(try older.notes().map(\.title) == ["from a newer version"])
+        #expect(try cloud.zoneMetadata("notes")["schema"] == future, "the older device replaced the newer union schema with its own")
+    }
 }
