@@ -266,6 +266,16 @@ public final class SyncEngine {
     private func checkSchema(_ stored: Data?) throws {
         let local = ZoneSchema(version: container.schema.version, entities: store.entities)
         let zoneSchema = stored.flatMap { try? ReplicaJSON.decoder().decode(ZoneSchema.self, from: $0) }
+        if let stored, zoneSchema == nil {
+            // A union this build cannot decode. Written by a newer version (its version still reads, and is higher):
+            // this device is the older one, which keeps syncing (R13) and must not replace what it cannot read.
+            // Anything else is damage, repaired below with this device's schema.
+            struct Versioned: Decodable { var version: Schema.Version }
+            if let newer = try? ReplicaJSON.decoder().decode(Versioned.self, from: stored), newer.version > local.version {
+                schemaChecked = true
+                return
+            }
+        }
         let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
         if !differences.isEmpty {
             blocked = .incompatibleSchema(differences)
