@@ -384,8 +384,12 @@ public final class SyncEngine {
         else { return }
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
+                       [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
         }
         guard !batch.moreComing else { return }
+        // Versions kept aside that the zone no longer holds are gone from the cloud: nothing is failing any more.
+        try db.run("DELETE FROM replica_sync_rejected WHERE seen <> ?", [.integer(generation)])
         try db.run("""
             UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
                 state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END

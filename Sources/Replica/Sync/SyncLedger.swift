@@ -36,6 +36,7 @@ enum SyncLedger {
             record_type TEXT NOT NULL,
             record TEXT NOT NULL,
             reason TEXT NOT NULL,
+            seen INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY (id, record_type));
         CREATE TABLE IF NOT EXISTS replica_sync_conflict (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -450,7 +451,7 @@ enum SyncLedger {
     /// Keeps a record that cannot be applied, with the reason (reported by the ledger and counted by the status as
     /// rejected). A local record with changes to upload takes its change tag: its upload then replaces the version
     /// no device can read instead of conflicting with it forever. The next version of the record that can be applied
-    /// clears the entry.
+    /// clears the entry, and so does a full read of the zone that no longer returns it (e.g. after a zone reset).
     static func reject(_ remote: CloudRecord, reason: String, _ db: Connection) throws {
         try db.run("""
             INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
