@@ -101,7 +101,10 @@ final class Store: Sendable {
         try db.transaction(.immediate) {
             try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
             try db.execute(HistoryLog.createSQL)
-            if synced { try db.execute(SyncLedger.createSQL) }
+            if synced {
+                try db.execute(SyncLedger.createSQL)
+                try SyncLedger.migrate(db)
+            }
             for entity in entities {
                 let table = quoted(entity.name)
                 let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {

@@ -175,7 +175,8 @@ public final class SyncEngine {
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
         let row = try db.rows("""
-            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')),
+            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable'))
+                       + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
                    count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
                    count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable')
@@ -386,8 +387,10 @@ public final class SyncEngine {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
             try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
                        [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
+            try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
         }
         guard !batch.moreComing else { return }
+        try db.run("UPDATE replica_sync_unknown_record SET pending = 1 WHERE seen <> ?", [.integer(generation)])
         // Versions kept aside that the zone no longer holds are gone from the cloud: nothing is failing any more.
         try db.run("DELETE FROM replica_sync_rejected WHERE seen <> ?", [.integer(generation)])
         try db.run("""
@@ -431,7 +434,10 @@ public final class SyncEngine {
             for result in results {
                 switch result {
                 case let .saved(id, changeTag):
-                    guard var state = try SyncLedger.load(id, db) else { continue }
+                    guard var state = try SyncLedger.load(id, db) else {
+                        _ = try SyncLedger.unknownRecordSaved(id, changeTag: changeTag, db)
+                        continue
+                    }
                     state.changeTag = changeTag
                     if versions[id] == state.localVersion { state.pending = false }
                     try SyncLedger.store(state, db)
@@ -453,6 +459,8 @@ public final class SyncEngine {
                     } else {
                         try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                    [.text(error.description), id.sqliteValue])
+                        // A record of an unknown type is kept as it is, but not offered again.
+                        try db.run("UPDATE replica_sync_unknown_record SET pending = 0 WHERE id = ?", [id.sqliteValue])
                     }
                 }
             }
@@ -483,12 +491,14 @@ public final class SyncEngine {
             try db.transaction(.immediate) {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
                 try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
+                try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
             }
         case .invalidRecord:
             if case let .modifyRecords(records, _) = request.operation {
                 for record in records {
                     try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                [.text(error.description), record.recordID.sqliteValue])
+                    try db.run("UPDATE replica_sync_unknown_record SET pending = 0 WHERE id = ?", [record.recordID.sqliteValue])
                 }
             } else {
                 // The cloud cannot serve the zone (e.g. a stored record it cannot read): asking again at once would
