@@ -88,9 +88,9 @@ struct AdversarialEngineTests {
         #expect(b.engine.wakeTime != nil)
     }
 
-    /// Known issue: the engine reads the zone before it uploads, and a zone the cloud cannot serve is never read, so
-    /// this device's own changes stay in the outbox for as long as the bad record stays in the cloud file. Uploading
-    /// would be safe (saves are guarded by change tags and conflicts merge); the fix is an engine policy change.
+    /// The engine reads the zone before it uploads; a zone the cloud cannot serve must not keep this device's own
+    /// changes in its outbox for as long as the bad record stays in the cloud file (saves are guarded by change
+    /// tags and conflicts merge, so uploading meanwhile is safe).
     @Test("a device's own changes still upload while the cloud file holds a record it cannot read")
     func uploadsDespiteUnreadableCloudRecord() async throws {
         let root = adversarialDirectory()
@@ -105,9 +105,9 @@ struct AdversarialEngineTests {
         b.context.insert(SyncNote(title: "from b"))
         try b.context.save()
         try await drive(b, cloud, maxRequests: 50)
-        let stored = try rawConnection(file).rows("SELECT id FROM cloud_record").count
-        withKnownIssue("uploads wait for a fetch that cannot succeed") {
-            #expect(stored == 2)
-        }
+        #expect(try rawConnection(file).rows("SELECT id FROM cloud_record").count == 2)
+        let status = try b.engine.status()
+        #expect(status.pendingRecords == 0)
+        #expect(!status.isUpToDate)  // the zone still cannot be read
     }
 }

@@ -86,6 +86,10 @@ public final class SyncEngine {
     private var backoffUntil: Int64 = 0
     private var consecutiveFailures = 0
     private var lastError: CloudError?
+    /// The last fetch was refused for good (invalidRecord): the zone cannot be read for now.
+    private var fetchFailing = false
+    /// While the zone cannot be read: upload (if anything is pending) before the next fetch attempt.
+    private var uploadBeforeFetch = false
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameter zone: the zone name; defaults to the configuration name.
@@ -126,20 +130,33 @@ public final class SyncEngine {
             } else {
                 operation = .fetchZoneMetadata(zone: zone)
             }
-        } else if needsFetch {
-            let token = try loadToken()
-            if token == nil { try beginFullResync() }
-            operation = .fetchZoneChanges(zone: zone, since: token, limit: max(1, options.fetchLimit))
+        } else if needsFetch, !(fetchFailing && uploadBeforeFetch), let fetch = try fetchOperation() {
+            operation = fetch
         } else {
+            // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
+            // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
+            // conflicts merge, so this device's changes never wait on a record it cannot receive.
             let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
-            guard !outbox.isEmpty else { return nil }
-            for entry in outbox { versions[entry.record.recordID] = entry.version }
-            operation = .modifyRecords(outbox.map(\.record), zone: zone)
+            uploadBeforeFetch = false
+            if outbox.isEmpty {
+                guard needsFetch, let fetch = try fetchOperation() else { return nil }
+                operation = fetch
+            } else {
+                for entry in outbox { versions[entry.record.recordID] = entry.version }
+                operation = .modifyRecords(outbox.map(\.record), zone: zone)
+            }
         }
         let request = SyncRequest(id: nextID, operation: operation)
         nextID += 1
         inFlight = (request, versions)
         return request
+    }
+
+    /// The zone fetch to perform now (a full resync starts when there is no token).
+    private func fetchOperation() throws -> CloudOperation? {
+        let token = try loadToken()
+        if token == nil { try beginFullResync() }
+        return .fetchZoneChanges(zone: zone, since: token, limit: max(1, options.fetchLimit))
     }
 
     /// Applies the response to request `id`. A response to a request that is not outstanding (a duplicate, or one
@@ -333,6 +350,7 @@ public final class SyncEngine {
         case let .changes(batch):
             try importBatch(batch)
             needsFetch = batch.moreComing
+            fetchFailing = false
         case let .modified(results):
             try applySaveResults(results, versions: versions)
             return
@@ -502,7 +520,11 @@ public final class SyncEngine {
                 }
             } else {
                 // The cloud cannot serve the zone (e.g. a stored record it cannot read): asking again at once would
-                // fail the same way, forever. Back off; the error stays in the status.
+                // fail the same way, forever. Back off (the error stays in the status), uploading meanwhile.
+                if case .fetchZoneChanges = request.operation {
+                    fetchFailing = true
+                    uploadBeforeFetch = true
+                }
                 scheduleRetry(after: error)
             }
         default:
