@@ -110,4 +110,28 @@ struct AdversarialEngineTests {
         #expect(status.pendingRecords == 0)
         #expect(!status.isUpToDate)  // the zone still cannot be read
     }
+
+    /// Runs one engine against a cloud whose first answer is a rate limit with `milliseconds`; exits non-zero when
+    /// the wait exceeds the maximum backoff or the record never uploads (a trap exits with a signal).
+    static func retryAfter(_ milliseconds: Int64) throws {
+        let device = try Device("A", seed: 1, inMemory: true)
+        device.context.insert(SyncNote(title: "t"))
+        try device.context.save()
+        let cloud = InMemoryCloudDatabase()
+        cloud.injectFailure(.rateLimited(retryAfterMilliseconds: milliseconds), for: .any)
+        guard let request = try device.engine.nextRequest() else { exit(2) }
+        try device.engine.handle(request.id, cloud.performNow(request.operation))
+        let wake = device.engine.wakeTime ?? device.clock.nowMilliseconds()
+        guard wake - device.clock.nowMilliseconds() <= SyncEngine.Options().maxBackoffMilliseconds else { exit(3) }
+        try device.sync(cloud)
+        guard cloud.records(in: "notes").count == 1 else { exit(4) }
+    }
+
+    @Test("a server asking to retry after an absurd delay never crashes the engine, and the delay is capped")
+    func absurdRetryAfter() async throws {
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(5) }
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(Int64.max) }
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(Int64.min) }
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(-5) }
+    }
 }
