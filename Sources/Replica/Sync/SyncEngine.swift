@@ -57,7 +57,7 @@ public final class SyncEngine {
         /// First retry delay after a transient error without a server-given delay, in milliseconds (doubles per
         /// consecutive failure, plus up to 25% random jitter from the environment).
         public var baseBackoffMilliseconds: Int64 = 500
-        /// Upper bound of the retry delay, in milliseconds.
+        /// Upper bound of the retry delay, in milliseconds (also of a delay the server asks for).
         public var maxBackoffMilliseconds: Int64 = 300_000
         /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
         /// dies holding it is replaced once it expires.
@@ -537,13 +537,16 @@ public final class SyncEngine {
         consecutiveFailures += 1
         let delay: Int64
         if let retryAfter = error.retryAfterMilliseconds {
-            delay = retryAfter
+            // The server's delay, within [0, maxBackoff] like every retry delay: an absurd or malformed answer neither
+            // traps nor stops syncing for good.
+            delay = min(max(0, retryAfter), options.maxBackoffMilliseconds)
         } else {
             let exponent = min(consecutiveFailures - 1, 20)
             let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
             delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
         }
-        backoffUntil = now + delay
+        let (until, overflow) = now.addingReportingOverflow(max(0, delay))
+        backoffUntil = overflow ? .max : until
     }
 
     // MARK: Token
