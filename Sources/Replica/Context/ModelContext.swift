@@ -285,7 +285,7 @@ public final class ModelContext {
             }.map(\.element)
         }
         let offset = min(max(descriptor.fetchOffset ?? 0, 0), models.count)
-        let end = descriptor.fetchLimit.map { min(models.count, offset + max($0, 0)) } ?? models.count
+        let end = descriptor.fetchLimit.map { offset + min(models.count - offset, max($0, 0)) } ?? models.count
         return Array(models[offset..<end])
     }
 
