@@ -116,4 +116,41 @@ struct AdversarialCloudRecordTests {
         // The tag cannot be tracked under an ID the note owns: it is not materialized as a live SyncTag.
         #expect(try ModelContext(device.container).fetch(SyncTag.self).isEmpty)
     }
+
+    @Test("a version kept aside is forgotten once the zone no longer holds it (a reset), so the status can settle")
+    func keptAsideVersionGoneFromTheZone() throws {
+        let cloud = InMemoryCloudDatabase()
+        let device = try Device("A", seed: 1)
+        device.context.insert(SyncNote(title: "mine"))
+        try device.context.save()
+        try device.sync(cloud)
+        let bad = noteRecord(UUID(), stamp: foreignStamp(seededStart + 5), rating: .text("lots"))
+        _ = try cloud.modifyRecords([bad], in: "notes")
+        #expect(try !device.sync(cloud).isUpToDate)
+        #expect(try device.engine.status().rejectedRecords == 1)
+        // The zone is reset: the unreadable version is gone from the cloud for good.
+        cloud.resetZone("notes")
+        let status = try device.sync(cloud)
+        #expect(status.isUpToDate)
+        #expect(cloud.records(in: "notes").count == 1)
+    }
+
+    @Test("a cloud record whose type is an entity of a local-only store of this app is kept, never materialized there")
+    func recordTypeOfALocalOnlyEntity() throws {
+        let directory = adversarialDirectory()
+        let container = try ModelContainer(for: Schema([SyncNote.self, LocalDraft.self]), configurations: [
+            ModelConfiguration("notes", schema: Schema([SyncNote.self]), cloudKitDatabase: .private("iCloud.test")),
+            ModelConfiguration("drafts", schema: Schema([LocalDraft.self])),
+        ], environment: .seeded(seed: 1, directory: directory))
+        let engine = try SyncEngine(container: container, storeName: "notes")
+        let cloud = InMemoryCloudDatabase()
+        try cloud.createZone("notes")
+        let stamp = foreignStamp(seededStart + 5)
+        _ = try cloud.modifyRecords([CloudRecord(recordID: UUID(), recordType: "LocalDraft", causalLength: 1, created: stamp,
+                                                 fields: ["text": CloudField(value: .text("injected"), stamp: stamp)])], in: "notes")
+        engine.setNeedsFetch()
+        while let request = try engine.nextRequest() { try engine.handle(request.id, cloud.performNow(request.operation)) }
+        #expect(try ModelContext(container).fetch(LocalDraft.self).isEmpty)
+        #expect(try engine.db.rows("SELECT record_type FROM replica_sync_unknown_record") == [[.text("LocalDraft")]])
+    }
 }

@@ -88,9 +88,9 @@ struct AdversarialEngineTests {
         #expect(b.engine.wakeTime != nil)
     }
 
-    /// Known issue: the engine reads the zone before it uploads, and a zone the cloud cannot serve is never read, so
-    /// this device's own changes stay in the outbox for as long as the bad record stays in the cloud file. Uploading
-    /// would be safe (saves are guarded by change tags and conflicts merge); the fix is an engine policy change.
+    /// The engine reads the zone before it uploads; a zone the cloud cannot serve must not keep this device's own
+    /// changes in its outbox for as long as the bad record stays in the cloud file (saves are guarded by change
+    /// tags and conflicts merge, so uploading meanwhile is safe).
     @Test("a device's own changes still upload while the cloud file holds a record it cannot read")
     func uploadsDespiteUnreadableCloudRecord() async throws {
         let root = adversarialDirectory()
@@ -105,9 +105,33 @@ struct AdversarialEngineTests {
         b.context.insert(SyncNote(title: "from b"))
         try b.context.save()
         try await drive(b, cloud, maxRequests: 50)
-        let stored = try rawConnection(file).rows("SELECT id FROM cloud_record").count
-        withKnownIssue("uploads wait for a fetch that cannot succeed") {
-            #expect(stored == 2)
-        }
+        #expect(try rawConnection(file).rows("SELECT id FROM cloud_record").count == 2)
+        let status = try b.engine.status()
+        #expect(status.pendingRecords == 0)
+        #expect(!status.isUpToDate)  // the zone still cannot be read
+    }
+
+    /// Runs one engine against a cloud whose first answer is a rate limit with `milliseconds`; exits non-zero when
+    /// the wait exceeds the maximum backoff or the record never uploads (a trap exits with a signal).
+    static func retryAfter(_ milliseconds: Int64) throws {
+        let device = try Device("A", seed: 1, inMemory: true)
+        device.context.insert(SyncNote(title: "t"))
+        try device.context.save()
+        let cloud = InMemoryCloudDatabase()
+        cloud.injectFailure(.rateLimited(retryAfterMilliseconds: milliseconds), for: .any)
+        guard let request = try device.engine.nextRequest() else { exit(2) }
+        try device.engine.handle(request.id, cloud.performNow(request.operation))
+        let wake = device.engine.wakeTime ?? device.clock.nowMilliseconds()
+        guard wake - device.clock.nowMilliseconds() <= SyncEngine.Options().maxBackoffMilliseconds else { exit(3) }
+        try device.sync(cloud)
+        guard cloud.records(in: "notes").count == 1 else { exit(4) }
+    }
+
+    @Test("a server asking to retry after an absurd delay never crashes the engine, and the delay is capped")
+    func absurdRetryAfter() async throws {
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(5) }
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(Int64.max) }
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(Int64.min) }
+        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(-5) }
     }
 }

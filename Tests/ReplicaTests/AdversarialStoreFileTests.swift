@@ -95,4 +95,20 @@ struct AdversarialStoreFileTests {
         }
         #expect(try Data(contentsOf: url) == truncated)
     }
+
+    @Test("a synced store whose unknown-record table predates the outbox flag is migrated, keeping its records")
+    func unknownRecordTableMigrated() throws {
+        let directory = adversarialDirectory()
+        do { _ = try Device("A", seed: 1, directory: directory) }
+        let url = directory.appendingPathComponent("notes.store")
+        try rawConnection(url).execute("""
+            DROP TABLE replica_sync_unknown_record;
+            CREATE TABLE replica_sync_unknown_record (id BLOB PRIMARY KEY NOT NULL, record_type TEXT NOT NULL, record TEXT NOT NULL);
+            INSERT INTO replica_sync_unknown_record VALUES (x'00112233445566778899aabbccddeeff', 'Sticker', '{}');
+            """)
+        let device = try Device("A", seed: 2, directory: directory)
+        #expect(try device.engine.db.rows("SELECT record_type, pending, seen FROM replica_sync_unknown_record")
+                == [[.text("Sticker"), .integer(0), .integer(0)]])
+        #expect(try device.engine.status().pendingRecords == 0)
+    }
 }

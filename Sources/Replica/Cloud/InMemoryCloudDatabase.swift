@@ -17,10 +17,12 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     struct Zone {
+        /// The zone incarnation: part of every change tag.
         var epoch: Int64
+        /// The epoch tokens are issued with: the zone's epoch until ``expireChangeTokens(in:)`` moves it to a fresh
+        /// one, so every token issued before (of any page) is expired and every token issued after is valid.
+        var tokenEpoch: Int64
         var sequence: Int64 = 0
-        /// Tokens with a sequence below this are expired.
-        var oldestValidSequence: Int64 = 0
         var records: [UUID: StoredRecord] = [:]
         /// Record IDs by sequence (each record appears once, at its newest sequence).
         var bySequence: [Int64: UUID] = [:]
@@ -50,9 +52,11 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     public func expireChangeTokens(in zone: String) {
         state.withLock { state in
             guard var z = state.zones[zone] else { return }
-            // Tokens issued from now on carry a sequence at or above the new floor.
-            z.sequence += 1
-            z.oldestValidSequence = z.sequence
+            // A fresh epoch from the zone's counter (which outlives resets), so no token ever matches it by chance.
+            // (A floor on sequence numbers would also expire the page tokens of the re-read that follows.)
+            let epoch = (state.epochs[zone] ?? z.tokenEpoch) + 1
+            state.epochs[zone] = epoch
+            z.tokenEpoch = epoch
             state.zones[zone] = z
         }
     }
@@ -123,7 +127,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if state.zones[zone] == nil {
                 let epoch = (state.epochs[zone] ?? 0) + 1
                 state.epochs[zone] = epoch
-                state.zones[zone] = Zone(epoch: epoch)
+                state.zones[zone] = Zone(epoch: epoch, tokenEpoch: epoch)
             }
         }
     }
@@ -164,15 +168,15 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if let error = Self.takeInjected(&state, .fetch) { throw error }
             guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
             let after = token?.sequence ?? 0
-            if let token, token.epoch != z.epoch || token.sequence < z.oldestValidSequence || token.sequence > z.sequence {
-                throw CloudError.changeTokenExpired  // older than kept, from another incarnation, or from the future
+            if let token, token.epoch != z.tokenEpoch || token.sequence > z.sequence {
+                throw CloudError.changeTokenExpired  // from before an expiry or reset, or from the future
             }
             let sequences = z.bySequence.keys.filter { $0 > after }.sorted()
             let page = sequences.prefix(max(1, limit))
             let records = page.compactMap { z.bySequence[$0].flatMap { z.records[$0]?.record } }
             let more = sequences.count > page.count
             let last = more ? page.last! : z.sequence
-            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
+            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.tokenEpoch, sequence: last), moreComing: more)
         }
     }
 

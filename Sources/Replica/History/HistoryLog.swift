@@ -198,6 +198,9 @@ enum HistoryLog {
                     through = Swift.max(through, max)
                 }
             }
+            // Never past the newest transaction: tokens after it have not been issued yet (a token from the store's
+            // "future" — e.g. kept across a restore of an older backup — would otherwise expire the ones to come).
+            through = Swift.min(through, try latestToken(db))
             guard through > 0 else { return 0 }
             try db.run("DELETE FROM replica_history_change WHERE token <= ?", [.integer(through)])
             try db.run("DELETE FROM replica_history_transaction WHERE token <= ?", [.integer(through)])

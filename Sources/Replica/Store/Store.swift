@@ -60,10 +60,34 @@ final class Store: Sendable {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
             anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
+            if configuration.allowsSave && configuration.isSynced {
+                try adoptUntrackedRecords(try openConnection(), environment: environment)
+            }
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
         } catch let error as StoreLayoutError {
             throw loadIssue(error.reason)
+        }
+    }
+
+    /// Records of a synced store that have no sync bookkeeping — saved while the store was opened local-only, before
+    /// sync was turned on — enter the outbox as local inserts (every field stamped now), so turning sync on for an
+    /// existing store uploads what it holds. Done in one write transaction, only when there are any.
+    private func adoptUntrackedRecords(_ db: Connection, environment: ReplicaEnvironment) throws {
+        func untracked() throws -> StoreChanges {
+            var changes = StoreChanges()
+            for (index, entity) in entities.enumerated() {
+                let sql = "SELECT \"id\" FROM \(statements[index].table) WHERE \"id\" NOT IN (SELECT id FROM replica_sync_record) ORDER BY \"id\""
+                for row in try db.rows(sql, cache: false) {
+                    guard let id = try? UUID(sqliteValue: row[0]) else { continue }
+                    changes.inserted.append(Snapshot(entityName: entity.name, id: id, values: []))
+                }
+            }
+            return changes
+        }
+        guard try !untracked().isEmpty else { return }
+        try db.transaction(.immediate) {
+            try SyncLedger.recordLocalChanges(try untracked(), store: self, db: db, environment: environment)
         }
     }
 
@@ -78,7 +102,10 @@ final class Store: Sendable {
         try db.transaction(.immediate) {
             try db.execute("CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT")
             try db.execute(HistoryLog.createSQL)
-            if synced { try db.execute(SyncLedger.createSQL) }
+            if synced {
+                try db.execute(SyncLedger.createSQL)
+                try SyncLedger.migrate(db)
+            }
             for entity in entities {
                 let table = quoted(entity.name)
                 let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
@@ -109,6 +136,7 @@ final class Store: Sendable {
             }
             // Many-to-many relationships: one link table per relationship pair (see LinkTable).
             try LinkTable.prepare(db, entities: entities)
+            if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
                 return identity
@@ -117,6 +145,35 @@ final class Store: Sendable {
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
             return identity
         }
+    }
+
+    /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
+    /// default of the schema that merged them, so when a synced store is opened with other defaults than the last
+    /// time, every such field takes the current one; otherwise devices on the same schema version would disagree
+    /// forever about records an older writer created. Runs only when the declared defaults changed (they are
+    /// remembered in `replica_metadata['synced_defaults']`). Nothing is stamped or uploaded: no one wrote these fields.
+    private static func applyCurrentDefaults(_ db: Connection, entities: [Schema.Entity]) throws {
+        var defaults: [String: SQLiteValue] = [:]
+        for entity in entities {
+            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
+        }
+        let fingerprint = SyncLedger.encode(defaults)
+        if case let .text(previous)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'synced_defaults'"),
+           previous == fingerprint {
+            return
+        }
+        for entity in entities {
+            for attribute in entity.attributes {
+                let value = attribute.defaultValue ?? .null
+                _ = try db.rows("""
+                    UPDATE \(quoted(entity.name)) SET \(quoted(attribute.name)) = ? WHERE \(quoted(attribute.name)) IS NOT ?
+                      AND "id" IN (SELECT id FROM replica_sync_record
+                                   WHERE entity = ? AND causal_length % 2 = 1 AND json_type(stamps, ?) IS NULL)
+                    """, [value, value, .text(entity.name), .text("$.\"\(attribute.name)\"")], cache: false)
+            }
+        }
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('synced_defaults', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.text(fingerprint)])
     }
 
     private static func readIdentity(_ db: Connection, entities: [Schema.Entity]) throws -> UUID {

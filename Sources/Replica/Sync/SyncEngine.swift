@@ -59,7 +59,7 @@ public final class SyncEngine {
         /// First retry delay after a transient error without a server-given delay, in milliseconds (doubles per
         /// consecutive failure, plus up to 25% random jitter from the environment).
         public var baseBackoffMilliseconds: Int64 = 500
-        /// Upper bound of the retry delay, in milliseconds.
+        /// Upper bound of the retry delay, in milliseconds (also of a delay the server asks for).
         public var maxBackoffMilliseconds: Int64 = 300_000
         /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
         /// dies holding it is replaced once it expires.
@@ -90,6 +90,10 @@ public final class SyncEngine {
     private var backoffUntil: Int64 = 0
     private var consecutiveFailures = 0
     private var lastError: CloudError?
+    /// The last fetch was refused for good (invalidRecord): the zone cannot be read for now.
+    private var fetchFailing = false
+    /// While the zone cannot be read: upload (if anything is pending) before the next fetch attempt.
+    private var uploadBeforeFetch = false
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameters:
@@ -145,20 +149,33 @@ public final class SyncEngine {
         } else if let gate = try encryptionGate(needsFetch: needsFetch) {
             guard case let .request(encryptionOperation) = gate else { return nil }
             operation = encryptionOperation
-        } else if needsFetch {
-            let token = try loadToken()
-            if token == nil { try beginFullResync() }
-            operation = .fetchZoneChanges(zone: zone, since: token, limit: max(1, options.fetchLimit))
+        } else if needsFetch, !(fetchFailing && uploadBeforeFetch), let fetch = try fetchOperation() {
+            operation = fetch
         } else {
+            // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
+            // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
+            // conflicts merge, so this device's changes never wait on a record it cannot receive.
             let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
-            guard !outbox.isEmpty else { return nil }
-            for entry in outbox { versions[entry.record.recordID] = entry.version }
-            operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
+            uploadBeforeFetch = false
+            if outbox.isEmpty {
+                guard needsFetch, let fetch = try fetchOperation() else { return nil }
+                operation = fetch
+            } else {
+                for entry in outbox { versions[entry.record.recordID] = entry.version }
+                operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
+            }
         }
         let request = SyncRequest(id: nextID, operation: operation)
         nextID += 1
         inFlight = (request, versions)
         return request
+    }
+
+    /// The zone fetch to perform now (a full resync starts when there is no token).
+    private func fetchOperation() throws -> CloudOperation? {
+        let token = try loadToken()
+        if token == nil { try beginFullResync() }
+        return .fetchZoneChanges(zone: zone, since: token, limit: max(1, options.fetchLimit))
     }
 
     /// Applies the response to request `id`. A response to a request that is not outstanding (a duplicate, or one
@@ -196,7 +213,8 @@ public final class SyncEngine {
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
         let row = try db.rows("""
-            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')),
+            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable'))
+                       + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
                    count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
                    count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable')
@@ -289,6 +307,16 @@ public final class SyncEngine {
     private func checkSchema(_ stored: Data?) throws {
         let local = ZoneSchema(version: container.schema.version, entities: store.entities)
         let zoneSchema = stored.flatMap { try? ReplicaJSON.decoder().decode(ZoneSchema.self, from: $0) }
+        if let stored, zoneSchema == nil {
+            // A union this build cannot decode. Written by a newer version (its version still reads, and is higher):
+            // this device is the older one, which keeps syncing (R13) and must not replace what it cannot read.
+            // Anything else is damage, repaired below with this device's schema.
+            struct Versioned: Decodable { var version: Schema.Version }
+            if let newer = try? ReplicaJSON.decoder().decode(Versioned.self, from: stored), newer.version > local.version {
+                schemaChecked = true
+                return
+            }
+        }
         let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
         if !differences.isEmpty {
             blocked = .incompatibleSchema(differences)
@@ -345,6 +373,7 @@ public final class SyncEngine {
         case let .changes(batch):
             try importBatch(batch)
             needsFetch = batch.moreComing
+            fetchFailing = false
         case let .modified(results):
             try applySaveResults(results, versions: versions)
             return
@@ -399,8 +428,14 @@ public final class SyncEngine {
         else { return }
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
+                       [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
+            try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
         }
         guard !batch.moreComing else { return }
+        try db.run("UPDATE replica_sync_unknown_record SET pending = 1 WHERE seen <> ?", [.integer(generation)])
+        // Versions kept aside that the zone no longer holds are gone from the cloud: nothing is failing any more.
+        try db.run("DELETE FROM replica_sync_rejected WHERE seen <> ?", [.integer(generation)])
         try db.run("""
             UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
                 state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END
@@ -442,7 +477,10 @@ public final class SyncEngine {
             for result in results {
                 switch result {
                 case let .saved(id, changeTag):
-                    guard var state = try SyncLedger.load(id, db) else { continue }
+                    guard var state = try SyncLedger.load(id, db) else {
+                        _ = try SyncLedger.unknownRecordSaved(id, changeTag: changeTag, db)
+                        continue
+                    }
                     state.changeTag = changeTag
                     if versions[id] == state.localVersion { state.pending = false }
                     try SyncLedger.store(state, db)
@@ -464,6 +502,8 @@ public final class SyncEngine {
                     } else {
                         try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                    [.text(error.description), id.sqliteValue])
+                        // A record of an unknown type is kept as it is, but not offered again.
+                        try db.run("UPDATE replica_sync_unknown_record SET pending = 0 WHERE id = ?", [id.sqliteValue])
                     }
                 }
             }
@@ -498,16 +538,22 @@ public final class SyncEngine {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
                 try encryptionZoneWasReset()
                 try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
+                try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
             }
         case .invalidRecord:
             if case let .modifyRecords(records, _) = request.operation {
                 for record in records {
                     try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                [.text(error.description), record.recordID.sqliteValue])
+                    try db.run("UPDATE replica_sync_unknown_record SET pending = 0 WHERE id = ?", [record.recordID.sqliteValue])
                 }
             } else {
                 // The cloud cannot serve the zone (e.g. a stored record it cannot read): asking again at once would
-                // fail the same way, forever. Back off; the error stays in the status.
+                // fail the same way, forever. Back off (the error stays in the status), uploading meanwhile.
+                if case .fetchZoneChanges = request.operation {
+                    fetchFailing = true
+                    uploadBeforeFetch = true
+                }
                 scheduleRetry(after: error)
             }
         default:
@@ -520,13 +566,16 @@ public final class SyncEngine {
         consecutiveFailures += 1
         let delay: Int64
         if let retryAfter = error.retryAfterMilliseconds {
-            delay = retryAfter
+            // The server's delay, within [0, maxBackoff] like every retry delay: an absurd or malformed answer neither
+            // traps nor stops syncing for good.
+            delay = min(max(0, retryAfter), options.maxBackoffMilliseconds)
         } else {
             let exponent = min(consecutiveFailures - 1, 20)
             let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
             delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
         }
-        backoffUntil = now + delay
+        let (until, overflow) = now.addingReportingOverflow(max(0, delay))
+        backoffUntil = overflow ? .max : until
     }
 
     // MARK: Token

@@ -36,6 +36,7 @@ enum SyncLedger {
             record_type TEXT NOT NULL,
             record TEXT NOT NULL,
             reason TEXT NOT NULL,
+            seen INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY (id, record_type));
         CREATE TABLE IF NOT EXISTS replica_sync_conflict (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -47,6 +48,20 @@ enum SyncLedger {
             kind TEXT NOT NULL DEFAULT 'field',
             winner BLOB);
         """
+
+    /// Brings the bookkeeping tables of a store created by an earlier version up to date (inside the caller's
+    /// transaction): records of unknown types gained an outbox flag and a resync mark.
+    static func migrate(_ db: Connection) throws {
+        let columns = Set(try db.rows("SELECT name FROM pragma_table_info('replica_sync_unknown_record')").compactMap {
+            if case let .text(name) = $0[0] { return name } else { return nil }
+        })
+        if !columns.contains("pending") {
+            try db.execute("ALTER TABLE replica_sync_unknown_record ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
+        }
+        if !columns.contains("seen") {
+            try db.execute("ALTER TABLE replica_sync_unknown_record ADD COLUMN seen INTEGER NOT NULL DEFAULT 0")
+        }
+    }
 
     /// The conflict log keeps at most this many entries (oldest dropped first).
     static let conflictLogCapacity = 1_000
@@ -153,7 +168,7 @@ enum SyncLedger {
             state.redirect = nil
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         for (snapshot, fields) in changes.updated {
             guard store.entity(named: snapshot.entityName) != nil else { continue }
@@ -162,7 +177,7 @@ enum SyncLedger {
             for field in fields { state.stamps[field] = stamp }
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         for record in changes.deleted {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
@@ -177,9 +192,17 @@ enum SyncLedger {
             state.tombstone = tombstone
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         try saveHLC(hlc, db)
+    }
+
+    /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
+    /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
+    private static func storeLocalChange(_ state: RecordState, _ db: Connection) throws {
+        try store(state, db)
+        try db.run("UPDATE replica_sync_record SET state = 'pending', reason = NULL WHERE id = ? AND state = 'rejected'",
+                   [state.id.sqliteValue])
     }
 
     // MARK: Outgoing records
@@ -219,7 +242,26 @@ enum SyncLedger {
                 try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ?", [id.sqliteValue])
             }
         }
+        // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
+        // without them), whole and as received: this device may be the only one left that holds them.
+        if result.count < limit {
+            for row in try db.rows("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?",
+                                   [.integer(Int64(limit - result.count))]) {
+                guard case let .text(json) = row[0], var record = decode(CloudRecord.self, json) else { continue }
+                record.changeTag = nil
+                result.append((record, 0))
+            }
+        }
         return result
+    }
+
+    /// Marks the saved version of a record of an unknown type as the cloud's. Returns `false` when there is none.
+    static func unknownRecordSaved(_ id: UUID, changeTag: String, _ db: Connection) throws -> Bool {
+        guard case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_unknown_record WHERE id = ?", [id.sqliteValue]),
+              var record = decode(CloudRecord.self, json) else { return false }
+        record.changeTag = changeTag
+        try db.run("UPDATE replica_sync_unknown_record SET record = ?, pending = 0 WHERE id = ?", [.text(encode(record)), id.sqliteValue])
+        return true
     }
 
     // MARK: Merge
@@ -442,7 +484,7 @@ enum SyncLedger {
     /// Keeps a record that cannot be applied, with the reason (reported by the ledger and counted by the status as
     /// rejected). A local record with changes to upload takes its change tag: its upload then replaces the version
     /// no device can read instead of conflicting with it forever. The next version of the record that can be applied
-    /// clears the entry.
+    /// clears the entry, and so does a full read of the zone that no longer returns it (e.g. after a zone reset).
     static func reject(_ remote: CloudRecord, reason: String, _ db: Connection) throws {
         try db.run("""
             INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
@@ -468,7 +510,7 @@ enum SyncLedger {
         }
         try db.run("""
             INSERT INTO replica_sync_unknown_record (id, record_type, record) VALUES (?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET record = excluded.record
+            ON CONFLICT (id) DO UPDATE SET record = excluded.record, pending = 0
             """, [record.recordID.sqliteValue, .text(record.recordType), .text(encode(merged))])
     }
 
