@@ -346,6 +346,7 @@ public final class SyncEngine {
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
         changes.deleted += consequences.deleted
+        if container.environment.canaries.contains(.importSkipsHistory) { return }
         _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
     }
 
@@ -358,7 +359,9 @@ public final class SyncEngine {
                 case let .saved(id, changeTag):
                     guard var state = try SyncLedger.load(id, db) else { continue }
                     state.changeTag = changeTag
-                    if versions[id] == state.localVersion { state.pending = false }
+                    if versions[id] == state.localVersion || container.environment.canaries.contains(.staleAckClearsPending) {
+                        state.pending = false
+                    }
                     try SyncLedger.store(state, db)
                     if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
                         try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
