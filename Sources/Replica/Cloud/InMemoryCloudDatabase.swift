@@ -19,8 +19,6 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     struct Zone {
         var epoch: Int64
         var sequence: Int64 = 0
-        /// Tokens with a sequence below this are expired.
-        var oldestValidSequence: Int64 = 0
         var records: [UUID: StoredRecord] = [:]
         /// Record IDs by sequence (each record appears once, at its newest sequence).
         var bySequence: [Int64: UUID] = [:]
@@ -47,12 +45,15 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     /// Expires every change token of `zone` issued so far (as when the server trims its change history).
+    ///
+    /// The zone moves to a new epoch: older tokens fail with `changeTokenExpired`, while every token issued from now
+    /// on stays valid — including the page tokens of the full re-read that follows, whose sequences lie below
+    /// the current one (a sequence floor would expire those too, and the re-read would never finish).
     public func expireChangeTokens(in zone: String) {
         state.withLock { state in
             guard var z = state.zones[zone] else { return }
-            // Tokens issued from now on carry a sequence at or above the new floor.
-            z.sequence += 1
-            z.oldestValidSequence = z.sequence
+            z.epoch = max(z.epoch, state.epochs[zone] ?? 0) + 1
+            state.epochs[zone] = z.epoch
             state.zones[zone] = z
         }
     }
@@ -154,7 +155,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if let error = Self.takeInjected(&state, .fetch) { throw error }
             guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
             let after = token?.sequence ?? 0
-            if let token, token.epoch != z.epoch || token.sequence < z.oldestValidSequence { throw CloudError.changeTokenExpired }
+            if let token, token.epoch != z.epoch { throw CloudError.changeTokenExpired }
             let sequences = z.bySequence.keys.filter { $0 > after }.sorted()
             let page = sequences.prefix(max(1, limit))
             let records = page.compactMap { z.bySequence[$0].flatMap { z.records[$0]?.record } }
