@@ -72,7 +72,7 @@ public enum CanaryCatalog {
     /// (names of canaries the library does not have yet are ignored until it does).
     static let table: [(name: String, scenario: String, summary: String)] = [
         ("lww-by-wall-clock", "trips-mixed-versions", "field stamps use the device wall clock, not the HLC"),
-        ("token-before-apply", "trips", "the server change token commits before the fetched batch"),
+        ("token-before-apply", "notes-files", "the server change token commits before the fetched batch"),
         ("non-idempotent-apply", "trips", "merging the same record twice bumps its causal length"),
         ("absent-as-null", "trips-mixed-versions", "fields missing from an incoming record become nulls"),
         ("tombstones-dropped-early", "trips-flaky-network", "the ledger forgets a tombstone once the cloud acknowledges it"),

@@ -146,14 +146,28 @@ public enum Simulator {
             var positions = (try? execute(scenario, source: ChoiceSource(replaying: best, maxChoices: maxChoices), seed: seed, options: quiet))?.stepFlags ?? []
             var index = positions.count - 1
             while index >= 0 {
-                let end = index + 1 < positions.count ? positions[index + 1] : best.count
-                var candidate = best
-                candidate.removeSubrange(positions[index]..<min(end, best.count))
-                if let (result, flags) = try? execute(scenario, source: ChoiceSource(replaying: candidate, maxChoices: maxChoices), seed: seed, options: quiet),
-                   result.violation?.invariant == target, ChoiceTape.shortlexPrecedes(result.tape.choices, best) {
-                    best = result.tape.choices
-                    positions = flags
-                    changed = true
+                let start = positions[index]
+                let end = min(index + 1 < positions.count ? positions[index + 1] : best.count, best.count)
+                var candidates: [[UInt64]] = []
+                var plain = best
+                plain.removeSubrange(start..<end)
+                candidates.append(plain)
+                // A step's span starts with "another step?" and its pause: keep the timeline by adding the pause
+                // to the next step's.
+                if start + 1 < end, end + 1 < best.count {
+                    var merged = best
+                    merged[end + 1] = min(merged[end + 1] + merged[start + 1], UInt64(scenario.timing.thinkTimeMs))
+                    merged.removeSubrange(start..<end)
+                    candidates.append(merged)
+                }
+                for candidate in candidates {
+                    if let (result, flags) = try? execute(scenario, source: ChoiceSource(replaying: candidate, maxChoices: maxChoices), seed: seed, options: quiet),
+                       result.violation?.invariant == target, ChoiceTape.shortlexPrecedes(result.tape.choices, best) {
+                        best = result.tape.choices
+                        positions = flags
+                        changed = true
+                        break
+                    }
                 }
                 index = min(index - 1, positions.count - 1)
             }
