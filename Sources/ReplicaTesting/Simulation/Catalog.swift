@@ -62,7 +62,9 @@ public enum ScenarioCatalog {
 public enum CanaryCatalog {
     /// One canary.
     public struct Entry: Sendable, Hashable {
+        /// The deliberate bug.
         public var canary: Canary
+        /// What it breaks.
         public var summary: String
         /// The built-in scenario whose workload and faults make the bug show.
         public var scenario: String

@@ -13,6 +13,8 @@ import Synchronization
 
 /// A type-level hexadecimal digit.
 public protocol SimulationDigit { static var value: Int { get } }
+// The sixteen digits (slot numbers are three of them).
+/// Digit 0 (see ``SimulationDigit``); the other fifteen digits follow the same pattern.
 public enum SimulationDigit0: SimulationDigit { public static var value: Int { 0 } }
 public enum SimulationDigit1: SimulationDigit { public static var value: Int { 1 } }
 public enum SimulationDigit2: SimulationDigit { public static var value: Int { 2 } }
@@ -47,7 +49,9 @@ public enum Slot<A: SimulationDigit, B: SimulationDigit, C: SimulationDigit>: En
 
 /// A stored field value passed through unchanged (the dynamic models' only attribute type).
 public struct RawField: AttributeValue, Hashable {
+    /// The stored value.
     public var value: SQLiteValue
+    /// Wraps a stored value.
     public init(_ value: SQLiteValue) { self.value = value }
     public static var attributeType: Schema.AttributeType { .string }
     public var sqliteValue: SQLiteValue { value }
@@ -57,16 +61,21 @@ public struct RawField: AttributeValue, Hashable {
 /// A record of the entity shape registered for slot `S`: its ID and field values in the entity's
 /// ``Schema/Entity/fieldNames`` order (attributes, then to-one references as 16-byte ID blobs).
 public struct DynamicRecord<S: EntitySlot>: PersistentModel {
+    /// The record ID (``UUID/unassigned`` until inserted).
     public var id: UUID
+    /// Field values in the entity's field order.
     public var values: [SQLiteValue]
 
+    /// A record with these values.
     public init(id: UUID, values: [SQLiteValue]) {
         self.id = id
         self.values = values
     }
 
+    /// The name of the entity registered for the slot.
     public static var entityName: String { EntityShapeRegistry.shared.shape(S.index).name }
 
+    /// Every field of the registered shape as a ``RawField`` attribute (built once per slot).
     public static var entity: ModelEntity<DynamicRecord<S>> {
         EntityShapeRegistry.shared.modelEntity(S.index) {
             let shape = EntityShapeRegistry.shared.shape(S.index)
@@ -76,6 +85,7 @@ public struct DynamicRecord<S: EntitySlot>: PersistentModel {
         }
     }
 
+    /// Reads the fields by position.
     public init(row: ModelRow) throws {
         id = row.id
         let count = EntityShapeRegistry.shared.shape(S.index).fieldNames.count

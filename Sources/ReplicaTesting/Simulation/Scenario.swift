@@ -20,7 +20,9 @@ public struct Scenario: Codable, Hashable, Sendable {
 
     /// One store of every device that opens it.
     public struct Store: Codable, Hashable, Sendable {
+        /// The store (configuration) name; synced stores sync with the zone of that name.
         public var name: String
+        /// Local, synced or app-group.
         public var kind: StoreKind
         /// The entities it holds (relationships stay within one store).
         public var entities: [String]
@@ -33,6 +35,7 @@ public struct Scenario: Codable, Hashable, Sendable {
 
     /// One simulated device.
     public struct Device: Codable, Hashable, Sendable {
+        /// The device name (in traces and messages).
         public var name: String
         /// The stores it opens.
         public var stores: [String]
@@ -140,17 +143,27 @@ public struct Scenario: Codable, Hashable, Sendable {
         public init() {}
     }
 
+    /// The scenario's name (the file name of a built-in scenario).
     public var name: String
+    /// What the scenario exercises.
     public var description: String
     /// The built-in seed schemas the schema was built from (empty for an inline schema).
     public var schemaSeeds: [String]
+    /// The schema every device runs (at its own version).
     public var schema: SimulationSchema
+    /// The stores; each device opens some of them.
     public var stores: [Store]
+    /// The devices.
     public var devices: [Device]
+    /// In-memory databases or files.
     public var storage: Storage
+    /// The mix of workload operations.
     public var workload: Workload
+    /// Fault rates and clock bounds.
     public var faults: Faults
+    /// Virtual-time constants.
     public var timing: Timing
+    /// Checks of features that are not built yet.
     public var expect: Expectations
     /// Chaos steps (workload operations and faults) per run.
     public var steps: Int

@@ -88,10 +88,8 @@ public struct JSONLine: Sendable {
 final class TraceRecorder {
     let isEnabled: Bool
     private(set) var lines: [String] = []
-    /// `REPLICA_SIM_LIVE_TRACE=1` also writes every line to standard error as it happens (for debugging hangs).
-    private let live = ProcessInfo.processInfo.environment["REPLICA_SIM_LIVE_TRACE"] == "1"
 
-    init(enabled: Bool) { isEnabled = enabled || ProcessInfo.processInfo.environment["REPLICA_SIM_LIVE_TRACE"] == "1" }
+    init(enabled: Bool) { isEnabled = enabled }
 
     /// Appends an event line `{"t":…,"ev":…,…}` built by `fill` (not even built when tracing is off).
     func event(_ time: Int64, _ kind: String, _ fill: (inout JSONLine) -> Void = { _ in }) {
@@ -101,7 +99,6 @@ final class TraceRecorder {
         line.add("ev", kind)
         fill(&line)
         lines.append(line.string)
-        if live { FileHandle.standardError.write(Data((line.string + "\n").utf8)) }
     }
 
     func append(_ line: String) {
