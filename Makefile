@@ -6,7 +6,7 @@ SWIFT ?= swift
 SWIFT_FLAGS ?=
 export SWIFT_DETERMINISTIC_HASHING := 1
 
-.PHONY: setup build test run example bench clean
+.PHONY: setup build test run example bench sim-bench clean
 
 ## setup: install the system packages Replica links (apt-get when root; otherwise print the command).
 setup:
@@ -29,11 +29,21 @@ build: setup
 test: setup
 	$(SWIFT) test $(SWIFT_FLAGS)
 
-## run: the main job (until the simulator lands: the trips example host app).
+# Seeds per built-in scenario for `make run` (a few hundred: about five minutes on two cores).
+SIM_SEEDS ?= 250
+
+## run: the main job — simulate every built-in scenario (Simulations/*.json) over $(SIM_SEEDS) seeds in a release
+## build, shrink and save any failure under Simulations/failures/, and print the summary table.
 run: setup
+	$(SWIFT) run $(SWIFT_FLAGS) -c release replica-sim explore --scenario all --seeds $(SIM_SEEDS)
+
+## example: the example host app (trips-example).
+example: setup
 	$(SWIFT) run $(SWIFT_FLAGS) -c release trips-example
 
-example: run
+## sim-bench: simulator throughput on the trips scenario, one core (device operations per CPU second).
+sim-bench: setup
+	$(SWIFT) run $(SWIFT_FLAGS) -c release replica-sim explore --scenario trips --seeds 200 --jobs 1 --no-save
 
 clean:
 	rm -rf .build

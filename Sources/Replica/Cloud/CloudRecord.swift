@@ -57,7 +57,8 @@ public struct CloudRecord: Hashable, Sendable, Codable {
 /// Where the server is in a zone's change stream (CloudKit's `CKServerChangeToken`). Opaque to clients except for
 /// being stored and sent back.
 public struct ServerChangeToken: Hashable, Sendable, Codable {
-    /// The zone incarnation: bumped when the zone is reset, which expires every older token.
+    /// The zone incarnation: bumped when the zone is reset (or, in ``InMemoryCloudDatabase``, when its change
+    /// history is trimmed), which expires every older token.
     public var epoch: Int64
     /// The zone's change sequence number this token is at.
     public var sequence: Int64

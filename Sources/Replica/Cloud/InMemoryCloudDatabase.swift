@@ -49,6 +49,10 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     /// Expires every change token of `zone` issued so far (as when the server trims its change history).
+    ///
+    /// The zone moves to a new epoch: older tokens fail with `changeTokenExpired`, while every token issued from now
+    /// on stays valid — including the page tokens of the full re-read that follows, whose sequences lie below
+    /// the current one (a sequence floor would expire those too, and the re-read would never finish).
     public func expireChangeTokens(in zone: String) {
         state.withLock { state in
             guard var z = state.zones[zone] else { return }

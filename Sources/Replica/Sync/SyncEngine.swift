@@ -467,6 +467,7 @@ public final class SyncEngine {
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
         changes.deleted += consequences.deleted
+        if container.environment.canaries.contains(.importSkipsHistory) { return }
         _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
     }
 
@@ -482,7 +483,9 @@ public final class SyncEngine {
                         continue
                     }
                     state.changeTag = changeTag
-                    if versions[id] == state.localVersion { state.pending = false }
+                    if versions[id] == state.localVersion || container.environment.canaries.contains(.staleAckClearsPending) {
+                        state.pending = false
+                    }
                     try SyncLedger.store(state, db)
                     // The cloud's version is now this one: a version of it that could not be applied is superseded.
                     try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [id.sqliteValue, .text(state.entity)])
