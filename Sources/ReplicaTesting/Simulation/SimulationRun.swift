@@ -525,7 +525,7 @@ final class SimulationRun {
         for device in devices {
             guard let process = device.processes.first, process.isUp, let context = process.context else { continue }
             for store in process.stores {
-                let token = try context.currentHistoryToken(of: configurationName(store.name))?.value ?? 0
+                let token = try context.currentHistoryToken(of: configurationName(store.name)).value
                 let key = "\(device.index)/\(store.name)"
                 if let last = lastHistoryToken[key], token < last {
                     throw InvariantViolation(.history, "the history token of \(device.name) store '\(store.name)' went back from \(last) to \(token)")
@@ -812,6 +812,7 @@ extension SimulationRun {
         case let .success(outcome):
             switch outcome {
             case .zoneCreated: return "zone created"
+            case .zoneDeleted: return "zone deleted"
             case let .modified(results): return describe(results)
             case let .changes(batch): return "\(batch.records.count) records\(batch.moreComing ? ", more coming" : "")"
             case .metadata: return "metadata"

@@ -176,6 +176,7 @@ extension SimulationRun {
                     case .duplicateIdentifier: return "duplicate ID"
                     case .deleteDenied: return "delete denied"
                     case .missingRequiredRelationship: return "missing relationship"
+                    case .unrepresentableValue: return "unrepresentable value"
                     }
                 }.joined(separator: ", ")
                 return false
