@@ -2,9 +2,11 @@
 SHELL := /bin/bash
 PACKAGES := libsqlite3-dev libsodium-dev pkg-config
 SWIFT ?= swift
+# Extra flags for swift build/test/run, e.g. `make test SWIFT_FLAGS="--scratch-path /tmp/build"`.
+SWIFT_FLAGS ?=
 export SWIFT_DETERMINISTIC_HASHING := 1
 
-.PHONY: setup build test run example bench bench-instructions clean
+.PHONY: setup build test run example bench bench-instructions sim-bench clean
 
 ## setup: install the system packages Replica links (apt-get when root; otherwise print the command).
 setup:
@@ -21,30 +23,39 @@ setup:
 
 ## build: debug build of every target.
 build: setup
-	$(SWIFT) build
+	$(SWIFT) build $(SWIFT_FLAGS)
 
 ## test: the whole test suite.
 test: setup
-	$(SWIFT) test
+	$(SWIFT) test $(SWIFT_FLAGS)
 
-## run: the main job (until the simulator lands: the trips example host app).
+# Seeds per built-in scenario for `make run` (a few hundred: about five minutes on two cores).
+SIM_SEEDS ?= 250
+
+## run: the main job — simulate every built-in scenario (Simulations/*.json) over $(SIM_SEEDS) seeds in a release
+## build, shrink and save any failure under Simulations/failures/, and print the summary table.
 run: setup
-	$(SWIFT) run -c release trips-example
+	$(SWIFT) run $(SWIFT_FLAGS) -c release replica-sim explore --scenario all --seeds $(SIM_SEEDS)
 
-example: run
+## example: the example host app (trips-example).
+example: setup
+	$(SWIFT) run $(SWIFT_FLAGS) -c release trips-example
+
+## sim-bench: simulator throughput on the trips scenario, one core (device operations per CPU second).
+sim-bench: setup
+	$(SWIFT) run $(SWIFT_FLAGS) -c release replica-sim explore --scenario trips --seeds 200 --jobs 1 --no-save
 
 ## bench: replica-bench in a release build, full sizes (several minutes). `make bench ARGS=--quick` runs reduced sizes
 ## in under two minutes; `ARGS="--json"` prints one JSON object per workload; `ARGS="--only B1,B3"` picks workloads.
-## BUILD_FLAGS passes build options (e.g. BUILD_FLAGS="--scratch-path /tmp/build").
 bench: setup
-	$(SWIFT) build -c release $(BUILD_FLAGS) --product replica-bench
-	$$($(SWIFT) build -c release $(BUILD_FLAGS) --show-bin-path)/replica-bench $(ARGS)
+	$(SWIFT) build -c release $(SWIFT_FLAGS) --product replica-bench
+	$$($(SWIFT) build -c release $(SWIFT_FLAGS) --show-bin-path)/replica-bench $(ARGS)
 
 ## bench-instructions: instruction counts (valgrind/callgrind) of each side's timed region, e.g.
 ## `make bench-instructions ARGS="B1 B3"` (quick sizes) or ARGS="--full B1": deterministic on a noisy machine.
 bench-instructions: setup
-	$(SWIFT) build -c release $(BUILD_FLAGS) --product replica-bench
-	BIN=$$($(SWIFT) build -c release $(BUILD_FLAGS) --show-bin-path)/replica-bench Scripts/bench-instructions.sh $(ARGS)
+	$(SWIFT) build -c release $(SWIFT_FLAGS) --product replica-bench
+	BIN=$$($(SWIFT) build -c release $(SWIFT_FLAGS) --show-bin-path)/replica-bench Scripts/bench-instructions.sh $(ARGS)
 
 clean:
 	rm -rf .build

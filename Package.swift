@@ -7,6 +7,7 @@ let package = Package(
         .library(name: "Replica", targets: ["Replica"]),
         .library(name: "ReplicaTesting", targets: ["ReplicaTesting"]),
         .executable(name: "trips-example", targets: ["trips-example"]),
+        .executable(name: "replica-sim", targets: ["replica-sim"]),
     ],
     targets: [
         .systemLibrary(
@@ -25,7 +26,11 @@ let package = Package(
         ),
         .target(
             name: "ReplicaTesting",
-            dependencies: ["Replica"]
+            dependencies: ["Replica", "CSQLite", "CSodium"]
+        ),
+        .executableTarget(
+            name: "replica-sim",
+            dependencies: ["ReplicaTesting", "Replica"]
         ),
         .executableTarget(
             name: "trips-example",
@@ -47,7 +52,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ReplicaTestingTests",
-            dependencies: ["ReplicaTesting", "Replica"]
+            dependencies: ["ReplicaTesting", "Replica", "replica-sim"]
         ),
     ],
     swiftLanguageModes: [.v6]

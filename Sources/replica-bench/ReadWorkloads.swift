@@ -105,7 +105,7 @@ func historyStore(_ n: Int) throws -> HistoryStore {
     let records = makeRecords(n / 2 + 26, seed: 8)
     context.insert(records[0])
     try context.save()
-    let token = try context.currentHistoryToken(of: "bench")!
+    let token = try context.currentHistoryToken(of: "bench")
     var previous: [BenchRecord] = []
     var next = 1
     var written = 0

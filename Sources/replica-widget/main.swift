@@ -107,7 +107,7 @@ do {
     case "write":
         for text in arguments.dropFirst(3) { context.insert(Note(text: text)) }
         try context.save()
-        print(try context.currentHistoryToken(of: "shared")!.value)
+        print(try context.currentHistoryToken(of: "shared").value)
     case "history":
         let after = Int64(arguments[3])!
         let store = container.storeIdentity(of: "shared")!

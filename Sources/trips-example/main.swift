@@ -72,6 +72,29 @@ func runExample(in directory: URL) throws -> [String] {
     }
     return report
 }
+
+/// A second device opens its own container, syncs both devices through one cloud database file, and reads the trip.
+func syncExample(in directory: URL) async throws -> [String] {
+    func device(_ name: String) throws -> ModelContainer {
+        var environment = ReplicaEnvironment.live
+        environment.defaultStoreDirectory = directory.appendingPathComponent(name)
+        return try ModelContainer(for: Trip.self, BucketListItem.self, configurations: ModelConfiguration(
+            "trips", cloudKitDatabase: .private("iCloud.com.example.trips")), environment: environment)
+    }
+    let cloud = try SQLiteCloudDatabase(url: directory.appendingPathComponent("cloud.sqlite"))
+    let phone = try device("phone"), laptop = try device("laptop")
+
+    let context = ModelContext(phone)
+    let trip = context.insert(Trip(name: "Kyoto", destination: "Japan"))
+    context.insert(BucketListItem(title: "Fushimi Inari at dawn", trip: Reference(trip)))
+    try context.save()
+
+    let phoneStatus = try await SyncDriver.syncUntilIdle(SyncEngine(container: phone, storeName: "trips"), with: cloud)
+    let laptopStatus = try await SyncDriver.syncUntilIdle(SyncEngine(container: laptop, storeName: "trips"), with: cloud)
+    let seen = try ModelContext(laptop).fetch(Trip.self).map { "\($0.name) (\($0.items.count) item)" }
+    return ["phone synced: up to date = \(phoneStatus.isUpToDate)",
+            "laptop synced: up to date = \(laptopStatus.isUpToDate), sees \(seen.joined(separator: ", "))"]
+}
 // README:end
 
 let directory = FileManager.default.temporaryDirectory
@@ -83,6 +106,8 @@ do {
     for line in try runExample(in: directory) { print("  " + line) }
     let files = (try? FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".store") }.sorted()) ?? []
     print("store files: \(files.joined(separator: ", "))")
+    print("sync between two devices through one cloud database file:")
+    for line in try await syncExample(in: directory.appendingPathComponent("sync")) { print("  " + line) }
 } catch {
     print("trips-example failed: \(error)")
     exit(1)

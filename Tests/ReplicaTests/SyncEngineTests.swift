@@ -65,3 +65,26 @@ struct SyncEngineTests {
         #expect(try b.notes().map(\.title) == ["from B, later"])
     }
 }
+
+@Suite("Store names")
+struct StoreNameErrorTests {
+    @Test("a misspelled store and a local-only store get different typed errors")
+    func typedStoreErrors() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-names-\(UUID().uuidString)")
+        struct Local: PersistentModel, Codable {
+            var id = UUID.unassigned
+            var text: String = ""
+            static let entity = ModelEntity<Local>([.attribute("text", \.text, default: "")])
+        }
+        let container = try ModelContainer(for: Schema([SyncNote.self, Local.self]), configurations: [
+            ModelConfiguration("notes", schema: Schema([SyncNote.self]), cloudKitDatabase: .private("iCloud.test")),
+            ModelConfiguration("local", schema: Schema([Local.self])),
+        ], environment: .seeded(seed: 1, directory: directory))
+        #expect(throws: ReplicaError.unknownStore("nots")) { try SyncEngine(container: container, storeName: "nots") }
+        #expect(throws: ReplicaError.storeNotSynced("local")) { try SyncEngine(container: container, storeName: "local") }
+        let context = ModelContext(container)
+        #expect(throws: ReplicaError.unknownStore("nots")) { try context.currentHistoryToken(of: "nots") }
+        #expect(throws: ReplicaError.unknownStore("nots")) { try context.fetchHistory(HistoryDescriptor(storeNames: ["nots"])) }
+        #expect(throws: ReplicaError.unknownEntity("syncnote")) { try context.fetchHistory(HistoryDescriptor(entityNames: ["syncnote"])) }
+    }
+}

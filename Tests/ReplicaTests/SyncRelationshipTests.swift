@@ -256,6 +256,19 @@ struct SchemaGateTests {
         #expect(seen.first { $0.id != written.id }?.mood == "calm")  // declared default for a record from the older version
     }
 
+    @Test("after a zone reset a running engine writes the union schema into the re-created zone (found by the crypto work)")
+    func schemaRewrittenAfterReset() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1)
+        a.context.insert(SyncNote(title: "t"))
+        try a.context.save()
+        try a.sync(cloud)
+        #expect(try cloud.zoneMetadata("notes")["schema"] != nil)
+        cloud.resetZone("notes")
+        try a.sync(cloud)
+        #expect(try cloud.zoneMetadata("notes")["schema"] != nil)
+    }
+
     @Test("a device that removes or retypes an attribute is refused with the differences named, and writes nothing")
     func incompatibleRefused() throws {
         struct Retyped: PersistentModel, Codable {

@@ -275,6 +275,33 @@ struct SyncFaultTests {
         #expect(try b.notes().map(\.title) == ["only on A"])
     }
 
+    @Test("a cloud database file deleted and re-created is filled again, not reported up to date (found by a new user)")
+    func cloudFileRecreated() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-recreated-\(UUID().uuidString)")
+        let cloudFile = directory.appendingPathComponent("cloud.sqlite")
+        let a = try Device("A", seed: 1)
+        for i in 0..<3 { a.context.insert(SyncNote(title: "n\(i)")) }
+        try a.context.save()
+        let environment = ReplicaEnvironment.seeded(seed: 77, directory: directory)
+        #expect(try await SyncDriver.syncUntilIdle(a.engine, with: SQLiteCloudDatabase(url: cloudFile, environment: environment)).isUpToDate)
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: cloudFile.path + suffix) }
+        let recreated = try SQLiteCloudDatabase(url: cloudFile, environment: .seeded(seed: 78, directory: directory))
+        // A fresh engine (an app relaunch) talks to the re-created file.
+        a.engine.releaseLease()
+        let relaunched = try SyncEngine(container: a.container, storeName: "notes")
+        #expect(try await SyncDriver.syncUntilIdle(relaunched, with: recreated).isUpToDate)
+        #expect(try recreated.records(in: "notes").count == 3)
+    }
+
+    @Test("a change token from the future (another database) is expired, not trusted")
+    func futureTokenExpired() throws {
+        let cloud = InMemoryCloudDatabase()
+        try cloud.createZone("z")
+        #expect(throws: CloudError.changeTokenExpired) {
+            try cloud.fetchZoneChanges("z", since: ServerChangeToken(epoch: 1, sequence: 99), limit: 10)
+        }
+    }
+
     @Test("the same response delivered twice changes nothing")
     func duplicateResponse() throws {
         let cloud = InMemoryCloudDatabase()

@@ -15,6 +15,11 @@ public protocol CloudDatabase: Sendable {
     /// Creates `zone` if it does not exist. Idempotent.
     func createZone(_ zone: String) async throws(CloudError)
 
+    /// Deletes `zone` with every record and all metadata in it (CloudKit's zone deletion). Its change tokens never
+    /// work again; creating it again starts a new epoch.
+    /// - Throws: `zoneNotFound` when the zone does not exist, or a whole-request error.
+    func deleteZone(_ zone: String) async throws(CloudError)
+
     /// Saves records with the if-server-record-unchanged policy: a record whose ``CloudRecord/changeTag`` differs
     /// from the server's current one is not saved and comes back as ``RecordSaveResult/conflict(serverRecord:)``.
     /// - Returns: one result per record, in input order.
@@ -30,13 +35,15 @@ public protocol CloudDatabase: Sendable {
     /// Zone-level metadata (e.g. the union schema, the encryption salt and key check), by key.
     func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data]
 
-    /// Sets zone metadata `key` to `value` if it is still `expected` (compare-and-swap). Returns the value now stored.
+    /// Sets zone metadata `key` to `value` if it is still `expected` (compare-and-swap). Returns the value now stored
+    /// (empty when `key` has no value).
     func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data
 }
 
 /// One request the sync engine asks its driver to perform.
 public enum CloudOperation: Hashable, Sendable {
     case createZone(String)
+    case deleteZone(String)
     case modifyRecords([CloudRecord], zone: String)
     case fetchZoneChanges(zone: String, since: ServerChangeToken?, limit: Int)
     case fetchZoneMetadata(zone: String)
@@ -46,6 +53,7 @@ public enum CloudOperation: Hashable, Sendable {
     public var name: String {
         switch self {
         case .createZone: return "createZone"
+        case .deleteZone: return "deleteZone"
         case .modifyRecords: return "modifyRecords"
         case .fetchZoneChanges: return "fetchZoneChanges"
         case .fetchZoneMetadata: return "fetchZoneMetadata"
@@ -57,6 +65,7 @@ public enum CloudOperation: Hashable, Sendable {
 /// The successful outcome of a ``CloudOperation``.
 public enum CloudOperationResult: Hashable, Sendable {
     case zoneCreated
+    case zoneDeleted
     case modified([RecordSaveResult])
     case changes(ZoneChangeBatch)
     case metadata([String: Data])
@@ -71,6 +80,9 @@ extension CloudDatabase {
             case let .createZone(zone):
                 try await createZone(zone)
                 return .success(.zoneCreated)
+            case let .deleteZone(zone):
+                try await deleteZone(zone)
+                return .success(.zoneDeleted)
             case let .modifyRecords(records, zone):
                 return .success(.modified(try await modifyRecords(records, in: zone)))
             case let .fetchZoneChanges(zone, token, limit):

@@ -2,11 +2,13 @@ import Foundation
 
 /// One field of a cloud record: its value and the stamp of the write that produced it.
 public struct CloudField: Hashable, Sendable, Codable {
-    /// The value (for an encrypted attribute: the sealed bytes as a BLOB).
+    /// The value. For an encrypted field, in the cloud: the sealed bytes as a BLOB (see ``FieldCipher``); on the
+    /// device, after the engine opened it: the plaintext.
     public var value: SQLiteValue
     /// The field's version (incarnation, HLC): the LWW register order.
     public var stamp: FieldStamp
-    /// `true` when `value` is ciphertext sealed by the field cipher.
+    /// `true` for a field that is sealed by the field cipher whenever it is in the cloud. The sync engine seals such
+    /// fields just before upload and opens them just after download, keeping the flag, so local copies hold plaintext.
     public var isEncrypted: Bool
 
     public init(value: SQLiteValue, stamp: FieldStamp, isEncrypted: Bool = false) {
@@ -55,7 +57,8 @@ public struct CloudRecord: Hashable, Sendable, Codable {
 /// Where the server is in a zone's change stream (CloudKit's `CKServerChangeToken`). Opaque to clients except for
 /// being stored and sent back.
 public struct ServerChangeToken: Hashable, Sendable, Codable {
-    /// The zone incarnation: bumped when the zone is reset, which expires every older token.
+    /// The zone incarnation: bumped when the zone is reset (or, in ``InMemoryCloudDatabase``, when its change
+    /// history is trimmed), which expires every older token.
     public var epoch: Int64
     /// The zone's change sequence number this token is at.
     public var sequence: Int64

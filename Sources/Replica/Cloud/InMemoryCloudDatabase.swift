@@ -17,10 +17,12 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     struct Zone {
+        /// The zone incarnation: part of every change tag.
         var epoch: Int64
+        /// The epoch tokens are issued with: the zone's epoch until ``expireChangeTokens(in:)`` moves it to a fresh
+        /// one, so every token issued before (of any page) is expired and every token issued after is valid.
+        var tokenEpoch: Int64
         var sequence: Int64 = 0
-        /// Tokens with a sequence below this are expired.
-        var oldestValidSequence: Int64 = 0
         var records: [UUID: StoredRecord] = [:]
         /// Record IDs by sequence (each record appears once, at its newest sequence).
         var bySequence: [Int64: UUID] = [:]
@@ -47,12 +49,18 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     /// Expires every change token of `zone` issued so far (as when the server trims its change history).
+    ///
+    /// The zone moves to a new epoch: older tokens fail with `changeTokenExpired`, while every token issued from now
+    /// on stays valid — including the page tokens of the full re-read that follows, whose sequences lie below
+    /// the current one (a sequence floor would expire those too, and the re-read would never finish).
     public func expireChangeTokens(in zone: String) {
         state.withLock { state in
             guard var z = state.zones[zone] else { return }
-            // Tokens issued from now on carry a sequence at or above the new floor.
-            z.sequence += 1
-            z.oldestValidSequence = z.sequence
+            // A fresh epoch from the zone's counter (which outlives resets), so no token ever matches it by chance.
+            // (A floor on sequence numbers would also expire the page tokens of the re-read that follows.)
+            let epoch = (state.epochs[zone] ?? z.tokenEpoch) + 1
+            state.epochs[zone] = epoch
+            z.tokenEpoch = epoch
             state.zones[zone] = z
         }
     }
@@ -74,8 +82,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
 
     /// Every byte this database holds for `zone` (records as stored and metadata), for leak scans.
     public func storedBytes(of zone: String) -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
+        let encoder = ReplicaJSON.encoder()
         var bytes = Data()
         for record in records(in: zone) { bytes.append((try? encoder.encode(record)) ?? Data()) }
         let metadata = state.withLock { $0.zones[zone]?.metadata ?? [:] }
@@ -99,6 +106,9 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             case let .createZone(zone):
                 try createZone(zone)
                 return .success(.zoneCreated)
+            case let .deleteZone(zone):
+                try deleteZone(zone)
+                return .success(.zoneDeleted)
             case let .modifyRecords(records, zone):
                 return .success(.modified(try modifyRecords(records, in: zone)))
             case let .fetchZoneChanges(zone, token, limit):
@@ -121,8 +131,16 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if state.zones[zone] == nil {
                 let epoch = (state.epochs[zone] ?? 0) + 1
                 state.epochs[zone] = epoch
-                state.zones[zone] = Zone(epoch: epoch)
+                state.zones[zone] = Zone(epoch: epoch, tokenEpoch: epoch)
             }
+        }
+    }
+
+    public func deleteZone(_ zone: String) throws(CloudError) {
+        try state.withLock { (state) throws(CloudError) in
+            if let error = Self.takeInjected(&state, .modify) { throw error }
+            guard state.zones[zone] != nil else { throw CloudError.zoneNotFound }
+            state.zones[zone] = nil
         }
     }
 
@@ -154,13 +172,15 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if let error = Self.takeInjected(&state, .fetch) { throw error }
             guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
             let after = token?.sequence ?? 0
-            if let token, token.epoch != z.epoch || token.sequence < z.oldestValidSequence { throw CloudError.changeTokenExpired }
+            if let token, token.epoch != z.tokenEpoch || token.sequence > z.sequence {
+                throw CloudError.changeTokenExpired  // from before an expiry or reset, or from the future
+            }
             let sequences = z.bySequence.keys.filter { $0 > after }.sorted()
             let page = sequences.prefix(max(1, limit))
             let records = page.compactMap { z.bySequence[$0].flatMap { z.records[$0]?.record } }
             let more = sequences.count > page.count
             let last = more ? page.last! : z.sequence
-            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
+            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.tokenEpoch, sequence: last), moreComing: more)
         }
     }
 
@@ -178,7 +198,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
             if z.metadata[key] == expected { z.metadata[key] = value }
             state.zones[zone] = z
-            return z.metadata[key]!
+            return z.metadata[key] ?? Data()
         }
     }
 }

@@ -14,11 +14,16 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     private nonisolated(unsafe) let db: Connection
     /// The database file.
     public let url: URL
+    private let environment: ReplicaEnvironment
 
     /// Opens (creating if needed) the cloud database file at `url`.
-    /// - Throws: ``SQLiteError`` when the file cannot be opened or is not a database.
-    public init(url: URL) throws {
+    /// - Parameter environment: the source of randomness for zone epochs (``ReplicaEnvironment/live`` by default):
+    ///   a zone created in a new or re-created file never accepts a change token issued by another file.
+    /// - Throws: ``SQLiteError`` when the file cannot be opened or is not a database, or the file system's error when
+    ///   its directory cannot be created.
+    public init(url: URL, environment: ReplicaEnvironment = .live) throws {
         self.url = url
+        self.environment = environment
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         let db = try Connection(location: .file(url))
         try db.transaction(.immediate) {
@@ -56,10 +61,24 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     public func createZone(_ zone: String) throws(CloudError) {
         try write { db in
             guard try Self.zone(zone, db) == nil else { return }
-            let previous: Int64 = if case let .integer(e)? = try db.scalar("SELECT epoch FROM cloud_epoch WHERE name = ?", [.text(zone)]) { e } else { 0 }
-            try db.run("INSERT INTO cloud_zone (name, epoch) VALUES (?, ?)", [.text(zone), .integer(previous + 1)])
+            // A random epoch: tokens of an earlier incarnation of this zone, or of a zone in another (or a deleted and
+            // re-created) database file, never match.
+            var epoch: Int64
+            repeat {
+                epoch = Int64(environment.random.next() >> 17)
+            } while try db.scalar("SELECT 1 FROM cloud_epoch WHERE name = ? AND epoch = ?", [.text(zone), .integer(epoch)]) != nil || epoch == 0
+            try db.run("INSERT INTO cloud_zone (name, epoch) VALUES (?, ?)", [.text(zone), .integer(epoch)])
             try db.run("INSERT INTO cloud_epoch (name, epoch) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET epoch = excluded.epoch",
-                       [.text(zone), .integer(previous + 1)])
+                       [.text(zone), .integer(epoch)])
+        }
+    }
+
+    public func deleteZone(_ zone: String) throws(CloudError) {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
+            try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
         }
     }
 
@@ -72,7 +91,8 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                                          [.text(zone), record.recordID.sqliteValue]).first,
                    case let .text(tag) = row[0], tag != record.changeTag {
                     guard case let .text(json) = row[1], let server = SyncLedger.decode(CloudRecord.self, json) else {
-                        results.append(.failed(recordID: record.recordID, error: .invalidRecord(reason: "stored record is unreadable")))
+                        results.append(.failed(recordID: record.recordID, error: .invalidRecord(
+                            reason: Self.unreadable(record.recordID.sqliteValue, zone: zone))))
                         continue
                     }
                     results.append(.conflict(serverRecord: server))
@@ -97,23 +117,31 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) throws(CloudError) -> ZoneChangeBatch {
         try write { db in
             guard let z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
-            if let token, token.epoch != z.epoch || token.sequence < z.oldestValid { throw CloudError.changeTokenExpired }
+            if let token, token.epoch != z.epoch || token.sequence < z.oldestValid || token.sequence > z.sequence {
+                throw CloudError.changeTokenExpired
+            }
             let after = token?.sequence ?? 0
             let limit = max(1, limit)
-            let rows = try db.rows("SELECT sequence, record FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+            let rows = try db.rows("SELECT sequence, record, id FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
                                    [.text(zone), .integer(after), .integer(Int64(limit + 1))])
             let more = rows.count > limit
             let page = rows.prefix(limit)
             var records: [CloudRecord] = []
             for row in page {
                 guard case let .text(json) = row[1], let record = SyncLedger.decode(CloudRecord.self, json) else {
-                    throw CloudError.invalidRecord(reason: "stored record is unreadable")
+                    throw CloudError.invalidRecord(reason: Self.unreadable(row[2], zone: zone))
                 }
                 records.append(record)
             }
             let last: Int64 = if more, case let .integer(s)? = page.last?[0] { s } else { z.sequence }
             return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
         }
+    }
+
+    /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
+    private static func unreadable(_ id: SQLiteValue, zone: String) -> String {
+        let name = (try? UUID(sqliteValue: id)).map { $0.uuidString.lowercased() } ?? "with a malformed ID"
+        return "stored record \(name) of zone '\(zone)' is unreadable"
     }
 
     public func zoneMetadata(_ zone: String) throws(CloudError) -> [String: Data] {

@@ -32,8 +32,9 @@ public final class ModelContext {
     }
 
     private var connections: [Connection?]
-    /// The stored snapshot of every record this context has read (or saved): the base of field-level change tracking.
-    private var registered: [PersistentIdentifier: Snapshot] = [:]
+    /// The copies of records this context has read (or saved): the bases of field-level change tracking. Fetches
+    /// register their results (see ReadRegistry).
+    let reads = ReadRegistry()
     /// Unsaved changes; saves apply them in first-registration order, deterministically.
     private var pending = PendingChanges()
     /// First-registration order of pending IDs.
@@ -68,8 +69,14 @@ public final class ModelContext {
         return model
     }
 
-    /// Registers new values for an existing model. At save, only fields whose value differs from the stored record
-    /// are written.
+    /// Registers new values for an existing model. At save, only the fields the app changed are written: those that
+    /// differ from the copy this context last read (or, for a record it never read, from the stored row).
+    ///
+    /// One-to-many arrays are filled on fetch and are not written back: change membership through the member's
+    /// to-one reference (e.g. set `item.trip`), as the inverse is the stored side. Many-to-many arrays are written
+    /// (links added and removed; see ``ModelEntity/Member/toMany(_:_:inverse:deleteRule:)``).
+    ///
+    /// Traps if the model was never inserted (its ID is ``UUID/unassigned``) — a programming error.
     public func update<Model: PersistentModel>(_ model: Model) {
         precondition(model.id != .unassigned, "Replica: update(_:) needs an inserted model; call insert(_:) first")
         _ = storeIndex(of: Model.self)
@@ -77,7 +84,7 @@ public final class ModelContext {
         let id = snapshot.persistentModelID
         // Field-level change tracking: only fields that differ from the copy this context handed out are the
         // app's changes, so a stale copy never writes back values another writer changed meanwhile.
-        var fields: Set<Int>? = registered[id].map { base in
+        var fields: Set<Int>? = reads.base(for: id).map { base in
             Set(snapshot.values.indices.filter { $0 >= base.values.count || base.values[$0] != snapshot.values[$0] })
         }
         switch pending[id] {
@@ -218,13 +225,11 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
-        registered.reserveCapacity(registered.count + pending.count)
-        for index in affected {
-            for (id, change) in byStore[index] {
-                switch change {
-                case let .insert(snapshot), let .replace(snapshot): registered[id] = snapshot
-                default: registered[id] = nil  // updated or deleted: the next read registers the stored state again
-                }
+        for (id, change) in pending.entries {
+            switch change {
+            case let .insert(snapshot)?, let .replace(snapshot)?: reads.register(snapshot)
+            case .update?, .delete?: reads.forget(id)  // the next read registers the stored state again
+            case nil: break
             }
         }
         rollback()
@@ -236,74 +241,19 @@ public final class ModelContext {
     }
 
     // MARK: Fetching
+    // The query API (fetch, fetchCount, fetchIdentifiers, enumerate, batch delete, hierarchies) is in
+    // ModelContext+Queries.swift; this section holds what it needs from the context's private state.
 
-    /// The model with record ID `id`, or `nil` when there is none (pending changes included).
-    /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``.
-    public func model<Model: PersistentModel>(_ type: Model.Type = Model.self, id: UUID) throws -> Model? {
-        let entityName = Model.entity.name
-        let pid = PersistentIdentifier(entityName: entityName, id: id)
-        if let change = pending[pid] {
-            guard let snapshot = change.snapshot else { return nil }
-            return try decodeModels(Model.self, [snapshot], store: storeIndex(of: Model.self)).first
-        }
-        let index = storeIndex(of: Model.self)
-        let store = container.stores[index]
-        let statements = store.statements[store.entityIndex[entityName]!]
-        let rows = try readSnapshots(entityName, sql: statements.selectByID, [id.sqliteValue], store: index)
-        return try decodeModels(Model.self, rows, store: index).first
-    }
+    /// Query bookkeeping: SQL functions registered per connection, nesting of streaming enumerations.
+    let queryState = QueryState()
 
-    /// The models `descriptor` selects, sorted, paged.
-    ///
-    /// Complexity: reads every record of the entity and filters in memory (O(n)); predicates are not yet compiled
-    /// to SQL.
-    /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``, or an error the predicate throws.
-    public func fetch<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>) throws -> [Model] {
-        let index = storeIndex(of: Model.self)
-        let store = container.stores[index]
-        let entityName = Model.entity.name
-        let statements = store.statements[store.entityIndex[entityName]!]
-        var snapshots = try readSnapshots(entityName, sql: statements.selectAll + " ORDER BY \"id\"", [], store: index)
-        // Merging pending changes indexes every record read: only when there are some of this entity.
-        if descriptor.includePendingChanges && pendingOrder.contains(where: { $0.entityName == entityName }) {
-            var position: [UUID: Int] = [:]
-            for (i, snapshot) in snapshots.enumerated() { position[snapshot.id] = i }
-            var removed = Set<Int>()
-            for id in pendingOrder where id.entityName == entityName {
-                let existing = position[id.id]
-                switch pending[id] {
-                case let .update(snapshot, _)?, let .replace(snapshot)?, let .insert(snapshot)?:
-                    if let existing { snapshots[existing] = snapshot } else { snapshots.append(snapshot) }
-                case .delete?:
-                    if let existing { removed.insert(existing) }
-                case nil: break
-                }
-            }
-            if !removed.isEmpty { snapshots = snapshots.enumerated().filter { !removed.contains($0.offset) }.map(\.element) }
-            snapshots.sort { $0.id.bytesPrecede($1.id) }
+    /// The pending changes of the given entities, in registration order. Fetches overlay them on stored rows
+    /// (``FetchDescriptor/includePendingChanges``). Complexity: O(pending changes).
+    func pendingChanges(entities: Set<String>) -> [(PersistentIdentifier, PendingChange)] {
+        pending.entries.compactMap { id, change in
+            guard let change, entities.contains(id.entityName) else { return nil }
+            return (id, change)
         }
-        var models = try decodeModels(Model.self, snapshots, store: index, includePendingChanges: descriptor.includePendingChanges)
-        if let predicate = descriptor.predicate {
-            models = try models.filter { try predicate.evaluate($0) }
-        }
-        if !descriptor.sortBy.isEmpty {
-            // Stable sort: ties keep ID order.
-            models = models.enumerated().sorted { a, b in
-                switch descriptor.sortBy.compare(a.element, b.element) {
-                case .orderedAscending: return true
-                case .orderedDescending: return false
-                case .orderedSame: return a.offset < b.offset
-                }
-            }.map(\.element)
-        }
-        let offset = min(max(descriptor.fetchOffset ?? 0, 0), models.count)
-        let end = descriptor.fetchLimit.map { min(models.count, offset + max($0, 0)) } ?? models.count
-        return Array(models[offset..<end])
-    }
-
-    /// Every model of `type`, in ID (creation) order.
-    public func fetch<Model: PersistentModel>(_ type: Model.Type) throws -> [Model] {
-        try fetch(FetchDescriptor<Model>())
     }
 
     // MARK: Internals
@@ -324,102 +274,5 @@ public final class ModelContext {
         let connection = try container.stores[storeIndex].openConnection()
         connections[storeIndex] = connection
         return connection
-    }
-
-    private func readSnapshots(_ entityName: String, sql: String, _ values: [SQLiteValue], store index: Int) throws -> [Snapshot] {
-        let db = try connection(for: index)
-        let statement = try db.cachedStatement(sql)
-        defer { statement.reset() }
-        try statement.bind(values)
-        let count = statement.columnCount
-        var result: [Snapshot] = []
-        while try statement.step() {
-            guard let id = statement.uuid(0) else { continue }
-            var values: [SQLiteValue] = []
-            values.reserveCapacity(Int(count) - 1)
-            for column in 1..<count { values.append(statement.value(column)) }
-            result.append(Snapshot(entityName: entityName, id: id, values: values))
-        }
-        // Register after reading, with room for all: growing the dictionary row by row rehashes it again and again.
-        registered.reserveCapacity(registered.count + result.count)
-        for snapshot in result { registered[snapshot.persistentModelID] = snapshot }
-        return result
-    }
-
-    /// Decodes snapshots into models, loading each to-many relationship with one query for the whole batch.
-    private func decodeModels<Model: PersistentModel>(_ type: Model.Type, _ snapshots: [Snapshot], store index: Int,
-                                                      includePendingChanges: Bool = true) throws -> [Model] {
-        let entity = Model.entity
-        var members: [String: [UUID: [UUID]]] = [:]
-        for (relationship, _) in entity.toManyMembers {
-            var loaded = try loadToMany(relationship, for: snapshots.map(\.id), store: index)
-            if includePendingChanges { applyPendingMembers(relationship, for: snapshots.map(\.id), store: index, to: &loaded) }
-            members[relationship.name] = loaded
-        }
-        let entityName = entity.name
-        let fieldIndexByName = entity.fieldIndexByName
-        let toManyMembers = entity.toManyMembers
-        do {
-            var models: [Model] = []
-            models.reserveCapacity(snapshots.count)
-            for snapshot in snapshots {
-                var toMany: [String: [UUID]] = [:]
-                for (relationship, _) in toManyMembers {
-                    toMany[relationship.name] = members[relationship.name]?[snapshot.id] ?? []
-                }
-                let row = ModelRow(id: snapshot.id, values: snapshot.values, entityName: entityName,
-                                   fieldIndexByName: fieldIndexByName, toMany: toMany)
-                models.append(try Model(row: row))
-            }
-            return models
-        } catch let error as ValueConversionError {
-            throw ReplicaError.valueConversion(error)
-        }
-    }
-
-    /// Members of a to-many relationship for each owner, in member ID order; one query per 500 owners.
-    private func loadToMany(_ relationship: Schema.Relationship, for owners: [UUID], store index: Int) throws -> [UUID: [UUID]] {
-        guard let inverse = relationship.inverse, !owners.isEmpty else { return [:] }
-        let db = try connection(for: index)
-        var result: [UUID: [UUID]] = [:]
-        var start = 0
-        while start < owners.count {
-            let chunk = owners[start..<min(start + 500, owners.count)]
-            start += chunk.count
-            let placeholders = Array(repeating: "?", count: chunk.count).joined(separator: ", ")
-            let sql = "SELECT \(quoted(inverse)), \"id\" FROM \(quoted(relationship.destination)) WHERE \(quoted(inverse)) IN (\(placeholders)) ORDER BY \"id\""
-            for row in try db.rows(sql, chunk.map(\.sqliteValue), cache: chunk.count == 500) {
-                guard case let .blob(ownerBytes) = row[0], case let .blob(memberBytes) = row[1],
-                      let owner = UUID(bytes: ownerBytes), let member = UUID(bytes: memberBytes) else { continue }
-                result[owner, default: []].append(member)
-            }
-        }
-        return result
-    }
-
-    /// Applies this context's pending inserts, updates and deletes of `relationship`'s destination records to the
-    /// stored members of each owner; a changed list stays in member ID order.
-    private func applyPendingMembers(_ relationship: Schema.Relationship, for owners: [UUID], store index: Int,
-                                     to members: inout [UUID: [UUID]]) {
-        let store = container.stores[index]
-        guard let inverse = relationship.inverse, let destination = store.entityIndex[relationship.destination],
-              let field = store.entities[destination].fieldNames.firstIndex(of: inverse) else { return }
-        let changed = pendingOrder.filter { $0.entityName == relationship.destination }
-        if changed.isEmpty || owners.isEmpty { return }
-        let changedIDs = Set(changed.map(\.id))
-        for owner in owners {
-            if let list = members[owner], list.contains(where: changedIDs.contains) {
-                members[owner] = list.filter { !changedIDs.contains($0) }
-            }
-        }
-        let ownerSet = Set(owners)
-        var touched: [UUID] = []
-        for id in changed {
-            guard case let .blob(bytes)? = pending[id]?.snapshot?.values[field], let owner = UUID(bytes: bytes),
-                  ownerSet.contains(owner) else { continue }
-            members[owner, default: []].append(id.id)
-            touched.append(owner)
-        }
-        for owner in touched { members[owner]?.sort { $0.bytesPrecede($1) } }
     }
 }

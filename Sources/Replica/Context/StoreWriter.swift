@@ -37,6 +37,9 @@ struct StoreWriter {
             self.hasUniquenessConstraints = hasUniquenessConstraints
         }
     }
+    /// Deny rules of many-to-many relationships, judged at the end too (see StoreWriter+Links.swift): the deleted
+    /// record's links stay until then, so that the same save may delete or detach the linked records.
+    var deferredLinkChecks: [(entity: String, relationship: Schema.Relationship, table: LinkTable, id: UUID)] = []
 
     /// A deleted record's relationship whose related records must be gone (or point elsewhere) by the end of the save.
     private struct DeferredCheck {
@@ -112,6 +115,10 @@ struct StoreWriter {
             return false
         }
         if !representable(snapshot, entity: context.entity, fields: nil) { return false }
+        if store.configuration.isSynced, try idBelongsToAnotherEntity(snapshot) {
+            failures.append(.duplicateIdentifier(snapshot.persistentModelID))
+            return false
+        }
         let statement = context.insert
         // Every parameter is bound again for each row, from bytes the statement owns: no need to clear them.
         defer { statement.reset(clearingBindings: false) }
@@ -125,7 +132,22 @@ struct StoreWriter {
             return false
         }
         changes.inserted.append(snapshot)
+        _ = try writeLinks(snapshot)
         return true
+    }
+
+    /// Whether the record ID of `snapshot` is already used in this synced store by a record of another entity, alive
+    /// (in its table, perhaps inserted earlier in this save) or known to sync (a tombstone, a record received): sync
+    /// tracks, uploads and merges records by ID alone, so one ID cannot name two records of a synced store.
+    private func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
+        if case let .text(owner)? = try db.scalar("SELECT entity FROM replica_sync_record WHERE id = ?", [snapshot.id.sqliteValue]),
+           owner != snapshot.entityName {
+            return true
+        }
+        for (index, other) in store.entities.enumerated() where other.name != snapshot.entityName {
+            if try db.scalar(store.statements[index].exists, [snapshot.id.sqliteValue]) != nil { return true }
+        }
+        return false
     }
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.
@@ -141,7 +163,8 @@ struct StoreWriter {
         for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
             changed.append(i)
         }
-        guard !changed.isEmpty else { return nil }
+        let changedLinks = try writeLinks(snapshot)
+        guard !changed.isEmpty || !changedLinks.isEmpty else { return nil }
         if !representable(snapshot, entity: entity, fields: Set(changed)) { return nil }
         var stored = Snapshot(entityName: snapshot.entityName, id: snapshot.id, values: Array(current.dropFirst()))
         for index in changed { stored.values[index] = snapshot.values[index] }
@@ -151,10 +174,12 @@ struct StoreWriter {
                 return nil
             }
         }
-        let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
-        try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
-                   changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
-        changes.updated.append((stored, changed.map { names[$0] }))
+        if !changed.isEmpty {
+            let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
+            try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
+                       changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
+        }
+        changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
     }
 
@@ -190,17 +215,24 @@ struct StoreWriter {
 
     // MARK: Delete with delete rules
 
+    /// Whether this save has deleted `id` so far.
+    func wasDeleted(_ id: PersistentIdentifier) -> Bool { deleted.contains(id) }
+
+    /// Records a validation failure (used by the link-table code in StoreWriter+Links.swift).
+    mutating func recordFailure(_ failure: ModelValidationFailure) {
+        failures.append(failure)
+    }
+
+    /// Records that the membership of `relationship` of the records `ids` changed (for history).
+    mutating func recordMembershipChange(of ids: [UUID], entity: String, relationship: String) {
+        for id in ids { changes.updated.append((Snapshot(entityName: entity, id: id, values: []), [relationship])) }
+    }
+
     /// Deletes a record and applies its relationships' delete rules (recursively for cascades).
     /// A record that does not exist (deleted earlier, or never saved) is skipped.
     mutating func deleteRecord(_ id: PersistentIdentifier, viaCascade: Bool = false) throws {
-        guard deleted.insert(id).inserted else { return }
-        let (entity, sql) = entity(id.entityName)
-        guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return }
-        try applyDeleteRules(of: id, row: row)
-        try db.run(sql.delete, [id.id.sqliteValue])
-        let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
-        changes.deleted.append(DeletedRecord(
-            id: id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: viaCascade))
+        guard let frame = try beginDelete(id, viaCascade: viaCascade) else { return }
+        try runDeletes(from: frame)
     }
 
     /// Applies the delete rules of a record a sync import has already removed: its to-many relationships' members
@@ -208,7 +240,62 @@ struct StoreWriter {
     /// treats the children of a deleted parent the same way.
     mutating func applyDeleteRulesAfterRemoteDelete(of id: PersistentIdentifier) throws {
         guard deleted.insert(id).inserted else { return }
-        try applyDeleteRules(of: id, row: nil)
+        try runDeletes(from: DeleteFrame(id: id, row: nil, viaCascade: false))
+    }
+
+    /// One record being deleted. The delete rules of its relationships are applied one relationship at a time, and a
+    /// cascade deletes its targets one after another — each completely, its own cascades first — before the next
+    /// relationship: the order of a recursive walk, kept on an explicit stack so that a cascade chain of any length
+    /// cannot overflow the call stack.
+    private struct DeleteFrame {
+        let id: PersistentIdentifier
+        /// The record's row; `nil` when it is already gone (a remote delete): only its delete rules are applied.
+        let row: [SQLiteValue]?
+        let viaCascade: Bool
+        /// The next of the entity's relationships whose rule to apply.
+        var nextRelationship = 0
+        /// The records the cascade in progress deletes, their entity, and the next one to delete.
+        var cascade: [UUID] = []
+        var cascadeEntity = ""
+        var nextTarget = 0
+    }
+
+    /// Marks `id` deleted and reads its row; `nil` when it was already deleted in this save or does not exist.
+    private mutating func beginDelete(_ id: PersistentIdentifier, viaCascade: Bool) throws -> DeleteFrame? {
+        guard deleted.insert(id).inserted else { return nil }
+        let (_, sql) = entity(id.entityName)
+        guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return nil }
+        return DeleteFrame(id: id, row: row, viaCascade: viaCascade)
+    }
+
+    private mutating func runDeletes(from first: DeleteFrame) throws {
+        var stack = [first]
+        while var frame = stack.popLast() {
+            if frame.nextTarget < frame.cascade.count {
+                let target = PersistentIdentifier(entityName: frame.cascadeEntity, id: frame.cascade[frame.nextTarget])
+                frame.nextTarget += 1
+                stack.append(frame)
+                if let child = try beginDelete(target, viaCascade: true) { stack.append(child) }
+                continue
+            }
+            let (entity, sql) = entity(frame.id.entityName)
+            if frame.nextRelationship < entity.relationships.count {
+                let relationship = entity.relationships[frame.nextRelationship]
+                frame.nextRelationship += 1
+                if let targets = try applyDeleteRule(relationship, of: frame.id, row: frame.row) {
+                    frame.cascade = targets
+                    frame.cascadeEntity = relationship.destination
+                    frame.nextTarget = 0
+                }
+                stack.append(frame)
+                continue
+            }
+            guard let row = frame.row else { continue }
+            try db.run(sql.delete, [frame.id.id.sqliteValue])
+            let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
+            changes.deleted.append(DeletedRecord(
+                id: frame.id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: frame.viaCascade))
+        }
     }
 
     /// A live record `child` references a deleted record through its to-one `reference`: follow `rule` (the delete
@@ -247,44 +334,49 @@ struct StoreWriter {
         if db.changes > 0 { changes.updated.append((Snapshot(entityName: child.entityName, id: child.id, values: []), [reference])) }
     }
 
-    /// Applies the delete rules of record `id`. With `row == nil` (the row is already gone) only to-many
-    /// relationships can be followed.
-    private mutating func applyDeleteRules(of id: PersistentIdentifier, row: [SQLiteValue]?) throws {
+    /// Applies the delete rule of one relationship of record `id` (with `row == nil`, the row is already gone and
+    /// only to-many relationships can be followed). Returns the records a cascade must delete, `nil` otherwise.
+    private mutating func applyDeleteRule(_ relationship: Schema.Relationship, of id: PersistentIdentifier,
+                                          row: [SQLiteValue]?) throws -> [UUID]? {
         let (entity, _) = entity(id.entityName)
-        for relationship in entity.relationships {
-            let (destination, destinationSQL) = self.entity(relationship.destination)
-            let targets: [UUID]
-            if relationship.isToMany {
-                guard let inverse = relationship.inverse else { continue }
-                targets = try db.rows("SELECT \"id\" FROM \(destinationSQL.table) WHERE \(quoted(inverse)) = ? ORDER BY \"id\"",
-                                      [id.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
-            } else {
-                guard let row, let index = entity.fieldNames.firstIndex(of: relationship.name) else { continue }
-                targets = [try? UUID(sqliteValue: row[index + 1])].compactMap { $0 }
-            }
-            if targets.isEmpty { continue }
-            switch relationship.deleteRule {
-            case .deny:
-                deferredChecks.append(DeferredCheck(kind: .deny, entity: entity.name, relationship: relationship, id: id.id, targets: targets))
-            case .cascade:
-                for target in targets { try deleteRecord(PersistentIdentifier(entityName: destination.name, id: target), viaCascade: true) }
-            case .nullify:
-                guard let inverseName = relationship.inverse, let inverse = destination.relationship(named: inverseName),
-                      !inverse.isToMany else { continue }
-                if !inverse.isOptional {
-                    deferredChecks.append(DeferredCheck(kind: .requiredInverse(inverseName), entity: entity.name,
-                                                        relationship: relationship, id: id.id, targets: targets))
-                    continue
-                }
-                try db.run("UPDATE \(destinationSQL.table) SET \(quoted(inverseName)) = NULL WHERE \(quoted(inverseName)) = ?",
-                           [id.id.sqliteValue])
-                for target in targets {
-                    changes.updated.append((Snapshot(entityName: destination.name, id: target, values: []), [inverseName]))
-                }
-            case .noAction:
-                break
-            }
+        let (destination, destinationSQL) = self.entity(relationship.destination)
+        if let table = LinkTable.of(relationship, in: entity.name, destination: destination) {
+            // Many-to-many: the links go; the members follow the rule (see StoreWriter+Links).
+            try deleteLinks(of: id, relationship: relationship, table: table, destination: destination)
+            return nil
         }
+        let targets: [UUID]
+        if relationship.isToMany {
+            guard let inverse = relationship.inverse else { return nil }
+            targets = try db.rows("SELECT \"id\" FROM \(destinationSQL.table) WHERE \(quoted(inverse)) = ? ORDER BY \"id\"",
+                                  [id.id.sqliteValue]).compactMap { try? UUID(sqliteValue: $0[0]) }
+        } else {
+            guard let row, let index = entity.fieldNames.firstIndex(of: relationship.name) else { return nil }
+            targets = [try? UUID(sqliteValue: row[index + 1])].compactMap { $0 }
+        }
+        if targets.isEmpty { return nil }
+        switch relationship.deleteRule {
+        case .deny:
+            deferredChecks.append(DeferredCheck(kind: .deny, entity: entity.name, relationship: relationship, id: id.id, targets: targets))
+        case .cascade:
+            return targets
+        case .nullify:
+            guard let inverseName = relationship.inverse, let inverse = destination.relationship(named: inverseName),
+                  !inverse.isToMany else { return nil }
+            if !inverse.isOptional {
+                deferredChecks.append(DeferredCheck(kind: .requiredInverse(inverseName), entity: entity.name,
+                                                    relationship: relationship, id: id.id, targets: targets))
+                return nil
+            }
+            try db.run("UPDATE \(destinationSQL.table) SET \(quoted(inverseName)) = NULL WHERE \(quoted(inverseName)) = ?",
+                       [id.id.sqliteValue])
+            for target in targets {
+                changes.updated.append((Snapshot(entityName: destination.name, id: target, values: []), [inverseName]))
+            }
+        case .noAction:
+            break
+        }
+        return nil
     }
 }
 
@@ -293,6 +385,7 @@ extension StoreWriter {
     /// delete, insert and update is applied: related records deleted or moved elsewhere by the same save do not
     /// count, whatever order the changes were registered in.
     private mutating func checkDeletedRelationships() throws {
+        try checkDeletedLinks()
         for check in deferredChecks {
             let (destination, sql) = entity(check.relationship.destination)
             func referencing(_ column: String) throws -> [UUID] {

@@ -20,4 +20,10 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     case dedupSkipped = "dedup-skipped"
     /// On a save conflict the local record overwrites the server's without merging: other devices' writes are lost.
     case conflictClobbers = "conflict-clobbers"
+    /// A save acknowledgement clears the outbox flag even when the record changed locally after the upload was built:
+    /// the newer local edit is never uploaded.
+    case staleAckClearsPending = "stale-ack-clears-pending"
+    /// Sync imports change rows without recording a history transaction: other processes and history readers miss
+    /// them.
+    case importSkipsHistory = "import-skips-history"
 }

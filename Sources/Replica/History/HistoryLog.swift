@@ -203,6 +203,9 @@ enum HistoryLog {
                     through = Swift.max(through, max)
                 }
             }
+            // Never past the newest transaction: tokens after it have not been issued yet (a token from the store's
+            // "future" — e.g. kept across a restore of an older backup — would otherwise expire the ones to come).
+            through = Swift.min(through, try latestToken(db))
             guard through > 0 else { return 0 }
             try db.run("DELETE FROM replica_history_change WHERE token <= ?", [.integer(through)])
             try db.run("DELETE FROM replica_history_transaction WHERE token <= ?", [.integer(through)])
@@ -220,15 +223,13 @@ enum HistoryLog {
     }
 
     static func encodeTombstone(_ values: [(String, SQLiteValue)]) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
         let dictionary = Dictionary(values, uniquingKeysWith: { a, _ in a })
-        let data = (try? encoder.encode(HistoryTombstone(values: dictionary))) ?? Data("{}".utf8)
+        let data = (try? ReplicaJSON.encoder().encode(HistoryTombstone(values: dictionary))) ?? Data("{}".utf8)
         return String(decoding: data, as: UTF8.self)
     }
 
     static func decodeTombstone(_ json: String) -> HistoryTombstone {
-        (try? JSONDecoder().decode(HistoryTombstone.self, from: Data(json.utf8))) ?? HistoryTombstone()
+        (try? ReplicaJSON.decoder().decode(HistoryTombstone.self, from: Data(json.utf8))) ?? HistoryTombstone()
     }
 }
 

@@ -13,7 +13,8 @@ extension ModelContainer {
     ///   - storeName: the configuration name of the store to watch.
     ///   - token: announce transactions after this token; `nil` starts from the store's newest transaction.
     ///   - pollingInterval: milliseconds between `data_version` checks (waits through ``ReplicaEnvironment/sleep``).
-    /// - Returns: a stream of transactions in token order. It finishes with ``ReplicaError/historyTokenExpired(_:)``
+    /// - Returns: a stream of transactions in token order. It finishes with ``ReplicaError/unknownStore(_:)`` for an
+    ///   unknown store name, with ``ReplicaError/historyTokenExpired(_:)``
     ///   if history the observer had not read yet was pruned, and ends when the consuming task is cancelled.
     public func historyTransactions(
         ofStore storeName: String, after token: HistoryToken? = nil, pollingInterval: Int64 = 100
@@ -25,7 +26,7 @@ extension ModelContainer {
                 do {
                     let context = ModelContext(container)
                     guard let index = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else {
-                        throw ReplicaError.loadIssueModelContainer(configuration: storeName, reason: "no such store in this container")
+                        throw ReplicaError.unknownStore(storeName)
                     }
                     let db = try context.connection(for: index)
                     var last = try token ?? context.currentHistoryToken(of: storeName)

@@ -59,9 +59,17 @@ extension ModelContext {
     ///
     /// Complexity: O(N + C) for N transactions and C changes returned (one indexed range scan per store),
     /// independent of how much history precedes the token.
-    /// - Throws: ``ReplicaError/historyTokenExpired(_:)``, ``ReplicaError/historyTokenFromAnotherStore(_:)``, ``SQLiteError``.
+    /// - Throws: ``ReplicaError/historyTokenExpired(_:)``, ``ReplicaError/historyTokenFromAnotherStore(_:)``,
+    ///   ``ReplicaError/unknownStore(_:)`` for a name in ``HistoryDescriptor/storeNames`` the container lacks,
+    ///   ``ReplicaError/unknownEntity(_:)`` for a name in ``HistoryDescriptor/entityNames`` the schema lacks, ``SQLiteError``.
     public func fetchHistory(_ descriptor: HistoryDescriptor = HistoryDescriptor()) throws -> [HistoryTransaction] {
         var indices = try historyStores(for: descriptor)
+        for name in descriptor.storeNames ?? [] where !container.configurations.contains(where: { $0.name == name }) {
+            throw ReplicaError.unknownStore(name)
+        }
+        for name in descriptor.entityNames ?? [] where container.schema.entity(named: name) == nil {
+            throw ReplicaError.unknownEntity(name)
+        }
         if let names = descriptor.storeNames {
             indices = indices.filter { names.contains(container.stores[$0].configuration.name) }
         }
@@ -114,10 +122,12 @@ extension ModelContext {
         return removed
     }
 
-    /// The newest history token of store `storeName` (a token with value 0 when the store has no history yet),
-    /// or `nil` for an unknown store name.
-    public func currentHistoryToken(of storeName: String) throws -> HistoryToken? {
-        guard let index = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else { return nil }
+    /// The newest history token of store `storeName` (a token with value 0 when the store has no history yet).
+    /// - Throws: ``ReplicaError/unknownStore(_:)``, ``SQLiteError``.
+    public func currentHistoryToken(of storeName: String) throws -> HistoryToken {
+        guard let index = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else {
+            throw ReplicaError.unknownStore(storeName)
+        }
         let value = try HistoryLog.latestToken(connection(for: index))
         return HistoryToken(storeIdentity: container.stores[index].identity, value: value)
     }

@@ -15,10 +15,18 @@ public protocol AttributeValue: Sendable {
     /// Reads a value back from its stored form.
     /// - Throws: ``ValueConversionError`` when the stored value has the wrong storage class.
     init(sqliteValue: SQLiteValue) throws(ValueConversionError)
+    /// Reads the value of field `index` of `row`: the fast path of ``ModelRow/decode(_:at:)``. The built-in types
+    /// read straight from the SQLite statement; the default goes through ``init(sqliteValue:)``.
+    /// - Throws: ``ValueConversionError`` when the stored value has the wrong storage class.
+    static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Self
 }
 
 extension AttributeValue {
     public static var isOptionalAttribute: Bool { false }
+
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Self {
+        try Self(sqliteValue: row[index])
+    }
 }
 
 /// A stored value could not be read as the type the model declares. Names the expected type and the storage class
@@ -173,27 +181,62 @@ extension Optional: AttributeValue where Wrapped: AttributeValue {
     }
 }
 
+/// Marks `Optional` attribute types so that code holding only a metatype can find the wrapped type. Internal.
+protocol OptionalAttributeMarker {
+    static var wrappedAttributeType: any AttributeValue.Type { get }
+}
+
+extension Optional: OptionalAttributeMarker where Wrapped: AttributeValue {
+    static var wrappedAttributeType: any AttributeValue.Type { Wrapped.self }
+}
+
 /// A `Codable` struct stored inline in one attribute (SwiftData's composite attributes), as JSON text with sorted
 /// keys. Its members are queryable from predicates through SQLite's JSON functions.
 ///
-/// Adopt it with an empty extension: `extension Address: CompositeAttribute {}`.
-public protocol CompositeAttribute: AttributeValue, Codable, Equatable {}
+/// Adopt it with an empty extension (`extension Address: CompositeAttribute {}`); list ``queryableMembers`` to let
+/// predicates and sort descriptors reach into it in SQL (`#Predicate<Person> { $0.homeAddress.city == "Paris" }`
+/// becomes `json_extract("homeAddress", '$.city') = ?`). Members that are not listed are still usable in predicates;
+/// they are evaluated in memory after the SQL part.
+public protocol CompositeAttribute: AttributeValue, Codable, Equatable {
+    /// The members reachable from predicates and sort descriptors in SQL, each with its JSON key (its coding key).
+    /// Default: none.
+    static var queryableMembers: [CompositeMember<Self>] { get }
+}
+
+extension CompositeAttribute {
+    public static var queryableMembers: [CompositeMember<Self>] { [] }
+}
+
+/// One member of a ``CompositeAttribute`` that predicates and sort descriptors can reach in SQL.
+///
+/// Strings, integers, doubles, booleans and dates (JSON numbers of seconds since 2001, as `JSONEncoder` writes them),
+/// their optionals, and nested composite attributes are supported; members of other types are evaluated in memory.
+public struct CompositeMember<Root>: @unchecked Sendable {
+    // @unchecked: key paths are immutable.
+    /// The JSON key: the member's coding key.
+    public let key: String
+    let keyPath: AnyKeyPath
+    let valueType: any AttributeValue.Type
+
+    /// A member with JSON key `key`, read through `keyPath`.
+    public static func member<Value: AttributeValue>(_ key: String, _ keyPath: KeyPath<Root, Value>) -> CompositeMember {
+        CompositeMember(key: key, keyPath: keyPath, valueType: Value.self)
+    }
+}
 
 extension CompositeAttribute {
     public static var attributeType: Schema.AttributeType { .composite }
     public var sqliteValue: SQLiteValue {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        // Encoding a Codable struct of plain values into JSON does not fail; a custom encode(to:) that throws is a
-        // programmer error in the composite type.
-        guard let data = try? encoder.encode(self) else {
+        // Encoding a Codable struct of plain values into JSON does not fail (non-finite doubles included, see
+        // ReplicaJSON); a custom encode(to:) that throws is a programmer error in the composite type.
+        guard let data = try? ReplicaJSON.encoder().encode(self) else {
             preconditionFailure("Replica: composite attribute \(Self.self) failed to encode as JSON")
         }
         return .text(String(decoding: data, as: UTF8.self))
     }
     public init(sqliteValue: SQLiteValue) throws(ValueConversionError) {
         guard case let .text(json) = sqliteValue,
-              let value = try? JSONDecoder().decode(Self.self, from: Data(json.utf8)) else {
+              let value = try? ReplicaJSON.decoder().decode(Self.self, from: Data(json.utf8)) else {
             throw ValueConversionError(expected: "\(Self.self)", found: sqliteValue)
         }
         self = value

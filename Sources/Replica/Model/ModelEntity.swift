@@ -7,15 +7,25 @@ import Foundation
 public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     // @unchecked: key paths are immutable and thread-safe; the closures capture only key paths.
 
+    /// Resolves one relationship of a batch of models: loads the targets (one query) and stores resolved
+    /// ``Reference``s into the models. Returns the IDs of the models with a reference whose target does not exist.
+    typealias Prefetch = (inout [Model], any ModelLoading, PrefetchTree) throws -> [UUID]
+
     /// One member of an entity: an attribute or a relationship.
     public struct Member {
         enum Kind {
             case attribute(Schema.Attribute, encode: (Model) -> SQLiteValue)
             case toOne(Schema.Relationship, encode: (Model) -> SQLiteValue)
-            case toMany(Schema.Relationship, assign: (inout Model, [UUID]) -> Void)
+            case toMany(Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])
         }
         let kind: Kind
         let keyPath: PartialKeyPath<Model>
+        /// The same member reached through a reference: `\Reference<Model>.[dynamicMember: keyPath]`.
+        let referenceKeyPath: AnyKeyPath
+        /// What predicates and sort descriptors may do with the member.
+        let query: QueryMember
+        /// For relationships: resolves the references of a batch of models.
+        let prefetch: Prefetch?
         /// For an attribute that is a stored property of a common type: where and how to load it directly.
         var load: FieldLoad?
 
@@ -33,7 +43,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             let attribute = Schema.Attribute(
                 name: name, type: Value.attributeType, isOptional: Value.isOptionalAttribute,
                 defaultValue: defaultValue?.sqliteValue, options: options)
-            var member = Member(kind: .attribute(attribute, encode: fieldReader(keyPath) { $0.sqliteValue }), keyPath: keyPath)
+            var member = Member(kind: .attribute(attribute, encode: fieldReader(keyPath) { $0.sqliteValue }), keyPath: keyPath,
+                                referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                                query: .attribute(attribute, composite: CompositeTypeInfo.of(Value.self)), prefetch: nil)
             member.load = FieldLoad.stored(keyPath)
             return member
         }
@@ -63,7 +75,25 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: true)
-            return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { $0?.id.sqliteValue ?? .null }), keyPath: keyPath)
+            let prefetch: Prefetch = { models, loader, nested in
+                var ids: [UUID] = []
+                var seen = Set<UUID>()
+                for model in models { if let id = model[keyPath: keyPath]?.id, seen.insert(id).inserted { ids.append(id) } }
+                let targets = try loader.loadModels(Target.self, ids: ids, prefetch: nested)
+                var dangling: [UUID] = []
+                for index in models.indices {
+                    guard let reference = models[index][keyPath: keyPath] else { continue }
+                    if let target = targets[reference.id] {
+                        models[index][keyPath: keyPath] = reference.resolving(target)
+                    } else {
+                        dangling.append(models[index].id)
+                    }
+                }
+                return dangling
+            }
+            return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { $0?.id.sqliteValue ?? .null }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .toOne(relationship, target: Target.self), prefetch: prefetch)
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
@@ -75,15 +105,38 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: false, deleteRule: deleteRule, isOptional: false)
+            let prefetch: Prefetch = { models, loader, nested in
+                var ids: [UUID] = []
+                var seen = Set<UUID>()
+                for model in models where seen.insert(model[keyPath: keyPath].id).inserted { ids.append(model[keyPath: keyPath].id) }
+                let targets = try loader.loadModels(Target.self, ids: ids, prefetch: nested)
+                var dangling: [UUID] = []
+                for index in models.indices {
+                    let reference = models[index][keyPath: keyPath]
+                    if let target = targets[reference.id] {
+                        models[index][keyPath: keyPath] = reference.resolving(target)
+                    } else {
+                        dangling.append(models[index].id)
+                    }
+                }
+                return dangling
+            }
             return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { reference in
                 reference.id == .unassigned ? .null : reference.id.sqliteValue
-            }), keyPath: keyPath)
+            }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .toOne(relationship, target: Target.self), prefetch: prefetch)
         }
 
-        /// A to-many relationship. It is not stored in this record: its members are the `Target` records whose
-        /// `inverse` to-one relationship points here, and it is filled when the model is fetched.
+        /// A to-many relationship.
+        ///
+        /// - One-to-many (the inverse is a to-one relationship on `Target`): not stored in this record; its members
+        ///   are the `Target` records whose inverse reference points here, filled when the model is fetched.
+        /// - Many-to-many (the inverse is a to-many relationship on `Target`): stored in a link table. Saving a model
+        ///   writes its side's members (adding and removing links relative to the store), so either side may be edited.
+        ///
         /// - Parameters:
-        ///   - inverse: the to-one relationship on `Target` that points back (required).
+        ///   - inverse: the relationship on `Target` that points back (required).
         ///   - deleteRule: applied to the related records when this record is deleted.
         public static func toMany<Target: PersistentModel>(
             _ name: String, _ keyPath: WritableKeyPath<Model, [Reference<Target>]>, inverse: String,
@@ -91,11 +144,35 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ) -> Member {
             let relationship = Schema.Relationship(
                 name: name, destination: Target.entityName, inverse: inverse, isToMany: true, deleteRule: deleteRule)
+            let prefetch: Prefetch = { models, loader, nested in
+                var ids: [UUID] = []
+                var seen = Set<UUID>()
+                for model in models {
+                    for reference in model[keyPath: keyPath] where seen.insert(reference.id).inserted { ids.append(reference.id) }
+                }
+                let targets = try loader.loadModels(Target.self, ids: ids, prefetch: nested)
+                var dangling: [UUID] = []
+                for index in models.indices {
+                    var complete = true
+                    models[index][keyPath: keyPath] = models[index][keyPath: keyPath].map { reference in
+                        if let target = targets[reference.id] { return reference.resolving(target) }
+                        complete = false
+                        return reference
+                    }
+                    if !complete { dangling.append(models[index].id) }
+                }
+                return dangling
+            }
             return Member(kind: .toMany(relationship, assign: { model, ids in
                 model[keyPath: keyPath] = ids.map(Reference<Target>.init)
-            }), keyPath: keyPath)
+            }, members: { $0[keyPath: keyPath].map(\.id) }), keyPath: keyPath,
+                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                          query: .toMany(relationship, target: Target.self), prefetch: prefetch)
         }
     }
+
+    /// To-many relationships with the closures that assign and read their members.
+    typealias ToManyMember = (relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])
 
     /// The entity's description and encoders, built once and shared: copying a `ModelEntity` (every access to a
     /// model's `static let entity`) costs one retain.
@@ -107,12 +184,14 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let fieldLoads: [FieldLoad?]
         let fieldIndexByKeyPath: [PartialKeyPath<Model>: Int]
         let fieldIndexByName: [String: Int]
-        let toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]
+        let toManyMembers: [ToManyMember]
+        let prefetchByName: [String: Prefetch]
+        let query: EntityQueryInfo
         let codableEncoder: ((Model) -> [SQLiteValue])?
 
         init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
-             fieldIndexByKeyPath: [PartialKeyPath<Model>: Int],
-             toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)]) {
+             fieldIndexByKeyPath: [PartialKeyPath<Model>: Int], toManyMembers: [ToManyMember],
+             prefetchByName: [String: Prefetch], query: EntityQueryInfo) {
             self.schemaEntity = schemaEntity
             self.fieldNames = schemaEntity.fieldNames
             self.fieldEncoders = fieldEncoders
@@ -122,6 +201,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             for (index, name) in fieldNames.enumerated() { byName[name] = index }
             self.fieldIndexByName = byName
             self.toManyMembers = toManyMembers
+            self.prefetchByName = prefetchByName
+            self.query = query
             if let codable = Model.self as? any CodablePersistentModel.Type {
                 self.codableEncoder = (makeCodableRowEncoder(codable, layout: RowEncodingLayout(entity: schemaEntity), fallback: fieldEncoders)
                     as! (Model) -> [SQLiteValue])
@@ -143,8 +224,12 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     var fieldIndexByKeyPath: [PartialKeyPath<Model>: Int] { storage.fieldIndexByKeyPath }
     /// Field index by name.
     var fieldIndexByName: [String: Int] { storage.fieldIndexByName }
-    /// To-many relationships with the closure that assigns their members.
-    var toManyMembers: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)] { storage.toManyMembers }
+    /// To-many relationships, in declaration order, with the closures that assign and read their members.
+    var toManyMembers: [ToManyMember] { storage.toManyMembers }
+    /// Relationship resolvers by relationship name.
+    var prefetchByName: [String: Prefetch] { storage.prefetchByName }
+    /// Key paths to members, for predicates and sort descriptors (type-erased).
+    var query: EntityQueryInfo { storage.query }
     /// For a ``CodablePersistentModel``: encodes every field value through `encode(to:)`.
     var codableEncoder: ((Model) -> [SQLiteValue])? { storage.codableEncoder }
 
@@ -160,7 +245,13 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var attributeLoads: [FieldLoad?] = []
         var attributeKeyPaths: [PartialKeyPath<Model>] = []
         var referenceKeyPaths: [PartialKeyPath<Model>] = []
-        var toMany: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void)] = []
+        var toMany: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])] = []
+        var prefetch: [String: Prefetch] = [:]
+        var queryMembers: [AnyKeyPath: QueryMember] = [
+            \Model.persistentModelID: .persistentModelID,
+            \Reference<Model>.id: .id,
+            \Reference<Model>.persistentModelID: .persistentModelID,
+        ]
         for member in members {
             switch member.kind {
             case let .attribute(attribute, encode):
@@ -168,14 +259,26 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 attributeEncoders.append(encode)
                 attributeLoads.append(member.load)
                 attributeKeyPaths.append(member.keyPath)
+                // `\Model.composite.member` key paths (as sort descriptors spell them) reach into composite attributes.
+                if case let .attribute(_, composite?) = member.query, !attribute.isOptional {
+                    for (keyPath, path, leaf) in composite.flattenedMembers() {
+                        if let full = (member.keyPath as AnyKeyPath).appending(path: keyPath) {
+                            queryMembers[full] = .compositePath(attribute: attribute, path: path, leaf: leaf)
+                        }
+                    }
+                }
             case let .toOne(relationship, encode):
                 relationships.append(relationship)
                 referenceEncoders.append(encode)
                 referenceKeyPaths.append(member.keyPath)
-            case let .toMany(relationship, assign):
+            case let .toMany(relationship, assign, read):
                 relationships.append(relationship)
-                toMany.append((relationship, assign))
+                toMany.append((relationship, assign, read))
             }
+            queryMembers[member.keyPath] = member.query
+            queryMembers[member.referenceKeyPath] = member.query
+            if let resolve = member.prefetch, case let .toOne(relationship, _) = member.query { prefetch[relationship.name] = resolve }
+            if let resolve = member.prefetch, case let .toMany(relationship, _) = member.query { prefetch[relationship.name] = resolve }
         }
         let entity = Schema.Entity(name: Model.entityName, attributes: attributes, relationships: relationships,
                                    uniquenessConstraints: uniquenessConstraints)
@@ -183,19 +286,35 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         for (index, keyPath) in (attributeKeyPaths + referenceKeyPaths).enumerated() { byKeyPath[keyPath] = index }
         storage = Storage(schemaEntity: entity, fieldEncoders: attributeEncoders + referenceEncoders,
                           fieldLoads: attributeLoads + referenceEncoders.map { _ in nil },
-                          fieldIndexByKeyPath: byKeyPath, toManyMembers: toMany)
+                          fieldIndexByKeyPath: byKeyPath, toManyMembers: toMany, prefetchByName: prefetch,
+                          query: EntityQueryInfo(name: Model.entityName, modelType: Model.self, schemaEntity: entity,
+                                                 members: queryMembers))
     }
 
-    /// The snapshot of `model`: its ID and every field's stored value, read with the key paths (or, for a
-    /// ``CodablePersistentModel``, through `encode(to:)`). Complexity: O(fields), no reflection.
+    /// The snapshot of `model`: its ID, every field's stored value and the members of its to-many relationships,
+    /// read with the key paths (or, for a ``CodablePersistentModel``, the fields through `encode(to:)`).
+    /// Complexity: O(fields + to-many members), no reflection.
     public func snapshot(of model: Model) -> Snapshot {
         let storage = storage
-        if let codableEncoder = storage.codableEncoder {
-            return Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: codableEncoder(model))
-        }
+        let toMany = storage.toManyMembers.isEmpty ? [] : storage.toManyMembers.map { $0.members(model) }
+        return Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: fieldValues(of: model),
+                        toManyMembers: toMany)
+    }
+
+    /// The field values of `model`, without to-many members: what a fetch registers as the base of field-level
+    /// change tracking. Complexity: O(fields).
+    func fieldSnapshot(of model: Model) -> Snapshot {
+        Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: fieldValues(of: model))
+    }
+
+    /// Every field's stored value, in ``Schema/Entity/fieldNames`` order: loaded from the stored properties'
+    /// offsets where possible, else through the fields' encoders (or `encode(to:)` for a ``CodablePersistentModel``).
+    private func fieldValues(of model: Model) -> [SQLiteValue] {
+        let storage = storage
+        if let codableEncoder = storage.codableEncoder { return codableEncoder(model) }
         let loads = storage.fieldLoads
         let encoders = storage.fieldEncoders
-        let values = [SQLiteValue](unsafeUninitializedCapacity: loads.count) { buffer, count in
+        return [SQLiteValue](unsafeUninitializedCapacity: loads.count) { buffer, count in
             withUnsafePointer(to: model) { pointer in
                 let base = UnsafeRawPointer(pointer)
                 for index in 0..<loads.count {
@@ -204,7 +323,18 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             }
             count = loads.count
         }
-        return Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: values)
+    }
+
+    /// The model a snapshot describes (for history and sync, which hold snapshots): fields from its values, to-many
+    /// members from ``Snapshot/toManyMembers`` when it carries them.
+    /// - Throws: ``ValueConversionError`` when a value does not fit its property.
+    func model(from snapshot: Snapshot) throws -> Model {
+        let layout = RowLayout(entity: schemaEntity, fieldIndexByName: fieldIndexByName)
+        var model = try Model(row: ModelRow(id: snapshot.id, values: snapshot.values, layout: layout))
+        for (slot, member) in toManyMembers.enumerated() where slot < snapshot.toManyMembers.count {
+            member.assign(&model, snapshot.toManyMembers[slot])
+        }
+        return model
     }
 
     /// The field name bound to `keyPath`, if it is an attribute or to-one relationship of this entity.

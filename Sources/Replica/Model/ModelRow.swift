@@ -1,41 +1,79 @@
+import CSQLite
 import Foundation
 
-/// One stored record as a model initializer reads it: the record ID, field values by position or name, and the
-/// members of to-many relationships.
+/// One stored record as a model initializer reads it: the record ID and field values by position or name.
 ///
 /// Positions follow the entity's ``Schema/Entity/fieldNames`` (attributes in declaration order, then to-one
-/// relationships). Reading by position is the fast path; reading by name costs one dictionary lookup.
+/// relationships). Reading by position is the fast path: while a fetch streams, the row reads each value straight
+/// from the SQLite statement (no intermediate arrays; strings are the only allocations); reading by name costs one
+/// dictionary lookup more.
+///
+/// A row is valid only during the ``PersistentModel/init(row:)`` call it is passed to; reading it later traps.
+/// To-many relationships are not read from the row: the context assigns their members through the entity's key
+/// paths after `init(row:)` returns (``references(_:to:)`` returns an empty list).
 public struct ModelRow {
     /// The record ID.
     public let id: UUID
-    @usableFromInline let values: [SQLiteValue]
-    let fieldIndexByName: [String: Int]
-    @usableFromInline let entityName: String
-    /// Members of to-many relationships, by relationship name (only those that were loaded).
-    let toMany: [String: [UUID]]
+    let layout: RowLayout
+    /// The values, for rows made from snapshots; empty for rows that read from a statement.
+    let values: [SQLiteValue]
+    /// The statement row this row reads (checked against the layout's current row).
+    let generation: Int
 
-    init(id: UUID, values: [SQLiteValue], entityName: String, fieldIndexByName: [String: Int], toMany: [String: [UUID]] = [:]) {
+    /// A row over in-memory values (pending changes, snapshots).
+    init(id: UUID, values: [SQLiteValue], layout: RowLayout) {
         self.id = id
         self.values = values
-        self.entityName = entityName
-        self.fieldIndexByName = fieldIndexByName
-        self.toMany = toMany
+        self.layout = layout
+        self.generation = 0
     }
 
-    /// The stored value at field `index`.
-    @inlinable public subscript(index: Int) -> SQLiteValue { values[index] }
+    /// A row over values with the given field names, and to-many members when known (for code that decodes models
+    /// from stored values rather than from a query).
+    init(id: UUID, values: [SQLiteValue], entityName: String, fieldIndexByName: [String: Int], toMany: [String: [UUID]] = [:]) {
+        self.init(id: id, values: values,
+                  layout: RowLayout(entityName: entityName, fieldIndexByName: fieldIndexByName, toManyNames: toMany.keys.sorted(),
+                                    statement: nil, columns: [], defaults: [], toMany: toMany))
+    }
+
+    /// A row over the statement the layout streams, at its current row.
+    init(id: UUID, streaming layout: RowLayout) {
+        self.id = id
+        self.values = []
+        self.layout = layout
+        self.generation = layout.generation
+    }
+
+    /// Where field `index` is: in the statement (its `sqlite3_value`), or not there (a row over values, or a field
+    /// that was not fetched).
+    @inline(__always)
+    func statementValue(_ index: Int) -> OpaquePointer? {
+        guard let handle = layout.handle else { return nil }
+        precondition(generation == layout.generation, "Replica: a ModelRow was used after init(row:) returned")
+        let column = layout.columns[index]
+        return column >= 0 ? sqlite3_column_value(handle, column) : nil
+    }
+
+    /// The stored value at field `index`. Fields not fetched (``FetchDescriptor/propertiesToFetch``) read as their
+    /// declared default, or `NULL`.
+    public subscript(index: Int) -> SQLiteValue {
+        if layout.handle == nil { return values[index] }
+        guard let value = statementValue(index) else { return layout.defaults[index] }
+        return SQLiteValue(value)
+    }
 
     /// The stored value of field `name`, or `nil` when the entity has no such field.
-    public subscript(name: String) -> SQLiteValue? { fieldIndexByName[name].map { values[$0] } }
+    public subscript(name: String) -> SQLiteValue? { layout.fieldIndexByName[name].map { self[$0] } }
 
     /// Decodes the field at `index` as `Value`.
     /// - Throws: ``ValueConversionError`` naming the attribute when the stored value does not fit.
-    @inlinable public func decode<Value: AttributeValue>(_ type: Value.Type = Value.self, at index: Int) throws -> Value {
+    /// - Complexity: O(1); reads straight from the statement for the built-in attribute types.
+    public func decode<Value: AttributeValue>(_ type: Value.Type = Value.self, at index: Int) throws -> Value {
         do {
-            return try Value(sqliteValue: values[index])
+            return try Value.decode(from: self, at: index)
         } catch {
             var error = error
-            error.attribute = "\(entityName) field #\(index)"
+            error.attribute = "\(layout.entityName).\(layout.fieldName(index))"
             throw error
         }
     }
@@ -43,21 +81,179 @@ public struct ModelRow {
     /// Decodes field `name` as `Value`.
     /// - Throws: ``ValueConversionError`` when the entity has no such field or the stored value does not fit.
     public func decode<Value: AttributeValue>(_ type: Value.Type = Value.self, named name: String) throws -> Value {
-        guard let index = fieldIndexByName[name] else {
-            throw ValueConversionError(expected: "\(Value.self)", found: .null, attribute: "\(entityName).\(name) (no such field)")
+        guard let index = layout.fieldIndexByName[name] else {
+            throw ValueConversionError(expected: "\(Value.self)", found: .null, attribute: "\(layout.entityName).\(name) (no such field)")
         }
-        do {
-            return try Value(sqliteValue: values[index])
-        } catch {
-            var error = error
-            error.attribute = "\(entityName).\(name)"
-            throw error
-        }
+        return try decode(Value.self, at: index)
     }
 
-    /// The members of to-many relationship `name` (empty when none, or not loaded).
+    /// The to-one reference stored at field `index` (`nil` when the field is `NULL`), read without intermediate
+    /// allocations.
+    /// - Throws: ``ValueConversionError`` when the stored value is not a 16-byte ID.
+    public func reference<Target: PersistentModel>(_ type: Target.Type = Target.self, at index: Int) throws -> Reference<Target>? {
+        if let value = statementValue(index) {
+            if sqlite3_value_type(value) == SQLITE_NULL { return nil }
+            if let id = UUID(statementValue: value) { return Reference(id) }
+        } else {
+            let stored = self[index]
+            if stored.isNull { return nil }
+            if case let .blob(bytes) = stored, let id = UUID(bytes: bytes) { return Reference(id) }
+        }
+        throw ValueConversionError(expected: "Reference<\(Target.self)>", found: self[index],
+                                   attribute: "\(layout.entityName).\(layout.fieldName(index))")
+    }
+
+    /// The members of to-many relationship `name` when the row carries them (rows made from values); empty for rows
+    /// a fetch streams, because the context assigns to-many members through the entity's key path after
+    /// ``PersistentModel/init(row:)`` returns.
     public func references<Target: PersistentModel>(_ name: String, to: Target.Type = Target.self) -> [Reference<Target>] {
-        (toMany[name] ?? []).map(Reference.init)
+        (layout.toMany[name] ?? []).map(Reference.init)
+    }
+}
+
+/// What the rows of one query share: the entity's field names, where each field is in the result, and the
+/// statement being stepped. One per query; rows hold a reference to it. Internal.
+final class RowLayout {
+    let entityName: String
+    let fieldIndexByName: [String: Int]
+    let toManyNames: [String]
+    /// The statement the rows read (kept alive here), or `nil` for rows over values.
+    let statement: Statement?
+    /// Its handle, read without reference counting on the hot path.
+    let handle: OpaquePointer?
+    /// Result column of each field, or -1 when the field is not fetched.
+    let columns: UnsafeMutableBufferPointer<Int32>
+    /// The value of each field that is not fetched: its declared default, or `NULL`.
+    let defaults: [SQLiteValue]
+    /// To-many members carried by rows over values, by relationship name.
+    let toMany: [String: [UUID]]
+    /// Advanced for every statement row, so that rows cannot be read after their turn.
+    @exclusivity(unchecked) var generation = 0
+
+    init(entityName: String, fieldIndexByName: [String: Int], toManyNames: [String], statement: Statement?, columns: [Int32],
+         defaults: [SQLiteValue], toMany: [String: [UUID]] = [:]) {
+        self.entityName = entityName
+        self.fieldIndexByName = fieldIndexByName
+        self.toManyNames = toManyNames
+        self.statement = statement
+        self.handle = statement?.handle
+        self.columns = .allocate(capacity: columns.count)
+        _ = self.columns.initialize(from: columns)
+        self.defaults = defaults
+        self.toMany = toMany
+    }
+
+    convenience init(entity: Schema.Entity, fieldIndexByName: [String: Int], statement: Statement?, columns: [Int32], defaults: [SQLiteValue]) {
+        self.init(entityName: entity.name, fieldIndexByName: fieldIndexByName,
+                  toManyNames: entity.relationships.filter(\.isToMany).map(\.name), statement: statement, columns: columns,
+                  defaults: defaults)
+    }
+
+    /// A layout for rows over complete value arrays.
+    convenience init(entity: Schema.Entity, fieldIndexByName: [String: Int]) {
+        self.init(entity: entity, fieldIndexByName: fieldIndexByName, statement: nil, columns: [], defaults: [])
+    }
+
+    deinit { columns.deallocate() }
+
+    func fieldName(_ index: Int) -> String {
+        fieldIndexByName.first { $0.value == index }?.key ?? "field #\(index)"
+    }
+}
+
+// MARK: - Reading values straight from a statement
+
+extension SQLiteValue {
+    /// The dynamic value of an `sqlite3_value`, in the storage class SQLite reports for it.
+    init(_ value: OpaquePointer) {
+        switch sqlite3_value_type(value) {
+        case SQLITE_INTEGER: self = .integer(sqlite3_value_int64(value))
+        case SQLITE_FLOAT: self = .real(sqlite3_value_double(value))
+        case SQLITE_TEXT: self = .text(String(statementValue: value))
+        case SQLITE_BLOB:
+            let pointer = sqlite3_value_blob(value)
+            let count = Int(sqlite3_value_bytes(value))
+            self = .blob(count > 0 && pointer != nil ? Data(bytes: pointer!, count: count) : Data())
+        default: self = .null
+        }
+    }
+}
+
+extension String {
+    /// The text of an `sqlite3_value` whose type is TEXT.
+    @inline(__always)
+    init(statementValue value: OpaquePointer) {
+        guard let text = sqlite3_value_text(value) else { self = ""; return }
+        self = String(decoding: UnsafeBufferPointer(start: text, count: Int(sqlite3_value_bytes(value))), as: UTF8.self)
+    }
+}
+
+extension UUID {
+    /// The ID in a 16-byte blob `sqlite3_value`, read without allocating.
+    @inline(__always)
+    init?(statementValue value: OpaquePointer) {
+        guard sqlite3_value_type(value) == SQLITE_BLOB, let pointer = sqlite3_value_blob(value),
+              sqlite3_value_bytes(value) == 16 else { return nil }
+        var raw: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        withUnsafeMutableBytes(of: &raw) { $0.copyMemory(from: UnsafeRawBufferPointer(start: pointer, count: 16)) }
+        self.init(uuid: raw)
+    }
+}
+
+// Fast paths of `AttributeValue.decode(from:at:)`: one `sqlite3_column_value` per field, no intermediate
+// `SQLiteValue`. A value of another storage class takes the general path, which reports it.
+
+extension String {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> String {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_TEXT { return String(statementValue: value) }
+        return try String(sqliteValue: row[index])
+    }
+}
+
+extension Int {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Int {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_INTEGER { return Int(sqlite3_value_int64(value)) }
+        return try Int(sqliteValue: row[index])
+    }
+}
+
+extension Double {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Double {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_FLOAT { return sqlite3_value_double(value) }
+        return try Double(sqliteValue: row[index])
+    }
+}
+
+extension Bool {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Bool {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_INTEGER { return sqlite3_value_int64(value) != 0 }
+        return try Bool(sqliteValue: row[index])
+    }
+}
+
+extension Date {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Date {
+        if let value = row.statementValue(index), sqlite3_value_type(value) == SQLITE_FLOAT {
+            return Date(timeIntervalSince1970: sqlite3_value_double(value))
+        }
+        return try Date(sqliteValue: row[index])
+    }
+}
+
+extension UUID {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> UUID {
+        if let value = row.statementValue(index), let id = UUID(statementValue: value) { return id }
+        return try UUID(sqliteValue: row[index])
+    }
+}
+
+extension Optional where Wrapped: AttributeValue {
+    public static func decode(from row: ModelRow, at index: Int) throws(ValueConversionError) -> Wrapped? {
+        if let value = row.statementValue(index) {
+            if sqlite3_value_type(value) == SQLITE_NULL { return nil }
+            return try Wrapped.decode(from: row, at: index)
+        }
+        return try Wrapped?(sqliteValue: row[index])
     }
 }
 
@@ -87,37 +283,47 @@ private struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol
     let row: ModelRow
     var codingPath: [any CodingKey] { [] }
     var allKeys: [Key] {
-        (["id"] + row.fieldIndexByName.keys.sorted() + row.toMany.keys.sorted()).compactMap(Key.init(stringValue:))
+        (["id"] + row.layout.fieldIndexByName.keys.sorted() + row.layout.toManyNames).compactMap(Key.init(stringValue:))
     }
 
     func contains(_ key: Key) -> Bool {
-        key.stringValue == "id" || row.fieldIndexByName[key.stringValue] != nil || row.toMany[key.stringValue] != nil
+        key.stringValue == "id" || row.layout.fieldIndexByName[key.stringValue] != nil || row.layout.toManyNames.contains(key.stringValue)
     }
 
     func decodeNil(forKey key: Key) throws -> Bool {
-        guard let index = row.fieldIndexByName[key.stringValue] else { return key.stringValue != "id" && row.toMany[key.stringValue] == nil }
-        return row.values[index].isNull
+        guard let index = row.layout.fieldIndexByName[key.stringValue] else {
+            return key.stringValue != "id" && !row.layout.toManyNames.contains(key.stringValue)
+        }
+        return row[index].isNull
     }
 
     func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
         if key.stringValue == "id", let id = row.id as? T { return id }
-        if let index = row.fieldIndexByName[key.stringValue] {
-            let value = row.values[index]
-            if let attributeType = T.self as? any AttributeValue.Type {
-                do {
-                    return try attributeType.init(sqliteValue: value) as! T
-                } catch {
-                    var error = error
-                    error.attribute = "\(row.entityName).\(key.stringValue)"
-                    throw error
+        if let index = row.layout.fieldIndexByName[key.stringValue] {
+            // Common concrete types first: a metatype comparison is much cheaper than a conformance cast.
+            do {
+                if T.self == String.self { return try row.decode(String.self, at: index) as! T }
+                if T.self == Int.self { return try row.decode(Int.self, at: index) as! T }
+                if T.self == Double.self { return try row.decode(Double.self, at: index) as! T }
+                if T.self == Bool.self { return try row.decode(Bool.self, at: index) as! T }
+                if T.self == Date.self { return try row.decode(Date.self, at: index) as! T }
+                if let attributeType = T.self as? any AttributeValue.Type {
+                    return try decodeAttribute(attributeType, at: index) as! T
                 }
+            } catch var error as ValueConversionError {
+                error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+                throw error
             }
-            return try T(from: FieldDecoder(value: value, codingPath: [key]))
+            return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
         }
-        if let members = row.toMany[key.stringValue] {
-            return try T(from: ReferenceListDecoder(ids: members, codingPath: [key]))
+        if row.layout.toManyNames.contains(key.stringValue) {
+            return try T(from: ReferenceListDecoder(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key]))
         }
-        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.entityName) has no stored field '\(key.stringValue)'"))
+        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.layout.entityName) has no stored field '\(key.stringValue)'"))
+    }
+
+    private func decodeAttribute<A: AttributeValue>(_ type: A.Type, at index: Int) throws -> A {
+        try row.decode(A.self, at: index)
     }
 
     func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type, forKey key: Key) throws -> KeyedDecodingContainer<NestedKey> {
@@ -125,10 +331,10 @@ private struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol
     }
 
     func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
-        guard let members = row.toMany[key.stringValue] else {
+        guard row.layout.toManyNames.contains(key.stringValue) else {
             throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "no to-many relationship '\(key.stringValue)'"))
         }
-        return ReferenceListContainer(ids: members, codingPath: [key])
+        return ReferenceListContainer(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key])
     }
 
     func superDecoder() throws -> any Decoder { ModelRowDecoder(row: row) }

@@ -88,17 +88,61 @@ public struct PersistentIdentifier: Hashable, Comparable, Sendable, Codable, Cus
 }
 
 /// A reference from one model to a record of `Target`: how relationships are held in value-type models.
-/// Encodes as the target's record ID.
+/// Encodes as the target's record ID; two references are equal when they name the same record.
+///
+/// **Reaching through a reference.** `Reference` has dynamic member lookup over `Target`'s properties, so predicates
+/// can follow relationships as they do in SwiftData: `#Predicate<BucketListItem> { $0.trip?.name == "Iceland" }`,
+/// `#Predicate<Trip> { $0.items.contains { $0.isDone } }`. Replica translates such predicates to SQL (joins and
+/// subqueries) and never needs the target in memory for that.
+///
+/// Evaluating a member in Swift needs the target's value: a reference may carry a **resolved** copy of its target
+/// (``resolved``). `init(_ model:)` resolves with the given model; a fetch resolves the relationships listed in
+/// ``FetchDescriptor/relationshipKeyPathsForPrefetching`` (one query per relationship), and the relationships an
+/// in-memory predicate or sort needs. Reading a member of an unresolved reference is a programming error and traps
+/// with a message naming the relationship's target; use ``resolved`` to test first.
+@dynamicMemberLookup
 public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The referenced record's ID.
     public var id: UUID
+    /// The resolved target, when loaded. Not part of equality, hashing or coding.
+    private var box: ResolvedTarget<Target>?
 
-    public init(_ id: UUID) { self.id = id }
+    /// A reference to the record `id` (unresolved).
+    public init(_ id: UUID) {
+        self.id = id
+        self.box = nil
+    }
 
-    /// A reference to `model`, which must already have an ID (be inserted).
+    /// A reference to `model`, which must already have an ID (be inserted). The reference is resolved with `model`
+    /// as it is now (a copy: later changes to `model` are not seen through the reference).
     public init(_ model: Target) {
         precondition(model.id != .unassigned, "Replica: cannot reference a \(Target.self) that has not been inserted")
         self.id = model.id
+        self.box = ResolvedTarget(model)
+    }
+
+    /// The referenced model as loaded with this reference (by prefetching, or given to `init(_ model:)`), or `nil`
+    /// when the reference is not resolved.
+    public var resolved: Target? { box?.value }
+
+    /// A copy of this reference resolved with `model` (whose ID must equal ``id``).
+    func resolving(_ model: Target) -> Reference {
+        var copy = self
+        copy.box = ResolvedTarget(model)
+        return copy
+    }
+
+    /// A property of the referenced model, read from the resolved target.
+    ///
+    /// In predicates this is how relationships are followed (`$0.trip?.name`); Replica translates it to SQL.
+    /// In Swift it needs a resolved reference: reading it from an unresolved reference traps (a programming error).
+    /// Complexity: O(1).
+    public subscript<Value>(dynamicMember keyPath: KeyPath<Target, Value>) -> Value {
+        guard let model = box?.value else {
+            preconditionFailure("Replica: read \(keyPath) through an unresolved Reference<\(Target.self)> \(id); "
+                + "prefetch the relationship (FetchDescriptor.relationshipKeyPathsForPrefetching) or check `resolved`")
+        }
+        return model[keyPath: keyPath]
     }
 
     /// The referenced record's identifier.
@@ -106,8 +150,13 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
         PersistentIdentifier(entityName: Target.entity.name, id: id)
     }
 
+    public static func == (lhs: Reference, rhs: Reference) -> Bool { lhs.id == rhs.id }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(id) }
+
     public init(from decoder: any Decoder) throws {
         self.id = try decoder.singleValueContainer().decode(UUID.self)
+        self.box = nil
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -118,17 +167,30 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
     public var description: String { persistentModelID.description }
 }
 
+/// The immutable resolved target of a ``Reference`` (a class so that a model may hold references to its own type).
+final class ResolvedTarget<Target: PersistentModel>: Sendable {
+    let value: Target
+    init(_ value: Target) { self.value = value }
+}
+
 /// The dynamic form of one record that storage, history and sync share: its entity, ID and field values in the
 /// entity's ``Schema/Entity/fieldNames`` order (attributes, then to-one references as 16-byte ID blobs).
 public struct Snapshot: Hashable, Sendable {
     public var entityName: String
     public var id: UUID
     public var values: [SQLiteValue]
+    /// Members of the entity's to-many relationships, in the order the entity declares its to-many relationships,
+    /// or empty when not carried (snapshots read back from storage, history or sync).
+    ///
+    /// Saving writes the members of many-to-many relationships (stored in a link table) from here; one-to-many
+    /// members are derived from the inverse to-one references and are not written from here.
+    public var toManyMembers: [[UUID]]
 
-    public init(entityName: String, id: UUID, values: [SQLiteValue]) {
+    public init(entityName: String, id: UUID, values: [SQLiteValue], toManyMembers: [[UUID]] = []) {
         self.entityName = entityName
         self.id = id
         self.values = values
+        self.toManyMembers = toManyMembers
     }
 
     public var persistentModelID: PersistentIdentifier { PersistentIdentifier(entityName: entityName, id: id) }

@@ -56,3 +56,8 @@ extension SQLiteValue: CustomStringConvertible {
         }
     }
 }
+
+extension SQLiteValue: CustomReflectable {
+    /// Reflection (`dump`, `Mirror`, debuggers' summaries) shows only the redacted ``description``, never the value.
+    public var customMirror: Mirror { Mirror(self, children: [:]) }
+}

@@ -226,10 +226,12 @@ final class Statement {
         return UnsafeRawBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index)))
     }
 
-    /// The column at `index` as a UUID, when it is a 16-byte blob (read in place, without a `Data`).
+    /// The column at `index` as a UUID, when it is a 16-byte blob (read in place, without a `Data`); `nil` for any
+    /// other value (text of 16 bytes included).
     @inline(__always)
     func uuid(_ index: Int32) -> UUID? {
-        guard let pointer = sqlite3_column_blob(handle, index), sqlite3_column_bytes(handle, index) == 16 else { return nil }
+        guard sqlite3_column_type(handle, index) == SQLITE_BLOB, sqlite3_column_bytes(handle, index) == 16,
+              let pointer = sqlite3_column_blob(handle, index) else { return nil }
         var uuid = UUID.unassigned.uuid
         withUnsafeMutableBytes(of: &uuid) { $0.copyMemory(from: UnsafeRawBufferPointer(start: pointer, count: 16)) }
         return UUID(uuid: uuid)

@@ -22,6 +22,10 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case loadIssueModelContainer(configuration: String, reason: String)
     /// A save was refused because models failed validation. Nothing was written.
     case modelValidationFailure([ModelValidationFailure])
+    /// No configuration of the container has this name.
+    case unknownStore(String)
+    /// The configuration exists but is local-only: it has no sync engine.
+    case storeNotSynced(String)
     /// A save touched a configuration opened with `allowsSave: false`. Nothing was written.
     case readOnlyStore(configuration: String)
     /// The model type's entity is not in the container's schema.
@@ -56,6 +60,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .loadIssueModelContainer(configuration, reason): return "cannot load store '\(configuration)': \(reason)"
         case let .modelValidationFailure(failures): return "validation failed: " + failures.map(\.description).joined(separator: "; ")
         case let .readOnlyStore(configuration): return "store '\(configuration)' is read-only"
+        case let .unknownStore(name): return "the container has no store (configuration) named '\(name)'"
+        case let .storeNotSynced(name): return "store '\(name)' is local-only (its configuration has no cloudKitDatabase)"
         case let .unknownEntity(name): return "entity '\(name)' is not in the container's schema"
         case let .recordNotFound(id): return "no record \(id)"
         case let .valueConversion(error): return error.description

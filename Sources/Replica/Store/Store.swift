@@ -6,6 +6,7 @@ import Synchronization
 ///
 /// Table layout: one table per entity, named after it, with `id BLOB PRIMARY KEY` (the 16-byte record ID), one
 /// column per attribute and one per to-one relationship (the referenced ID), and an index on each reference column.
+/// Many-to-many relationships live in link tables (`replica_link_<Entity>_<relationship>`, see `LinkTable`).
 /// `replica_metadata` holds the store's replica identity and the schema it was last opened with.
 final class Store: Sendable {
     let configuration: ModelConfiguration
@@ -64,8 +65,34 @@ final class Store: Sendable {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
             anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
+            if configuration.allowsSave && configuration.isSynced {
+                try adoptUntrackedRecords(try openConnection(), environment: environment)
+            }
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
+        } catch let error as StoreLayoutError {
+            throw loadIssue(error.reason)
+        }
+    }
+
+    /// Records of a synced store that have no sync bookkeeping — saved while the store was opened local-only, before
+    /// sync was turned on — enter the outbox as local inserts (every field stamped now), so turning sync on for an
+    /// existing store uploads what it holds. Done in one write transaction, only when there are any.
+    private func adoptUntrackedRecords(_ db: Connection, environment: ReplicaEnvironment) throws {
+        func untracked() throws -> StoreChanges {
+            var changes = StoreChanges()
+            for (index, entity) in entities.enumerated() {
+                let sql = "SELECT \"id\" FROM \(statements[index].table) WHERE \"id\" NOT IN (SELECT id FROM replica_sync_record) ORDER BY \"id\""
+                for row in try db.rows(sql, cache: false) {
+                    guard let id = try? UUID(sqliteValue: row[0]) else { continue }
+                    changes.inserted.append(Snapshot(entityName: entity.name, id: id, values: []))
+                }
+            }
+            return changes
+        }
+        guard try !untracked().isEmpty else { return }
+        try db.transaction(.immediate) {
+            try SyncLedger.recordLocalChanges(try untracked(), store: self, db: db, environment: environment)
         }
     }
 
@@ -75,15 +102,19 @@ final class Store: Sendable {
     }
 
     /// The schema of a new store: Replica's tables (metadata, history, and for a synced store the sync bookkeeping),
-    /// then each entity's table and indexes.
+    /// then each entity's table and indexes, then the link tables of many-to-many relationships.
     static func freshSchemaSQL(_ entities: [Schema.Entity], synced: Bool) -> String {
         var sql = metadataSQL + ";\n" + HistoryLog.createSQL + "\n"
-        if synced { sql += SyncLedger.createSQL + "\n" }
+        if synced {
+            sql += SyncLedger.createSQL + "\n"
+            sql += SyncLedger.addedColumns.map { $0.statement + ";\n" }.joined()
+        }
         for entity in entities {
             let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
             sql += "CREATE TABLE \(quoted(entity.name)) (\(columns.joined(separator: ", ")));\n"
             sql += indexSQL(entity).map { $0 + ";\n" }.joined()
         }
+        sql += LinkTable.createSQL(entities: entities).map { $0 + ";\n" }.joined()
         return sql
     }
 
@@ -151,7 +182,10 @@ final class Store: Sendable {
             } else {
                 try db.execute(metadataSQL)
                 try db.execute(HistoryLog.createSQL)
-                if synced { try db.execute(SyncLedger.createSQL) }
+                if synced {
+                    try db.execute(SyncLedger.createSQL)
+                    try SyncLedger.migrate(db)
+                }
                 for entity in entities {
                     let table = quoted(entity.name)
                     let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
@@ -161,6 +195,7 @@ final class Store: Sendable {
                         let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                     } else {
+                        try checkLayout(of: entity, db)
                         // Lightweight migration: add columns for new attributes and references. Columns of removed
                         // attributes stay (their data is kept) and are ignored.
                         for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
@@ -173,7 +208,10 @@ final class Store: Sendable {
                     }
                     for index in indexSQL(entity) { try db.execute(index) }
                 }
+                // Many-to-many relationships: one link table per relationship pair (see LinkTable).
+                try LinkTable.prepare(db, entities: entities)
             }
+            if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
                 return identity
@@ -182,6 +220,35 @@ final class Store: Sendable {
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
             return identity
         }
+    }
+
+    /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
+    /// default of the schema that merged them, so when a synced store is opened with other defaults than the last
+    /// time, every such field takes the current one; otherwise devices on the same schema version would disagree
+    /// forever about records an older writer created. Runs only when the declared defaults changed (they are
+    /// remembered in `replica_metadata['synced_defaults']`). Nothing is stamped or uploaded: no one wrote these fields.
+    private static func applyCurrentDefaults(_ db: Connection, entities: [Schema.Entity]) throws {
+        var defaults: [String: SQLiteValue] = [:]
+        for entity in entities {
+            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
+        }
+        let fingerprint = SyncLedger.encode(defaults)
+        if case let .text(previous)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'synced_defaults'"),
+           previous == fingerprint {
+            return
+        }
+        for entity in entities {
+            for attribute in entity.attributes {
+                let value = attribute.defaultValue ?? .null
+                _ = try db.rows("""
+                    UPDATE \(quoted(entity.name)) SET \(quoted(attribute.name)) = ? WHERE \(quoted(attribute.name)) IS NOT ?
+                      AND "id" IN (SELECT id FROM replica_sync_record
+                                   WHERE entity = ? AND causal_length % 2 = 1 AND json_type(stamps, ?) IS NULL)
+                    """, [value, value, .text(entity.name), .text("$.\"\(attribute.name)\"")], cache: false)
+            }
+        }
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('synced_defaults', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.text(fingerprint)])
     }
 
     private static func readIdentity(_ db: Connection, entities: [Schema.Entity]) throws -> UUID {
@@ -197,14 +264,47 @@ final class Store: Sendable {
             if columns.isEmpty || !missing.isEmpty {
                 throw SQLiteError(extendedResultCode: 1, message: "read-only store lacks \(entity.name)\(missing.isEmpty ? "" : " columns \(missing.joined(separator: ", "))")")
             }
+            try checkLayout(of: entity, db)
         }
         return identity
+    }
+
+    /// Checks that an existing table can hold `entity` faithfully: `id` is the BLOB primary key, and each existing
+    /// column of an attribute or reference has the type Replica declares for it. A column of another type would
+    /// convert values by its affinity (a string "007" saved into an INTEGER column reads back as the integer 7), and
+    /// rows with other IDs would be invisible.
+    /// - Throws: ``StoreLayoutError`` naming the table and column.
+    private static func checkLayout(of entity: Schema.Entity, _ db: Connection) throws {
+        var declared: [String: (type: String, pk: Bool)] = [:]
+        for row in try db.rows("SELECT name, type, pk FROM pragma_table_info(?)", [.text(entity.name)]) {
+            guard case let .text(name) = row[0] else { continue }
+            let type = if case let .text(t) = row[1] { t.uppercased() } else { "" }
+            let pk = if case let .integer(p) = row[2] { p != 0 } else { false }
+            declared[name] = (type, pk)
+        }
+        if let id = declared["id"], id.type != "BLOB" || !id.pk {
+            throw StoreLayoutError(reason: "table \(entity.name) has an 'id' column of type '\(id.type)'\(id.pk ? "" : ", not the primary key"); Replica needs a BLOB primary key of 16-byte record IDs")
+        } else if declared["id"] == nil {
+            throw StoreLayoutError(reason: "table \(entity.name) has no 'id' column")
+        }
+        let expected = entity.attributes.map { ($0.name, $0.type.sqliteDeclaredType, "\($0.type.rawValue)") }
+            + entity.toOneRelationships.map { ($0.name, "BLOB", "reference") }
+        for (name, type, what) in expected {
+            guard let column = declared[name], column.type != type else { continue }
+            throw StoreLayoutError(reason: "\(entity.name).\(name) is stored in a column of type '\(column.type)' but declared \(what) (\(type)); changing an attribute's type needs a migration")
+        }
     }
 
     private static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
         entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
             + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
     }
+}
+
+/// A store file's tables do not have the layout the schema needs. Internal: reported as
+/// ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
+struct StoreLayoutError: Error {
+    let reason: String
 }
 
 /// Quotes an SQL identifier. Names are validated identifiers, so this never needs escaping, but it is done anyway.

@@ -75,7 +75,8 @@ extension SyncLedger {
         guard let entity = store.entity(named: winner.entityName), let sql = store.statements(for: winner.entityName),
               var state = try load(winner.id, db), state.isAlive,
               var row = try db.rows(sql.selectByID, [winner.id.sqliteValue]).first else { return }
-        let losers = try db.rows("SELECT id FROM replica_sync_record WHERE redirect = ? ORDER BY id", [winner.id.sqliteValue])
+        let losers = try db.rows("SELECT id FROM replica_sync_record WHERE redirect = ? AND entity = ? ORDER BY id",
+                                 [winner.id.sqliteValue, .text(winner.entityName)])
             .compactMap { try? UUID(sqliteValue: $0[0]) }
         var changed: [Int] = []
         var unknownChanged = false

@@ -6,7 +6,8 @@ import Foundation
 public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Physical component, Unix milliseconds (48 bits used).
     public var physical: Int64
-    /// Logical counter within one physical millisecond (16 bits used).
+    /// Logical counter within one physical millisecond (16 bits used: ``tick(wall:replica:)`` and
+    /// ``receive(_:wall:replica:)`` carry into the next millisecond rather than pass 0xFFFF).
     public var logical: Int32
     /// The replica (store identity) that made the stamp.
     public var replica: UUID
@@ -29,18 +30,30 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// The stamp for a local event at wall time `wall` (ms) after this one, on `replica`.
     public func tick(wall: Int64, replica: UUID) -> HLC {
         if wall > physical { return HLC(physical: wall, logical: 0, replica: replica) }
-        return HLC(physical: physical, logical: logical + 1, replica: replica)
+        return .carrying(physical: physical, logical: Int64(logical) + 1, replica: replica)
     }
 
     /// This clock after receiving `remote` at wall time `wall`: never behind either.
     public func receive(_ remote: HLC, wall: Int64, replica: UUID) -> HLC {
         let top = max(physical, remote.physical, wall)
-        let logical: Int32
-        if top == physical && top == remote.physical { logical = max(self.logical, remote.logical) + 1 }
-        else if top == physical { logical = self.logical + 1 }
-        else if top == remote.physical { logical = remote.logical + 1 }
+        let logical: Int64
+        if top == physical && top == remote.physical { logical = Int64(max(self.logical, remote.logical)) + 1 }
+        else if top == physical { logical = Int64(self.logical) + 1 }
+        else if top == remote.physical { logical = Int64(remote.logical) + 1 }
         else { logical = 0 }
-        return HLC(physical: top, logical: logical, replica: replica)
+        return .carrying(physical: top, logical: logical, replica: replica)
+    }
+
+    /// The largest logical counter the fixed-width text form holds (4 hex digits).
+    static let maxLogical: Int32 = 0xFFFF
+
+    /// `(physical, logical)`, except that a counter past ``maxLogical`` carries into the next millisecond:
+    /// `(physical + 1, 0)` is still after every stamp of `physical`, and it keeps the text form's width (and so its
+    /// order and its ability to be read back). Bounded drift, as in Kulkarni et al.
+    private static func carrying(physical: Int64, logical: Int64, replica: UUID) -> HLC {
+        guard logical > Int64(maxLogical) else { return HLC(physical: physical, logical: Int32(logical), replica: replica) }
+        let (next, overflow) = physical.addingReportingOverflow(1)
+        return overflow ? HLC(physical: physical, logical: maxLogical, replica: replica) : HLC(physical: next, logical: 0, replica: replica)
     }
 
     /// Fixed-width lowercase hex: 12 digits of physical time, 4 of logical counter, 32 of replica ID. Lexicographic

@@ -11,7 +11,9 @@ public enum SyncDriver {
     ///   - database: the cloud database.
     ///   - maxRequests: a safety bound on the number of requests (guards against a cloud that never settles).
     /// - Returns: the engine's status at the end.
-    /// - Throws: ``SQLiteError`` from the local store, or `CancellationError`.
+    /// - Throws: ``ReplicaError/incompatibleSchema(_:)`` when the zone's schema contradicts this device's (nothing
+    ///   is sent; ``SyncEngine/status()`` reports it as `blockedBy`), ``SQLiteError`` from the local store, or
+    ///   `CancellationError`.
     @discardableResult
     public static func syncUntilIdle(_ engine: SyncEngine, with database: any CloudDatabase, maxRequests: Int = 10_000) async throws -> SyncStatus {
         engine.setNeedsFetch()

@@ -24,11 +24,13 @@ public struct SyncStatus: Hashable, Sendable {
     public var needsFetch: Bool
     /// The last error of the last failed operation, cleared by the next success.
     public var lastError: CloudError?
+    /// The encryption error that stops the engine (e.g. a wrong key), else the last record that failed to decrypt.
+    public var encryptionError: FieldEncryptionError?
 
     /// Nothing to send, nothing to read, nothing failing.
     public var isUpToDate: Bool {
         pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && !needsFetch
-            && lastError == nil && blockedBy == nil
+            && lastError == nil && blockedBy == nil && encryptionError == nil
     }
 }
 
@@ -50,14 +52,14 @@ public struct SyncStatus: Hashable, Sendable {
 public final class SyncEngine {
     /// Tuning knobs.
     public struct Options: Sendable, Hashable {
-        /// Records per modify request.
+        /// Records per modify request (values below 1 count as 1).
         public var uploadBatchSize = 200
-        /// Records per fetch request.
+        /// Records per fetch request (values below 1 count as 1).
         public var fetchLimit = 500
         /// First retry delay after a transient error without a server-given delay, in milliseconds (doubles per
         /// consecutive failure, plus up to 25% random jitter from the environment).
         public var baseBackoffMilliseconds: Int64 = 500
-        /// Upper bound of the retry delay, in milliseconds.
+        /// Upper bound of the retry delay, in milliseconds (also of a delay the server asks for).
         public var maxBackoffMilliseconds: Int64 = 300_000
         /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
         /// dies holding it is replaced once it expires.
@@ -73,6 +75,8 @@ public final class SyncEngine {
     let container: ModelContainer
     let store: Store
     let db: Connection
+    /// Cloud field encryption (`Crypto/SyncEngine+Encryption.swift`); `nil` without.
+    var encryption: FieldEncryptionController?
 
     private var zoneReady = false
     private var schemaChecked = false
@@ -86,14 +90,29 @@ public final class SyncEngine {
     private var backoffUntil: Int64 = 0
     private var consecutiveFailures = 0
     private var lastError: CloudError?
+    /// The last fetch was refused for good (invalidRecord): the zone cannot be read for now.
+    private var fetchFailing = false
+    /// While the zone cannot be read: upload (if anything is pending) before the next fetch attempt.
+    private var uploadBeforeFetch = false
 
     /// Creates the engine of synced store `storeName`.
-    /// - Parameter zone: the zone name; defaults to the configuration name.
-    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when there is no such synced store.
-    public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options()) throws {
-        guard let store = container.stores.first(where: { $0.configuration.name == storeName }), store.configuration.isSynced else {
-            throw ReplicaError.loadIssueModelContainer(configuration: storeName, reason: "not a synced store of this container")
+    /// - Parameters:
+    ///   - zone: the zone name; defaults to the configuration name.
+    ///   - encryption: how attributes marked ``Schema/Attribute/Options/allowsCloudEncryption`` are sealed (required
+    ///     when the store has any; see ``FieldEncryption``).
+    ///
+    /// Create one engine per synced store and keep it for the life of the process: the engine holds the store's upload
+    /// lease (see ``Options/leaseDurationMilliseconds``), so a second engine on the same store — in this process or
+    /// another — waits until the first releases it (``releaseLease()``, also on deinit) or the lease expires.
+    /// - Throws: ``ReplicaError/unknownStore(_:)`` or ``ReplicaError/storeNotSynced(_:)``; ``SQLiteError``;
+    ///   ``FieldEncryptionError/encryptionNotConfigured(entity:field:)`` when the store has encrypted attributes and
+    ///   `encryption` is `nil`.
+    public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options(),
+                encryption: FieldEncryption? = nil) throws {
+        guard let store = container.stores.first(where: { $0.configuration.name == storeName }) else {
+            throw ReplicaError.unknownStore(storeName)
         }
+        guard store.configuration.isSynced else { throw ReplicaError.storeNotSynced(storeName) }
         self.container = container
         self.store = store
         self.storeName = storeName
@@ -101,6 +120,7 @@ public final class SyncEngine {
         self.options = options
         self.db = try store.openConnection()
         self.instanceID = container.environment.makeIdentifier()
+        self.encryption = try FieldEncryptionController.make(encryption, store: store, zone: self.zone, db: db, random: container.environment.random)
     }
 
     deinit { releaseLease() }
@@ -126,20 +146,36 @@ public final class SyncEngine {
             } else {
                 operation = .fetchZoneMetadata(zone: zone)
             }
-        } else if needsFetch {
-            let token = try loadToken()
-            if token == nil { try beginFullResync() }
-            operation = .fetchZoneChanges(zone: zone, since: token, limit: options.fetchLimit)
+        } else if let gate = try encryptionGate(needsFetch: needsFetch) {
+            guard case let .request(encryptionOperation) = gate else { return nil }
+            operation = encryptionOperation
+        } else if needsFetch, !(fetchFailing && uploadBeforeFetch), let fetch = try fetchOperation() {
+            operation = fetch
         } else {
-            let outbox = try SyncLedger.outbox(limit: options.uploadBatchSize, store: store, db: db)
-            guard !outbox.isEmpty else { return nil }
-            for entry in outbox { versions[entry.record.recordID] = entry.version }
-            operation = .modifyRecords(outbox.map(\.record), zone: zone)
+            // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
+            // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
+            // conflicts merge, so this device's changes never wait on a record it cannot receive.
+            let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
+            uploadBeforeFetch = false
+            if outbox.isEmpty {
+                guard needsFetch, let fetch = try fetchOperation() else { return nil }
+                operation = fetch
+            } else {
+                for entry in outbox { versions[entry.record.recordID] = entry.version }
+                operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
+            }
         }
         let request = SyncRequest(id: nextID, operation: operation)
         nextID += 1
         inFlight = (request, versions)
         return request
+    }
+
+    /// The zone fetch to perform now (a full resync starts when there is no token).
+    private func fetchOperation() throws -> CloudOperation? {
+        let token = try loadToken()
+        if token == nil { try beginFullResync() }
+        return .fetchZoneChanges(zone: zone, since: token, limit: max(1, options.fetchLimit))
     }
 
     /// Applies the response to request `id`. A response to a request that is not outstanding (a duplicate, or one
@@ -150,9 +186,11 @@ public final class SyncEngine {
         inFlight = nil
         switch result {
         case let .success(outcome):
-            try apply(outcome, versions: versions)
+            try apply(try prepareIncoming(outcome, for: request.operation), versions: versions)
+            try didApplyIncoming()
         case let .failure(.partialFailure(results)):
-            try apply(.modified(results), versions: versions)
+            try apply(try prepareIncoming(.modified(results), for: request.operation), versions: versions)
+            try didApplyIncoming()
         case let .failure(error):
             try fail(error, request: request)
         }
@@ -175,22 +213,25 @@ public final class SyncEngine {
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
         let row = try db.rows("""
-            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable')),
-                   count(*) FILTER (WHERE state = 'rejected'),
+            SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable'))
+                       + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
+                   count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
                    count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable')
             FROM replica_sync_record
             """).first ?? []
         func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
-        return SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
-                          undecryptableRecords: count(3), blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
+        var status = SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
+                                undecryptableRecords: count(3), blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
+        reportEncryption(into: &status)
+        return status
     }
 
     // MARK: Ledger
 
     /// The ledger entry of one record, or `nil` when the store never synced it.
     public func ledgerEntry(for id: PersistentIdentifier) throws -> LedgerEntry? {
-        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first
+        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first { $0.id == id }
     }
 
     /// Every ledger entry in `state` (all entries when `nil`), in record ID order.
@@ -200,7 +241,29 @@ public final class SyncEngine {
         return entries.filter { $0.state.kind == state }
     }
 
+    /// The entries of local records, with the versions received from the cloud that could not be applied: such a
+    /// version marks its record rejected (with the reason), or is an entry of its own when no local record has it.
     private func ledgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
+        var entries = try localLedgerEntries(where: condition, values)
+        let rejected = try db.rows("SELECT id, record_type, record, reason FROM replica_sync_rejected WHERE \(condition) ORDER BY id, record_type",
+                                   values, cache: false)
+        for row in rejected {
+            guard let id = try? UUID(sqliteValue: row[0]), case let .text(type) = row[1], case let .text(json) = row[2],
+                  case let .text(reason) = row[3] else { continue }
+            let pid = PersistentIdentifier(entityName: type, id: id)
+            if let index = entries.firstIndex(where: { $0.id == pid }) {
+                let entry = entries[index]
+                entries[index] = LedgerEntry(id: pid, state: .rejected(reason: reason), causalLength: entry.causalLength, changeTag: entry.changeTag)
+            } else {
+                let record = SyncLedger.decode(CloudRecord.self, json)
+                entries.append(LedgerEntry(id: pid, state: .rejected(reason: reason), causalLength: record?.causalLength ?? 0,
+                                           changeTag: record?.changeTag))
+            }
+        }
+        return entries.sorted { $0.id.id.bytes.lexicographicallyPrecedes($1.id.id.bytes) || ($0.id.id == $1.id.id && $0.id < $1.id) }
+    }
+
+    private func localLedgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
         try db.rows("""
             SELECT id, entity, causal_length, pending, state, reason, waiting_for, change_tag FROM replica_sync_record
             WHERE \(condition) ORDER BY id
@@ -243,7 +306,17 @@ public final class SyncEngine {
     /// when this device adds something, accept otherwise.
     private func checkSchema(_ stored: Data?) throws {
         let local = ZoneSchema(version: container.schema.version, entities: store.entities)
-        let zoneSchema = stored.flatMap { try? JSONDecoder().decode(ZoneSchema.self, from: $0) }
+        let zoneSchema = stored.flatMap { try? ReplicaJSON.decoder().decode(ZoneSchema.self, from: $0) }
+        if let stored, zoneSchema == nil {
+            // A union this build cannot decode. Written by a newer version (its version still reads, and is higher):
+            // this device is the older one, which keeps syncing (R13) and must not replace what it cannot read.
+            // Anything else is damage, repaired below with this device's schema.
+            struct Versioned: Decodable { var version: Schema.Version }
+            if let newer = try? ReplicaJSON.decoder().decode(Versioned.self, from: stored), newer.version > local.version {
+                schemaChecked = true
+                return
+            }
+        }
         let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
         if !differences.isEmpty {
             blocked = .incompatibleSchema(differences)
@@ -253,9 +326,7 @@ public final class SyncEngine {
             schemaChecked = true
             return
         }
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
-        proposedSchema = (try encoder.encode(union), stored)
+        proposedSchema = (try ReplicaJSON.encoder().encode(union), stored)
     }
 
     // MARK: Upload lease
@@ -307,6 +378,7 @@ public final class SyncEngine {
         case let .changes(batch):
             try importBatch(batch)
             needsFetch = batch.moreComing
+            fetchFailing = false
         case let .modified(results):
             try applySaveResults(results, versions: versions)
             return
@@ -315,6 +387,8 @@ public final class SyncEngine {
         case let .metadataValue(value):
             if value == proposedSchema?.value { schemaChecked = true }
             proposedSchema = nil
+        case .zoneDeleted:
+            break
         }
         consecutiveFailures = 0
         lastError = nil
@@ -359,8 +433,14 @@ public final class SyncEngine {
         else { return }
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
+                       [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
+            try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
         }
         guard !batch.moreComing else { return }
+        try db.run("UPDATE replica_sync_unknown_record SET pending = 1 WHERE seen <> ?", [.integer(generation)])
+        // Versions kept aside that the zone no longer holds are gone from the cloud: nothing is failing any more.
+        try db.run("DELETE FROM replica_sync_rejected WHERE seen <> ?", [.integer(generation)])
         try db.run("""
             UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
                 state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END
@@ -392,6 +472,7 @@ public final class SyncEngine {
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
         changes.deleted += consequences.deleted
+        if container.environment.canaries.contains(.importSkipsHistory) { return }
         _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
     }
 
@@ -402,10 +483,17 @@ public final class SyncEngine {
             for result in results {
                 switch result {
                 case let .saved(id, changeTag):
-                    guard var state = try SyncLedger.load(id, db) else { continue }
+                    guard var state = try SyncLedger.load(id, db) else {
+                        _ = try SyncLedger.unknownRecordSaved(id, changeTag: changeTag, db)
+                        continue
+                    }
                     state.changeTag = changeTag
-                    if versions[id] == state.localVersion { state.pending = false }
+                    if versions[id] == state.localVersion || container.environment.canaries.contains(.staleAckClearsPending) {
+                        state.pending = false
+                    }
                     try SyncLedger.store(state, db)
+                    // The cloud's version is now this one: a version of it that could not be applied is superseded.
+                    try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [id.sqliteValue, .text(state.entity)])
                     if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
                         try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
                     }
@@ -422,6 +510,8 @@ public final class SyncEngine {
                     } else {
                         try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                    [.text(error.description), id.sqliteValue])
+                        // A record of an unknown type is kept as it is, but not offered again.
+                        try db.run("UPDATE replica_sync_unknown_record SET pending = 0 WHERE id = ?", [id.sqliteValue])
                     }
                 }
             }
@@ -439,23 +529,40 @@ public final class SyncEngine {
         lastError = error
         switch error {
         case .changeTokenExpired:
-            // Full, idempotent resync: merging records already applied changes nothing.
+            // Full, idempotent resync: merging records already applied changes nothing. The zone may have been reset
+            // and re-created by another device, so its union schema is checked (and completed) again too.
             try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
             needsFetch = true
+            schemaChecked = false
+            proposedSchema = nil
         case .zoneNotFound:
             // The zone is gone (reset, or never created): create it and upload everything again, tombstones included.
+            // Its metadata went with it, so the union schema is checked (and written) again before anything else.
             zoneReady = false
+            schemaChecked = false
+            proposedSchema = nil
             needsFetch = true
             try db.transaction(.immediate) {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+                try encryptionZoneWasReset()
                 try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
+                try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
             }
         case .invalidRecord:
             if case let .modifyRecords(records, _) = request.operation {
                 for record in records {
                     try db.run("UPDATE replica_sync_record SET state = 'rejected', reason = ? WHERE id = ?",
                                [.text(error.description), record.recordID.sqliteValue])
+                    try db.run("UPDATE replica_sync_unknown_record SET pending = 0 WHERE id = ?", [record.recordID.sqliteValue])
                 }
+            } else {
+                // The cloud cannot serve the zone (e.g. a stored record it cannot read): asking again at once would
+                // fail the same way, forever. Back off (the error stays in the status), uploading meanwhile.
+                if case .fetchZoneChanges = request.operation {
+                    fetchFailing = true
+                    uploadBeforeFetch = true
+                }
+                scheduleRetry(after: error)
             }
         default:
             scheduleRetry(after: error)
@@ -467,13 +574,16 @@ public final class SyncEngine {
         consecutiveFailures += 1
         let delay: Int64
         if let retryAfter = error.retryAfterMilliseconds {
-            delay = retryAfter
+            // The server's delay, within [0, maxBackoff] like every retry delay: an absurd or malformed answer neither
+            // traps nor stops syncing for good.
+            delay = min(max(0, retryAfter), options.maxBackoffMilliseconds)
         } else {
             let exponent = min(consecutiveFailures - 1, 20)
             let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
             delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
         }
-        backoffUntil = now + delay
+        let (until, overflow) = now.addingReportingOverflow(max(0, delay))
+        backoffUntil = overflow ? .max : until
     }
 
     // MARK: Token

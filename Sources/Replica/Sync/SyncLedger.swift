@@ -31,6 +31,13 @@ enum SyncLedger {
             record_type TEXT NOT NULL,
             record TEXT NOT NULL);
         CREATE INDEX IF NOT EXISTS replica_sync_record_redirect ON replica_sync_record (redirect) WHERE redirect IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS replica_sync_rejected (
+            id BLOB NOT NULL,
+            record_type TEXT NOT NULL,
+            record TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            seen INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (id, record_type));
         CREATE TABLE IF NOT EXISTS replica_sync_conflict (
             seq INTEGER PRIMARY KEY AUTOINCREMENT,
             id BLOB NOT NULL,
@@ -41,6 +48,22 @@ enum SyncLedger {
             kind TEXT NOT NULL DEFAULT 'field',
             winner BLOB);
         """
+
+    /// Brings the bookkeeping tables of a store created by an earlier version up to date (inside the caller's
+    /// transaction): records of unknown types gained an outbox flag and a resync mark.
+    static func migrate(_ db: Connection) throws {
+        let columns = Set(try db.rows("SELECT name FROM pragma_table_info('replica_sync_unknown_record')").compactMap {
+            if case let .text(name) = $0[0] { return name } else { return nil }
+        })
+        for (name, statement) in addedColumns where !columns.contains(name) { try db.execute(statement) }
+    }
+
+    /// Columns added to the bookkeeping tables after ``createSQL`` was first released, with the statement adding each.
+    /// A new store runs them all right after ``createSQL`` (see `Store.freshSchemaSQL`).
+    static let addedColumns: [(name: String, statement: String)] = [
+        ("pending", "ALTER TABLE replica_sync_unknown_record ADD COLUMN pending INTEGER NOT NULL DEFAULT 0"),
+        ("seen", "ALTER TABLE replica_sync_unknown_record ADD COLUMN seen INTEGER NOT NULL DEFAULT 0"),
+    ]
 
     /// The conflict log keeps at most this many entries (oldest dropped first).
     static let conflictLogCapacity = 1_000
@@ -151,7 +174,7 @@ enum SyncLedger {
             state.redirect = nil
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         for (snapshot, fields) in changes.updated {
             guard store.entity(named: snapshot.entityName) != nil else { continue }
@@ -160,7 +183,7 @@ enum SyncLedger {
             for field in fields { state.stamps[field] = stamp }
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         for record in changes.deleted {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
@@ -175,9 +198,17 @@ enum SyncLedger {
             state.tombstone = tombstone
             state.localVersion += 1
             state.pending = true
-            try self.store(state, db)
+            try storeLocalChange(state, db)
         }
         try saveHLC(hlc, db)
+    }
+
+    /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
+    /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
+    private static func storeLocalChange(_ state: RecordState, _ db: Connection) throws {
+        try store(state, db)
+        try db.run("UPDATE replica_sync_record SET state = 'pending', reason = NULL WHERE id = ? AND state = 'rejected'",
+                   [state.id.sqliteValue])
     }
 
     // MARK: Outgoing records
@@ -205,7 +236,7 @@ enum SyncLedger {
 
     /// Up to `limit` records of the outbox, in ID order, with the local version each was built from.
     static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
-        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected') ORDER BY id LIMIT ?",
+        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?",
                               [.integer(Int64(limit))])
         var result: [(CloudRecord, Int64)] = []
         for row in ids {
@@ -217,7 +248,26 @@ enum SyncLedger {
                 try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ?", [id.sqliteValue])
             }
         }
+        // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
+        // without them), whole and as received: this device may be the only one left that holds them.
+        if result.count < limit {
+            for row in try db.rows("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?",
+                                   [.integer(Int64(limit - result.count))]) {
+                guard case let .text(json) = row[0], var record = decode(CloudRecord.self, json) else { continue }
+                record.changeTag = nil
+                result.append((record, 0))
+            }
+        }
         return result
+    }
+
+    /// Marks the saved version of a record of an unknown type as the cloud's. Returns `false` when there is none.
+    static func unknownRecordSaved(_ id: UUID, changeTag: String, _ db: Connection) throws -> Bool {
+        guard case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_unknown_record WHERE id = ?", [id.sqliteValue]),
+              var record = decode(CloudRecord.self, json) else { return false }
+        record.changeTag = changeTag
+        try db.run("UPDATE replica_sync_unknown_record SET record = ?, pending = 0 WHERE id = ?", [.text(encode(record)), id.sqliteValue])
+        return true
     }
 
     // MARK: Merge
@@ -240,6 +290,12 @@ enum SyncLedger {
     static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
                       canaries: Set<Canary> = []) throws -> MergeOutcome {
         var remote = remote
+        // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6).
+        if let reason = try rejectionReason(remote, store: store, db: db) {
+            try reject(remote, reason: reason, db)
+            return MergeOutcome(change: nil)
+        }
+        try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [remote.recordID.sqliteValue, .text(remote.recordType)])
         // Advance the local clock past every stamp seen.
         var newest = remote.created.clock
         for field in remote.fields.values where field.stamp.clock > newest { newest = field.stamp.clock }
@@ -250,10 +306,9 @@ enum SyncLedger {
             return MergeOutcome(change: nil)
         }
         let local = try load(remote.recordID, db)
-        // In a synced store every row has ledger state, so a live record without state has no row here: skip that
-        // lookup (an INSERT that finds a row after all falls back to updating it, below).
-        let localRow: [SQLiteValue]? = local == nil && remote.isAlive
-            ? nil : try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
+        // Looked up even without ledger state: a row can predate it (saved while the store was local-only, or by a
+        // process that opened the file without sync), and its values are the local side of the merge.
+        let localRow: [SQLiteValue]? = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
         if canaries.contains(.absentAsNull), remote.isAlive {
             let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
             for name in entity.fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
@@ -389,13 +444,7 @@ enum SyncLedger {
             if let localRow { return try update(localRow) }
             let insert = try db.cachedStatement(statements.insertKey)
             defer { insert.reset() }
-            do {
-                try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
-            } catch let error as SQLiteError where error.extendedResultCode == SQLiteError.constraintPrimaryKey {
-                insert.reset()
-                guard let row = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first else { throw error }
-                return try update(row)
-            }
+            try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
             return MergeOutcome(change: .inserted(snapshot))
         }
         guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
@@ -403,6 +452,66 @@ enum SyncLedger {
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
         return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
+    }
+
+    // MARK: Records that cannot be applied
+
+    /// The largest causal length accepted from the cloud: far beyond any real number of deletes and re-inserts, and
+    /// far enough below `Int64.max` that local increments never overflow.
+    static let maxCausalLength: Int64 = 1 << 62
+
+    /// Why `remote` cannot be applied here, or `nil` when it can: a causal length out of range, a stamp whose clock
+    /// does not fit its fixed-width text form (48-bit milliseconds, 16-bit counter) or whose incarnation is beyond the
+    /// record's, an ID that belongs to a local record of another entity, or a known field whose value does not have
+    /// the attribute's type (or is NaN, or is a reference that is not a record ID). Reasons name fields, never values.
+    static func rejectionReason(_ remote: CloudRecord, store: Store, db: Connection) throws -> String? {
+        guard (1...maxCausalLength).contains(remote.causalLength) else {
+            return "causal length \(remote.causalLength) is out of range"
+        }
+        func check(_ stamp: FieldStamp, _ what: String) -> String? {
+            if !(0...remote.causalLength).contains(stamp.incarnation) { return "\(what) has an incarnation beyond the record's causal length" }
+            if !(0..<(Int64(1) << 48)).contains(stamp.clock.physical) || !(0...HLC.maxLogical).contains(stamp.clock.logical) {
+                return "\(what) has a clock outside 48-bit milliseconds and a 16-bit counter"
+            }
+            return nil
+        }
+        if let reason = check(remote.created, "the creation stamp") { return reason }
+        let names = remote.fields.keys.sorted()
+        for name in names {
+            if let reason = check(remote.fields[name]!.stamp, "field '\(name)'") { return reason }
+        }
+        guard let entity = store.entity(named: remote.recordType) else { return nil }
+        if case let .text(owner)? = try db.scalar("SELECT entity FROM replica_sync_record WHERE id = ?", [remote.recordID.sqliteValue]),
+           owner != entity.name {
+            return "the record ID belongs to a local \(owner)"
+        }
+        for name in names {
+            let value = remote.fields[name]!.value
+            if let attribute = entity.attribute(named: name) {
+                if case let .real(v) = value, v.isNaN { return "field '\(name)' holds NaN" }
+                if !SchemaValidator.value(value, fits: attribute) {
+                    return "field '\(name)' holds \(value), which is not a\(attribute.isOptional ? "n optional" : "") \(attribute.type.rawValue)"
+                }
+            } else if let relationship = entity.relationship(named: name), !relationship.isToMany, !value.isNull {
+                guard case let .blob(bytes) = value, bytes.count == 16 else { return "reference '\(name)' holds \(value), not a record ID" }
+            }
+        }
+        return nil
+    }
+
+    /// Keeps a record that cannot be applied, with the reason (reported by the ledger and counted by the status as
+    /// rejected). A local record with changes to upload takes its change tag: its upload then replaces the version
+    /// no device can read instead of conflicting with it forever. The next version of the record that can be applied
+    /// clears the entry, and so does a full read of the zone that no longer returns it (e.g. after a zone reset).
+    static func reject(_ remote: CloudRecord, reason: String, _ db: Connection) throws {
+        try db.run("""
+            INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
+            ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason
+            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(encode(remote)), .text(reason)])
+        if var local = try load(remote.recordID, db), local.pending, let tag = remote.changeTag, local.changeTag != tag {
+            local.changeTag = tag
+            try store(local, db)
+        }
     }
 
     /// The value a field takes when no write of the current incarnation is known: its declared default, else NULL.
@@ -419,7 +528,7 @@ enum SyncLedger {
         }
         try db.run("""
             INSERT INTO replica_sync_unknown_record (id, record_type, record) VALUES (?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET record = excluded.record
+            ON CONFLICT (id) DO UPDATE SET record = excluded.record, pending = 0
             """, [record.recordID.sqliteValue, .text(record.recordType), .text(encode(merged))])
     }
 
@@ -497,11 +606,15 @@ enum SyncLedger {
         return writer.changes
     }
 
-    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops).
+    /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops). A duplicate
+    /// only ever redirects to a record of its own entity: a chain that reaches another entity (a malformed record)
+    /// ends nowhere, and the tombstone is a plain delete.
     static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
         var current = id
+        var entity: String?
         for _ in 0..<16 {
-            guard let state = try load(current, db) else { return nil }
+            guard let state = try load(current, db), state.entity == (entity ?? state.entity) else { return nil }
+            entity = state.entity
             if state.isAlive { return current == id ? nil : current }
             guard let next = state.redirect else { return nil }
             current = next
@@ -512,14 +625,12 @@ enum SyncLedger {
     // MARK: JSON
 
     static func encode<T: Encodable>(_ value: T) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+        String(decoding: (try? ReplicaJSON.encoder().encode(value)) ?? Data(), as: UTF8.self)
     }
 
     static func decode<T: Decodable>(_ type: T.Type, _ json: String?) -> T? {
         guard let json else { return nil }
-        return try? JSONDecoder().decode(T.self, from: Data(json.utf8))
+        return try? ReplicaJSON.decoder().decode(T.self, from: Data(json.utf8))
     }
 }
 

@@ -1,0 +1,1068 @@
+import Foundation
+
+// Translates Foundation `#Predicate` expression trees to SQL.
+//
+// Every `PredicateExpressions` node type Replica understands conforms to `SQLTranslatable` (unconditionally; its
+// children are translated by dynamic dispatch, so an untranslatable child is reported precisely). Values are always
+// bound as parameters, never interpolated. Semantics follow Swift's, not SQL's: `==` is null-safe (`IS`), booleans
+// are never NULL (`COALESCE`), every string contains "", a force unwrap of nil fails the query, and so on.
+// What cannot be translated throws `Untranslatable`; the fetch then evaluates the whole predicate in memory over
+// the rows the translatable conjuncts select.
+
+/// Part of a predicate or sort could not be translated to SQL; it is evaluated in memory instead. Internal.
+struct Untranslatable: Error {
+    let reason: String
+    init(_ reason: String) { self.reason = reason }
+}
+
+/// SQL text with its parameters, in order of appearance. Internal.
+struct SQLExpr {
+    var text: String
+    var args: [SQLiteValue]
+    /// May evaluate to NULL (a Swift `nil`).
+    var nullable: Bool
+    /// May raise an error (a force unwrap): keep it behind short-circuits.
+    var mayFail: Bool = false
+    /// NULL whenever the record or composite value it reads through is NULL (a plain member access).
+    var propagatesNull: Bool = false
+
+    init(_ text: String, _ args: [SQLiteValue] = [], nullable: Bool, mayFail: Bool = false, propagatesNull: Bool = false) {
+        self.text = text
+        self.args = args
+        self.nullable = nullable
+        self.mayFail = mayFail
+        self.propagatesNull = propagatesNull
+    }
+
+    static func parameter(_ value: SQLiteValue) -> SQLExpr { SQLExpr("?", [value], nullable: value.isNull) }
+    static let `true` = SQLExpr("1", nullable: false)
+    static let `false` = SQLExpr("0", nullable: false)
+    static let null = SQLExpr("NULL", nullable: true)
+}
+
+/// A record in a query: a row in scope (`alias."col"`), or a record known by an ID expression (a reference), whose
+/// columns are read with a subquery. Internal.
+struct RecordRef {
+    enum Access {
+        case row(alias: String)
+        case id(SQLExpr)
+    }
+    let entity: EntityQueryInfo
+    let access: Access
+    /// Relationship names from the fetched model to this record (for in-memory resolution), when known.
+    let path: [String]?
+    /// For the root of a hierarchy fetch: key paths of the base type, by attribute name.
+    var inherited: [AnyKeyPath: String]? = nil
+
+    var idExpr: SQLExpr {
+        switch access {
+        case let .row(alias): return SQLExpr("\(alias).\"id\"", nullable: false)
+        case let .id(expression): return expression
+        }
+    }
+}
+
+/// The records of a to-many relationship of one record. Internal.
+struct CollectionRef {
+    let element: EntityQueryInfo
+    let alias: String
+    /// The FROM clause (with the element alias; a link-table join for many-to-many).
+    let from: String
+    var conditions: [SQLExpr]
+    let path: [String]?
+    /// `\[Reference<Element>].count` and `.isEmpty`.
+    let countKeyPath: AnyKeyPath
+    let isEmptyKeyPath: AnyKeyPath
+
+    func subquery(select: String, extra: SQLExpr? = nil) -> SQLExpr {
+        let all = conditions + (extra.map { [$0] } ?? [])
+        let clause = all.isEmpty ? "" : " WHERE " + all.map { "(\($0.text))" }.joined(separator: " AND ")
+        return SQLExpr("(SELECT \(select) FROM \(from)\(clause))", all.flatMap(\.args), nullable: false,
+                       mayFail: all.contains { $0.mayFail })
+    }
+}
+
+/// A composite attribute value (JSON text) and the path into it reached so far. Internal.
+struct CompositeRef {
+    let json: SQLExpr
+    let path: [String]
+    let info: CompositeTypeInfo?
+}
+
+/// What a translated sub-expression is. Internal.
+enum Operand {
+    case sql(SQLExpr)
+    /// A Swift value known when translating (bound as a parameter when used).
+    case constant(Any)
+    case record(RecordRef)
+    case collection(CollectionRef)
+    case composite(CompositeRef)
+    /// A `persistentModelID`: the entity name and the ID expression.
+    case identifier(entity: String, id: SQLExpr)
+    case range(lower: SQLExpr, upper: SQLExpr, closed: Bool)
+    /// Untranslatable; only produced while collecting relationship paths.
+    case opaque
+}
+
+/// Where the translator reads tables from (the store's tables, or overlays with pending changes). Internal.
+protocol QuerySources: AnyObject {
+    /// A FROM-able SQL source for the entity's records.
+    func table(_ entity: String) throws -> String
+    /// A FROM-able SQL source for a link table's links.
+    func links(_ table: LinkTable) throws -> String
+}
+
+/// Gives access to an entity's query description from its model type. Internal.
+func queryInfo(_ type: any PersistentModel.Type) -> EntityQueryInfo {
+    func open<M: PersistentModel>(_: M.Type) -> EntityQueryInfo { M.entity.query }
+    return open(type)
+}
+
+private func arrayKeyPaths(_ type: any PersistentModel.Type) -> (count: AnyKeyPath, isEmpty: AnyKeyPath) {
+    func open<M: PersistentModel>(_: M.Type) -> (AnyKeyPath, AnyKeyPath) {
+        (\[Reference<M>].count, \[Reference<M>].isEmpty)
+    }
+    return open(type)
+}
+
+/// A node the translator understands. Internal.
+protocol SQLTranslatable {
+    func translate(_ translator: PredicateTranslator) throws -> Operand
+}
+
+/// Marks `Optional` for code that holds a value as `Any`. Internal.
+protocol AnyOptional {
+    var isNil: Bool { get }
+    var wrappedValue: Any? { get }
+}
+
+extension Optional: AnyOptional {
+    var isNil: Bool { self == nil }
+    var wrappedValue: Any? {
+        switch self {
+        case let .some(value): return value
+        case .none: return nil
+        }
+    }
+}
+
+/// A value that stands for a record ID (a `Reference`). Internal.
+protocol ReferenceIdentifying {
+    var referencedID: UUID { get }
+    var referencedIdentifier: PersistentIdentifier { get }
+    /// Whether reading `keyPath` from this reference works without a resolved target.
+    func canRead(_ keyPath: AnyKeyPath) -> Bool
+}
+
+extension Reference: ReferenceIdentifying {
+    var referencedID: UUID { id }
+    var referencedIdentifier: PersistentIdentifier { persistentModelID }
+    func canRead(_ keyPath: AnyKeyPath) -> Bool {
+        resolved != nil || keyPath == \Reference<Target>.id || keyPath == \Reference<Target>.persistentModelID
+            || keyPath == \Reference<Target>.resolved
+    }
+}
+
+/// Whether a key path reads through a relationship (its root is a model or a reference, or a list of references).
+private func readsThroughRelationship(_ keyPath: AnyKeyPath) -> Bool {
+    let root = type(of: keyPath).rootType
+    return root is any ReferenceIdentifying.Type || root is any PersistentModel.Type
+        || ("\(root)".hasPrefix("Array<Reference<"))
+}
+
+/// A constant range whose bounds have stored forms. Internal.
+protocol ConstantRange {
+    var storedBounds: (lower: SQLiteValue, upper: SQLiteValue, closed: Bool)? { get }
+}
+
+extension ClosedRange: ConstantRange {
+    var storedBounds: (lower: SQLiteValue, upper: SQLiteValue, closed: Bool)? {
+        guard let lower = lowerBound as? any AttributeValue, let upper = upperBound as? any AttributeValue else { return nil }
+        return (lower.sqliteValue, upper.sqliteValue, true)
+    }
+}
+
+extension Range: ConstantRange {
+    var storedBounds: (lower: SQLiteValue, upper: SQLiteValue, closed: Bool)? {
+        guard let lower = lowerBound as? any AttributeValue, let upper = upperBound as? any AttributeValue else { return nil }
+        return (lower.sqliteValue, upper.sqliteValue, false)
+    }
+}
+
+/// Translates predicate expressions against a set of sources. One per query. Internal.
+final class PredicateTranslator {
+    let sources: QuerySources
+    /// Relationships the translated expressions traverse from the root, for in-memory resolution.
+    private(set) var relationships = PrefetchTree()
+    /// When set, untranslatable nodes become `.opaque` instead of failing (used to collect relationship paths).
+    var lenient = false
+    /// Set while collecting when a member of a relationship target is read through an untranslatable expression:
+    /// that relationship cannot be known, so it cannot be resolved for the in-memory evaluation.
+    private(set) var lostRelationship = false
+    private var bindings: [PredicateExpressions.VariableID: Operand] = [:]
+    private var aliasCount = 0
+
+    init(sources: QuerySources) {
+        self.sources = sources
+    }
+
+    func newAlias(_ prefix: String = "t") -> String {
+        aliasCount += 1
+        return "\(prefix)\(aliasCount)"
+    }
+
+    /// Binds a predicate variable for the duration of `body`.
+    func with<T>(_ variable: PredicateExpressions.VariableID, bound operand: Operand, _ body: () throws -> T) rethrows -> T {
+        let previous = bindings[variable]
+        bindings[variable] = operand
+        defer { bindings[variable] = previous }
+        return try body()
+    }
+
+    func lookup(_ variable: PredicateExpressions.VariableID) throws -> Operand {
+        guard let operand = bindings[variable] else { throw Untranslatable("a variable from outside the predicate") }
+        return operand
+    }
+
+    /// Translates one expression node.
+    func translate(_ expression: Any) throws -> Operand {
+        do {
+            guard let node = expression as? SQLTranslatable else {
+                throw Untranslatable("\(Self.shortName(of: type(of: expression))) has no SQL form")
+            }
+            return try node.translate(self)
+        } catch where lenient {
+            // Collect what the children traverse, then give up on this node.
+            for child in Mirror(reflecting: expression).children where child.value is any PredicateExpression {
+                _ = try? translate(child.value)
+            }
+            return .opaque
+        }
+    }
+
+    /// The expression as a SQL condition that is never NULL.
+    func condition(_ expression: Any) throws -> SQLExpr {
+        try condition(of: translate(expression))
+    }
+
+    func condition(of operand: Operand) throws -> SQLExpr {
+        if case let .constant(value) = operand {
+            guard let flag = value as? Bool else { throw Untranslatable("a non-boolean constant used as a condition") }
+            return flag ? .true : .false
+        }
+        let expression = try scalar(operand)
+        if !expression.nullable { return expression }
+        return SQLExpr("COALESCE(\(expression.text), 0)", expression.args, nullable: false, mayFail: expression.mayFail)
+    }
+
+    /// The operand as one SQL value.
+    func scalar(_ operand: Operand) throws -> SQLExpr {
+        switch operand {
+        case let .sql(expression): return expression
+        case let .constant(value): return .parameter(try Self.storedValue(of: value))
+        case let .record(record): return record.idExpr
+        case let .composite(composite):
+            guard composite.path.isEmpty else { throw Untranslatable("a nested composite value compared as a whole") }
+            return composite.json
+        case .identifier: throw Untranslatable("a persistentModelID used other than in == or !=")
+        case .collection: throw Untranslatable("a to-many relationship used as a value")
+        case .range: throw Untranslatable("a range used as a value")
+        case .opaque: throw Untranslatable("untranslatable")
+        }
+    }
+
+    /// The stored (bindable) form of a Swift value.
+    static func storedValue(of value: Any) throws -> SQLiteValue {
+        if let optional = value as? any AnyOptional {
+            guard let wrapped = optional.wrappedValue else { return .null }
+            return try storedValue(of: wrapped)
+        }
+        if let attribute = value as? any AttributeValue { return attribute.sqliteValue }
+        if let reference = value as? any ReferenceIdentifying { return reference.referencedID.sqliteValue }
+        throw Untranslatable("a value of type \(shortName(of: type(of: value))) has no stored form")
+    }
+
+    static func shortName(of type: Any.Type) -> String {
+        let name = "\(type)"
+        return name.replacingOccurrences(of: "PredicateExpressions.", with: "")
+    }
+
+    // MARK: Members
+
+    /// The member `keyPath` reaches from `root`.
+    func member(of root: Operand, keyPath: AnyKeyPath) throws -> Operand {
+        switch root {
+        case .opaque:
+            if readsThroughRelationship(keyPath) { lostRelationship = true }
+            return .opaque
+        case let .constant(value):
+            // A captured reference: reading its target's members needs it resolved (Swift would trap).
+            var unwrapped: Any = value
+            if let optional = value as? any AnyOptional, let wrapped = optional.wrappedValue { unwrapped = wrapped }
+            if let reference = unwrapped as? any ReferenceIdentifying, !reference.canRead(keyPath) {
+                throw FetchError.unresolvableReference(reference.referencedIdentifier, relationship: "\(keyPath)")
+            }
+            guard let result = value[keyPath: keyPath] else { throw Untranslatable("\(keyPath) does not apply to its value") }
+            return .constant(result)
+        case let .record(record):
+            return try member(of: record, keyPath: keyPath)
+        case let .collection(collection):
+            if keyPath == collection.countKeyPath { return .sql(collection.subquery(select: "count(*)")) }
+            if keyPath == collection.isEmptyKeyPath {
+                let exists = collection.subquery(select: "1")
+                return .sql(SQLExpr("NOT EXISTS \(exists.text)", exists.args, nullable: false, mayFail: exists.mayFail))
+            }
+            throw Untranslatable("\(keyPath) of a to-many relationship")
+        case let .composite(composite):
+            guard let info = composite.info, let (key, leaf) = info.members[keyPath] else {
+                throw Untranslatable("\(keyPath) is not a queryable member of \(composite.info?.typeName ?? "a composite attribute")")
+            }
+            let path = composite.path + [key]
+            switch leaf {
+            case let .composite(nested): return .composite(CompositeRef(json: composite.json, path: path, info: nested))
+            case .unsupported: throw Untranslatable("\(keyPath) has a JSON form that differs from its column form")
+            default: return .sql(Self.jsonExtract(composite.json, path: path, leaf: leaf))
+            }
+        case let .sql(expression):
+            if keyPath == \String.count {
+                return .sql(SQLExpr("length(\(expression.text))", expression.args, nullable: expression.nullable,
+                                    mayFail: expression.mayFail, propagatesNull: true))
+            }
+            if keyPath == \String.isEmpty {
+                return .sql(SQLExpr("(\(expression.text) = '')", expression.args, nullable: expression.nullable,
+                                    mayFail: expression.mayFail, propagatesNull: true))
+            }
+            if readsThroughRelationship(keyPath) { lostRelationship = true }
+            throw Untranslatable("\(keyPath) of a computed value")
+        case .identifier, .range:
+            throw Untranslatable("\(keyPath) of an identifier or range")
+        }
+    }
+
+    static func jsonExtract(_ json: SQLExpr, path: [String], leaf: CompositeLeaf) -> SQLExpr {
+        let jsonPath = "$" + path.map { key in
+            key.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) && !key.isEmpty
+                ? ".\(key)" : ".\"\(key.replacingOccurrences(of: "\"", with: "\\\""))\""
+        }.joined()
+        var text = "json_extract(\(json.text), ?)"
+        var args = json.args + [.text(jsonPath)]
+        switch leaf {
+        case .date:
+            // JSONEncoder writes dates as seconds since 2001; columns hold seconds since 1970.
+            text = "(\(text) + 978307200.0)"
+        case .double:
+            // Non-finite doubles are written as strings (ReplicaJSON): read them back as IEEE values; NaN as NULL,
+            // so that comparisons with it are false, as in Swift.
+            text = "(CASE WHEN json_type(\(json.text), ?) = 'text' THEN (CASE json_extract(\(json.text), ?) "
+                + "WHEN '+Infinity' THEN 9e999 WHEN '-Infinity' THEN -9e999 ELSE NULL END) ELSE \(text) END)"
+            args = json.args + [.text(jsonPath)] + json.args + [.text(jsonPath)] + json.args + [.text(jsonPath)]
+        default:
+            break
+        }
+        return SQLExpr(text, args, nullable: true, mayFail: json.mayFail, propagatesNull: true)
+    }
+
+    private func column(_ name: String, of record: RecordRef, nullable: Bool) throws -> SQLExpr {
+        switch record.access {
+        case let .row(alias):
+            return SQLExpr("\(alias).\(quoted(name))", nullable: nullable, propagatesNull: true)
+        case let .id(id):
+            let source = try sources.table(record.entity.name)
+            return SQLExpr("(SELECT \(quoted(name)) FROM \(source) WHERE \"id\" = \(id.text))", id.args,
+                           nullable: true, mayFail: id.mayFail, propagatesNull: true)
+        }
+    }
+
+    private func member(of record: RecordRef, keyPath: AnyKeyPath) throws -> Operand {
+        var found: QueryMember?
+        if let inherited = record.inherited, let name = inherited[keyPath] {
+            found = name == "id" ? .id : record.entity.memberByName(name)
+            if found == nil {
+                throw FetchError.invalidHierarchy("\(record.entity.name) has no member '\(name)'")
+            }
+        }
+        if found == nil { found = record.entity.member(keyPath) }
+        if found == nil, EntityQueryInfo.isIdentifierKeyPath(keyPath) { found = .id }
+        if found == nil, EntityQueryInfo.isPersistentIdentifierKeyPath(keyPath) { found = .persistentModelID }
+        guard let member = found else {
+            throw FetchError.unsupportedKeyPath(entity: record.entity.name, keyPath: "\(keyPath)")
+        }
+        switch member {
+        case .id:
+            return .sql(record.idExpr)
+        case .persistentModelID:
+            return .identifier(entity: record.entity.name, id: record.idExpr)
+        case let .attribute(attribute, composite):
+            let value = try column(attribute.name, of: record, nullable: attribute.isOptional)
+            if let composite { return .composite(CompositeRef(json: value, path: [], info: composite)) }
+            if attribute.type == .composite { return .composite(CompositeRef(json: value, path: [], info: nil)) }
+            return .sql(value)
+        case let .compositePath(attribute, path, leaf):
+            let json = try column(attribute.name, of: record, nullable: attribute.isOptional)
+            switch leaf {
+            case let .composite(nested): return .composite(CompositeRef(json: json, path: path, info: nested))
+            case .unsupported: throw Untranslatable("\(keyPath) has a JSON form that differs from its column form")
+            default: return .sql(Self.jsonExtract(json, path: path, leaf: leaf))
+            }
+        case let .toOne(relationship, target):
+            let path = record.path.map { $0 + [relationship.name] }
+            if let path { relationships.insert(path[...]) }
+            let id = try column(relationship.name, of: record, nullable: true)
+            return .record(RecordRef(entity: queryInfo(target), access: .id(id), path: path))
+        case let .toMany(relationship, target):
+            let path = record.path.map { $0 + [relationship.name] }
+            if let path { relationships.insert(path[...]) }
+            return .collection(try collection(relationship, target: target, of: record, path: path))
+        }
+    }
+
+    private func collection(_ relationship: Schema.Relationship, target: any PersistentModel.Type,
+                            of record: RecordRef, path: [String]?) throws -> CollectionRef {
+        let element = queryInfo(target)
+        let alias = newAlias()
+        let owner = record.idExpr
+        let keyPaths = arrayKeyPaths(target)
+        let from: String
+        let correlation: SQLExpr
+        if let link = LinkTable.of(relationship, in: record.entity.name, destination: element.schemaEntity) {
+            let (this, other) = link.columns(entity: record.entity.name, relationship: relationship.name)
+            let join = newAlias("j")
+            from = "\(try sources.links(link)) AS \(join) JOIN \(try sources.table(element.name)) AS \(alias) "
+                + "ON \(alias).\"id\" = \(join).\(quoted(other))"
+            correlation = SQLExpr("\(join).\(quoted(this)) = \(owner.text)", owner.args, nullable: false, mayFail: owner.mayFail)
+        } else {
+            guard let inverse = relationship.inverse else {
+                throw Untranslatable("to-many relationship '\(relationship.name)' has no inverse")
+            }
+            from = "\(try sources.table(element.name)) AS \(alias)"
+            correlation = SQLExpr("\(alias).\(quoted(inverse)) = \(owner.text)", owner.args, nullable: false, mayFail: owner.mayFail)
+        }
+        return CollectionRef(element: element, alias: alias, from: from, conditions: [correlation], path: path,
+                             countKeyPath: keyPaths.count, isEmptyKeyPath: keyPaths.isEmpty)
+    }
+
+    // MARK: Operators
+
+    /// `lhs == rhs` (or `!=`) with Swift's semantics: nil equals nil.
+    func equality(_ lhs: Operand, _ rhs: Operand, negated: Bool) throws -> Operand {
+        if case .opaque = lhs { return .opaque }
+        if case .opaque = rhs { return .opaque }
+        // persistentModelID compares the entity too.
+        if case let .identifier(entity, id) = lhs { return try identifierEquality(entity, id, rhs, negated: negated) }
+        if case let .identifier(entity, id) = rhs { return try identifierEquality(entity, id, lhs, negated: negated) }
+        let left = try scalar(lhs)
+        let right = try scalar(rhs)
+        let op: String
+        if left.nullable || right.nullable {
+            op = negated ? "IS NOT" : "IS"
+        } else {
+            op = negated ? "<>" : "="
+        }
+        return .sql(SQLExpr("(\(left.text) \(op) \(right.text))", left.args + right.args, nullable: false,
+                            mayFail: left.mayFail || right.mayFail))
+    }
+
+    private func identifierEquality(_ entity: String, _ id: SQLExpr, _ other: Operand, negated: Bool) throws -> Operand {
+        guard case let .constant(value) = other else { throw Untranslatable("persistentModelID compared with a non-constant") }
+        let identifier: PersistentIdentifier?
+        if let optional = value as? any AnyOptional {
+            identifier = optional.wrappedValue as? PersistentIdentifier
+            if identifier == nil, !optional.isNil { throw Untranslatable("persistentModelID compared with another type") }
+        } else if let value = value as? PersistentIdentifier {
+            identifier = value
+        } else {
+            throw Untranslatable("persistentModelID compared with another type")
+        }
+        guard let identifier, identifier.entityName == entity else {
+            // A model's identifier is never nil, and never equal to another entity's identifier.
+            return .constant(negated)
+        }
+        return .sql(SQLExpr("(\(id.text) \(negated ? "<>" : "=") ?)", id.args + [identifier.id.sqliteValue],
+                            nullable: false, mayFail: id.mayFail))
+    }
+
+    /// A binary operator over two scalars.
+    func binary(_ lhs: Operand, _ op: String, _ rhs: Operand) throws -> SQLExpr {
+        let left = try scalar(lhs)
+        let right = try scalar(rhs)
+        return SQLExpr("(\(left.text) \(op) \(right.text))", left.args + right.args,
+                       nullable: left.nullable || right.nullable, mayFail: left.mayFail || right.mayFail)
+    }
+
+    /// `a && b`, `a || b`, keeping Swift's short-circuit when `b` may fail.
+    func logical(_ lhs: Any, _ rhs: Any, and: Bool) throws -> Operand {
+        let left = try translate(lhs)
+        let right = try translate(rhs)
+        if case .opaque = left { return .opaque }
+        if case .opaque = right { return .opaque }
+        let l = try condition(of: left)
+        let r = try condition(of: right)
+        let text: String
+        if r.mayFail {
+            text = and ? "(CASE WHEN \(l.text) THEN \(r.text) ELSE 0 END)" : "(CASE WHEN \(l.text) THEN 1 ELSE \(r.text) END)"
+        } else {
+            text = "(\(l.text) \(and ? "AND" : "OR") \(r.text))"
+        }
+        return .sql(SQLExpr(text, l.args + r.args, nullable: false, mayFail: l.mayFail || r.mayFail))
+    }
+
+    /// `element` in the sequence `sequence`.
+    func membership(_ sequence: Operand, _ element: Operand) throws -> Operand {
+        if case .opaque = sequence { return .opaque }
+        if case .opaque = element { return .opaque }
+        switch sequence {
+        case let .constant(value):
+            guard let values = Self.elements(of: value) else { throw Untranslatable("membership in a non-sequence value") }
+            let item = try scalar(element)
+            var stored: [SQLiteValue] = []
+            var containsNil = false
+            for value in values {
+                let storedValue = try Self.storedValue(of: value)
+                if storedValue.isNull { containsNil = true } else { stored.append(storedValue) }
+            }
+            var parts: [SQLExpr] = []
+            if !stored.isEmpty { parts.append(try Self.inList(item, stored)) }
+            if containsNil { parts.append(SQLExpr("(\(item.text) IS NULL)", item.args, nullable: false, mayFail: item.mayFail)) }
+            if parts.isEmpty { return .constant(false) }
+            let text = parts.map(\.text).joined(separator: " OR ")
+            let result = SQLExpr("(\(text))", parts.flatMap(\.args), nullable: item.nullable && !containsNil, mayFail: item.mayFail)
+            return .sql(result)
+        case let .collection(collection):
+            let id = try scalar(element)
+            let exists = collection.subquery(select: "1", extra: SQLExpr("\(collection.alias).\"id\" = \(id.text)", id.args,
+                                                                        nullable: false, mayFail: id.mayFail))
+            return .sql(SQLExpr("EXISTS \(exists.text)", exists.args, nullable: false, mayFail: exists.mayFail))
+        default:
+            throw Untranslatable("membership in a computed sequence")
+        }
+    }
+
+    /// `item IN (...)`: placeholders for short lists, one JSON parameter for long ones.
+    static func inList(_ item: SQLExpr, _ values: [SQLiteValue]) throws -> SQLExpr {
+        if values.count <= 200 {
+            let placeholders = Array(repeating: "?", count: values.count).joined(separator: ", ")
+            return SQLExpr("\(item.text) IN (\(placeholders))", item.args + values, nullable: item.nullable, mayFail: item.mayFail)
+        }
+        var json = "["
+        var select = "value"
+        for (index, value) in values.enumerated() {
+            if index > 0 { json += "," }
+            switch value {
+            case let .integer(v): json += String(v)
+            case let .real(v):
+                guard v.isFinite else { throw Untranslatable("a non-finite number in a long list") }
+                json += "\(v)"
+            case let .text(v): json += Self.jsonString(v)
+            case let .blob(v):
+                json += "\"" + v.map { String(format: "%02X", $0) }.joined() + "\""
+                select = "replica_unhex(value)"
+            case .null: break
+            }
+        }
+        json += "]"
+        let kinds = Set(values.map { value -> Int in
+            switch value {
+            case .integer, .real: return 0
+            case .text: return 1
+            case .blob: return 2
+            case .null: return 3
+            }
+        })
+        guard kinds.count == 1 else { throw Untranslatable("a long list of mixed types") }
+        return SQLExpr("\(item.text) IN (SELECT \(select) FROM json_each(?))", item.args + [.text(json)],
+                       nullable: item.nullable, mayFail: item.mayFail)
+    }
+
+    static func jsonString(_ text: String) -> String {
+        var result = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": result += "\\\""
+            case "\\": result += "\\\\"
+            case "\n": result += "\\n"
+            case "\r": result += "\\r"
+            case "\t": result += "\\t"
+            default:
+                if scalar.value < 0x20 {
+                    result += String(format: "\\u%04x", scalar.value)
+                } else {
+                    result.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        return result + "\""
+    }
+
+    static func elements(of value: Any) -> [Any]? {
+        guard let sequence = value as? any Sequence else { return nil }
+        func open<S: Sequence>(_ s: S) -> [Any] { s.map { $0 as Any } }
+        return open(sequence)
+    }
+}
+
+// MARK: - Node conformances
+
+extension PredicateExpressions.Variable: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { try t.lookup(key) }
+}
+
+extension PredicateExpressions.Value: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { .constant(value) }
+}
+
+extension PredicateExpressions.NilLiteral: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { .sql(.null) }
+}
+
+extension PredicateExpressions.KeyPath: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        try t.member(of: t.translate(root), keyPath: keyPath as AnyKeyPath)
+    }
+}
+
+extension PredicateExpressions.Equal: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let l = try t.translate(lhs)
+        let r = try t.translate(rhs)
+        if case let .constant(a) = l, case let .constant(b) = r, let x = a as? LHS.Output, let y = b as? RHS.Output {
+            return .constant(x == y)
+        }
+        return try t.equality(l, r, negated: false)
+    }
+}
+
+extension PredicateExpressions.NotEqual: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let l = try t.translate(lhs)
+        let r = try t.translate(rhs)
+        if case let .constant(a) = l, case let .constant(b) = r, let x = a as? LHS.Output, let y = b as? RHS.Output {
+            return .constant(x != y)
+        }
+        return try t.equality(l, r, negated: true)
+    }
+}
+
+extension PredicateExpressions.Comparison: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let l = try t.translate(lhs)
+        let r = try t.translate(rhs)
+        if case .opaque = l { return .opaque }
+        if case .opaque = r { return .opaque }
+        if case let .constant(a) = l, case let .constant(b) = r, let x = a as? LHS.Output, let y = b as? RHS.Output {
+            switch op {
+            case .lessThan: return .constant(x < y)
+            case .lessThanOrEqual: return .constant(x <= y)
+            case .greaterThan: return .constant(x > y)
+            case .greaterThanOrEqual: return .constant(x >= y)
+            }
+        }
+        guard LHS.Output.self is any AttributeValue.Type else {
+            throw PredicateTranslator.unsupportedComparison(LHS.Output.self)
+        }
+        let symbol: String
+        switch op {
+        case .lessThan: symbol = "<"
+        case .lessThanOrEqual: symbol = "<="
+        case .greaterThan: symbol = ">"
+        case .greaterThanOrEqual: symbol = ">="
+        }
+        return .sql(try t.binary(l, symbol, r))
+    }
+}
+
+extension PredicateTranslator {
+    static func unsupportedComparison(_ type: Any.Type) -> Untranslatable {
+        Untranslatable("ordering of \(shortName(of: type)) values")
+    }
+}
+
+extension PredicateExpressions.Conjunction: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { try t.logical(lhs, rhs, and: true) }
+}
+
+extension PredicateExpressions.Disjunction: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { try t.logical(lhs, rhs, and: false) }
+}
+
+extension PredicateExpressions.Negation: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let inner = try t.translate(wrapped)
+        if case .opaque = inner { return .opaque }
+        if case let .constant(value) = inner, let flag = value as? Bool { return .constant(!flag) }
+        let c = try t.condition(of: inner)
+        return .sql(SQLExpr("(NOT \(c.text))", c.args, nullable: false, mayFail: c.mayFail))
+    }
+}
+
+extension PredicateExpressions.Arithmetic: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let symbol: String
+        switch op {
+        case .add: symbol = "+"
+        case .subtract: symbol = "-"
+        case .multiply: symbol = "*"
+        }
+        guard LHS.Output.self == Int.self || LHS.Output.self == Double.self else {
+            throw Untranslatable("arithmetic on \(PredicateTranslator.shortName(of: LHS.Output.self))")
+        }
+        let l = try t.translate(lhs)
+        let r = try t.translate(rhs)
+        if case .opaque = l { return .opaque }
+        if case .opaque = r { return .opaque }
+        return .sql(try t.binary(l, symbol, r))
+    }
+}
+
+extension PredicateExpressions.UnaryMinus: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        guard Wrapped.Output.self == Int.self || Wrapped.Output.self == Double.self else {
+            throw Untranslatable("negation of \(PredicateTranslator.shortName(of: Wrapped.Output.self))")
+        }
+        let inner = try t.translate(wrapped)
+        if case .opaque = inner { return .opaque }
+        let e = try t.scalar(inner)
+        return .sql(SQLExpr("(- \(e.text))", e.args, nullable: e.nullable, mayFail: e.mayFail))
+    }
+}
+
+/// Division translates only by a nonzero constant: SQL gives NULL where Swift traps or gives infinity.
+private func division(_ t: PredicateTranslator, _ lhs: Any, _ rhs: Any, _ op: String, outputType: Any.Type) throws -> Operand {
+    guard outputType == Int.self || outputType == Double.self else {
+        throw Untranslatable("division of \(PredicateTranslator.shortName(of: outputType))")
+    }
+    let l = try t.translate(lhs)
+    let r = try t.translate(rhs)
+    if case .opaque = l { return .opaque }
+    if case .opaque = r { return .opaque }
+    guard case let .constant(divisor) = r else { throw Untranslatable("division by a value that may be zero") }
+    if let int = divisor as? Int, int == 0 { throw Untranslatable("division by zero") }
+    if let double = divisor as? Double, double == 0 || !double.isFinite { throw Untranslatable("division by zero") }
+    return .sql(try t.binary(l, op, r))
+}
+
+extension PredicateExpressions.IntDivision: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { try division(t, lhs, rhs, "/", outputType: LHS.Output.self) }
+}
+
+extension PredicateExpressions.IntRemainder: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { try division(t, lhs, rhs, "%", outputType: LHS.Output.self) }
+}
+
+extension PredicateExpressions.FloatDivision: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand { try division(t, lhs, rhs, "/", outputType: LHS.Output.self) }
+}
+
+extension PredicateExpressions.Conditional: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let c = try t.translate(test)
+        let a = try t.translate(trueBranch)
+        let b = try t.translate(falseBranch)
+        for operand in [c, a, b] { if case .opaque = operand { return .opaque } }
+        if case let .constant(value) = c, let flag = value as? Bool { return flag ? a : b }
+        let condition = try t.condition(of: c)
+        let x = try t.scalar(a)
+        let y = try t.scalar(b)
+        return .sql(SQLExpr("(CASE WHEN \(condition.text) THEN \(x.text) ELSE \(y.text) END)", condition.args + x.args + y.args,
+                            nullable: x.nullable || y.nullable, mayFail: condition.mayFail || x.mayFail || y.mayFail))
+    }
+}
+
+extension PredicateExpressions.NilCoalesce: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let l = try t.translate(lhs)
+        let r = try t.translate(rhs)
+        if case .opaque = l { return .opaque }
+        if case .opaque = r { return .opaque }
+        if case let .constant(value) = l {
+            if let optional = value as? any AnyOptional, let wrapped = optional.wrappedValue { return .constant(wrapped) }
+            return r
+        }
+        let a = try t.scalar(l)
+        let b = try t.scalar(r)
+        return .sql(SQLExpr("COALESCE(\(a.text), \(b.text))", a.args + b.args, nullable: b.nullable, mayFail: a.mayFail || b.mayFail))
+    }
+}
+
+/// Marks `Optional` metatypes. Internal.
+protocol OptionalTypeMarker {}
+extension Optional: OptionalTypeMarker {}
+
+extension PredicateExpressions.OptionalFlatMap: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        // A flatMap whose result is itself optional (`T??`) has no SQL form: NULL cannot hold two levels of nil.
+        if Result.self is any OptionalTypeMarker.Type { throw Untranslatable("a doubly optional value") }
+        let source = try t.translate(wrapped)
+        if case .opaque = source {
+            _ = try? t.with(variable.key, bound: .opaque) { try t.translate(transform) }
+            return .opaque
+        }
+        if case let .constant(value) = source {
+            if let optional = value as? any AnyOptional, optional.isNil { return .sql(.null) }
+        }
+        let result = try t.with(variable.key, bound: source) { try t.translate(transform) }
+        switch result {
+        case .opaque, .record, .composite, .collection:
+            // Reads through a NULL reference or composite are NULL by construction; to-many sets are not values.
+            if case .collection = result { throw Untranslatable("a to-many relationship through an optional") }
+            return result
+        case .constant:
+            if case .constant = source { return result }
+        case let .sql(expression) where expression.propagatesNull:
+            return result
+        default:
+            break
+        }
+        // Otherwise: nil when the source is nil, else the transform.
+        let test = try t.scalar(source)
+        let value = try t.scalar(result)
+        return .sql(SQLExpr("(CASE WHEN \(test.text) IS NULL THEN NULL ELSE \(value.text) END)", test.args + value.args,
+                            nullable: true, mayFail: test.mayFail || value.mayFail))
+    }
+}
+
+extension PredicateExpressions.ForcedUnwrap: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let inner = try t.translate(self.inner)
+        switch inner {
+        case .opaque: return .opaque
+        case let .constant(value):
+            guard let optional = value as? any AnyOptional else { return inner }
+            guard let wrapped = optional.wrappedValue else { throw Untranslatable("a force unwrap of a nil constant") }
+            return .constant(wrapped)
+        case let .record(record):
+            let id = record.idExpr
+            guard id.nullable else { return inner }
+            let unwrapped = SQLExpr("replica_unwrap(\(id.text))", id.args, nullable: false, mayFail: true)
+            return .record(RecordRef(entity: record.entity, access: .id(unwrapped), path: record.path))
+        case let .composite(composite):
+            guard composite.json.nullable else { return inner }
+            let unwrapped = SQLExpr("replica_unwrap(\(composite.json.text))", composite.json.args, nullable: false, mayFail: true)
+            return .composite(CompositeRef(json: unwrapped, path: composite.path, info: composite.info))
+        default:
+            let e = try t.scalar(inner)
+            guard e.nullable else { return inner }
+            return .sql(SQLExpr("replica_unwrap(\(e.text))", e.args, nullable: false, mayFail: true))
+        }
+    }
+}
+
+extension PredicateExpressions.SequenceContains: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        try t.membership(t.translate(sequence), t.translate(element))
+    }
+}
+
+extension PredicateExpressions.SequenceContainsWhere: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let source = try t.translate(sequence)
+        if case .opaque = source {
+            _ = try? t.with(variable.key, bound: .opaque) { try t.translate(test) }
+            return .opaque
+        }
+        guard case let .collection(collection) = source else { throw Untranslatable("contains(where:) over a computed sequence") }
+        let element = Operand.record(RecordRef(entity: collection.element, access: .row(alias: collection.alias), path: collection.path))
+        let inner = try t.with(variable.key, bound: element) { try t.translate(test) }
+        if case .opaque = inner { return .opaque }
+        let exists = collection.subquery(select: "1", extra: try t.condition(of: inner))
+        return .sql(SQLExpr("EXISTS \(exists.text)", exists.args, nullable: false, mayFail: exists.mayFail))
+    }
+}
+
+extension PredicateExpressions.SequenceAllSatisfy: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let source = try t.translate(sequence)
+        if case .opaque = source {
+            _ = try? t.with(variable.key, bound: .opaque) { try t.translate(test) }
+            return .opaque
+        }
+        guard case let .collection(collection) = source else { throw Untranslatable("allSatisfy over a computed sequence") }
+        let element = Operand.record(RecordRef(entity: collection.element, access: .row(alias: collection.alias), path: collection.path))
+        let inner = try t.with(variable.key, bound: element) { try t.translate(test) }
+        if case .opaque = inner { return .opaque }
+        let c = try t.condition(of: inner)
+        let counter = collection.subquery(select: "1", extra: SQLExpr("NOT \(c.text)", c.args, nullable: false, mayFail: c.mayFail))
+        return .sql(SQLExpr("NOT EXISTS \(counter.text)", counter.args, nullable: false, mayFail: counter.mayFail))
+    }
+}
+
+extension PredicateExpressions.Filter: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let source = try t.translate(sequence)
+        if case .opaque = source {
+            _ = try? t.with(variable.key, bound: .opaque) { try t.translate(filter) }
+            return .opaque
+        }
+        guard case var .collection(collection) = source else { throw Untranslatable("filter over a computed sequence") }
+        let element = Operand.record(RecordRef(entity: collection.element, access: .row(alias: collection.alias), path: collection.path))
+        let inner = try t.with(variable.key, bound: element) { try t.translate(filter) }
+        if case .opaque = inner { return .opaque }
+        collection.conditions.append(try t.condition(of: inner))
+        return .collection(collection)
+    }
+}
+
+extension PredicateExpressions.CollectionContainsCollection: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        guard Base.Output.self == String.self, Other.Output.self == String.self else {
+            throw Untranslatable("contains(_:) over \(PredicateTranslator.shortName(of: Base.Output.self))")
+        }
+        let b = try t.translate(base)
+        let o = try t.translate(other)
+        if case .opaque = b { return .opaque }
+        if case .opaque = o { return .opaque }
+        let haystack = try t.scalar(b)
+        if case let .constant(value) = o, let needle = value as? String {
+            // In a predicate, every string contains the empty string (the collection algorithm), as `instr` says.
+            if needle.isEmpty { return .constant(true) }
+            return .sql(SQLExpr("(instr(\(haystack.text), ?) > 0)", haystack.args + [.text(needle)],
+                                nullable: haystack.nullable, mayFail: haystack.mayFail))
+        }
+        let needle = try t.scalar(o)
+        return .sql(SQLExpr("(instr(\(haystack.text), \(needle.text)) > 0)", haystack.args + needle.args,
+                            nullable: haystack.nullable || needle.nullable, mayFail: haystack.mayFail || needle.mayFail))
+    }
+}
+
+extension PredicateExpressions.SequenceStartsWith: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        guard Base.Output.self == String.self, Prefix.Output.self == String.self else {
+            throw Untranslatable("starts(with:) over \(PredicateTranslator.shortName(of: Base.Output.self))")
+        }
+        let b = try t.translate(base)
+        let p = try t.translate(prefix)
+        if case .opaque = b { return .opaque }
+        if case .opaque = p { return .opaque }
+        let text = try t.scalar(b)
+        if case let .constant(value) = p, let prefix = value as? String {
+            if prefix.isEmpty { return .constant(true) }
+            return .sql(SQLExpr("(substr(\(text.text), 1, ?) = ?)", text.args + [.integer(Int64(prefix.unicodeScalars.count)), .text(prefix)],
+                                nullable: text.nullable, mayFail: text.mayFail))
+        }
+        let start = try t.scalar(p)
+        return .sql(SQLExpr("(substr(\(text.text), 1, length(\(start.text))) = \(start.text))", text.args + start.args + start.args,
+                            nullable: text.nullable || start.nullable, mayFail: text.mayFail || start.mayFail))
+    }
+}
+
+extension ReplicaPredicateExpressions.LocalizedStandardContains: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let b = try t.translate(root)
+        let o = try t.translate(other)
+        if case .opaque = b { return .opaque }
+        if case .opaque = o { return .opaque }
+        let haystack = try t.scalar(b)
+        if case let .constant(value) = o, let needle = value as? any StringProtocol {
+            let folded = ReplicaText.fold(String(needle))
+            if folded.isEmpty { return .constant(false) }
+            return .sql(SQLExpr("(instr(replica_fold(\(haystack.text)), ?) > 0)", haystack.args + [.text(folded)],
+                                nullable: haystack.nullable, mayFail: haystack.mayFail))
+        }
+        let needle = try t.scalar(o)
+        return .sql(SQLExpr("(length(replica_fold(\(needle.text))) > 0 AND instr(replica_fold(\(haystack.text)), replica_fold(\(needle.text))) > 0)",
+                            needle.args + haystack.args + needle.args, nullable: haystack.nullable || needle.nullable,
+                            mayFail: haystack.mayFail || needle.mayFail))
+    }
+}
+
+extension PredicateExpressions.Range: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let l = try t.translate(lower)
+        let u = try t.translate(upper)
+        if case .opaque = l { return .opaque }
+        if case .opaque = u { return .opaque }
+        return .range(lower: try t.scalar(l), upper: try t.scalar(u), closed: false)
+    }
+}
+
+extension PredicateExpressions.ClosedRange: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let l = try t.translate(lower)
+        let u = try t.translate(upper)
+        if case .opaque = l { return .opaque }
+        if case .opaque = u { return .opaque }
+        return .range(lower: try t.scalar(l), upper: try t.scalar(u), closed: true)
+    }
+}
+
+extension PredicateExpressions.RangeExpressionContains: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        let r = try t.translate(range)
+        let e = try t.translate(element)
+        if case .opaque = r { return .opaque }
+        if case .opaque = e { return .opaque }
+        guard Element.Output.self is any AttributeValue.Type else { throw PredicateTranslator.unsupportedComparison(Element.Output.self) }
+        let bounds: (lower: SQLExpr, upper: SQLExpr, closed: Bool)
+        switch r {
+        case let .range(lower, upper, closed): bounds = (lower, upper, closed)
+        case let .constant(value):
+            guard let constant = value as? any ConstantRange, let stored = constant.storedBounds else {
+                throw Untranslatable("a range of values without a stored form")
+            }
+            bounds = (.parameter(stored.lower), .parameter(stored.upper), stored.closed)
+        default:
+            throw Untranslatable("a computed range")
+        }
+        let x = try t.scalar(e)
+        let upperOp = bounds.closed ? "<=" : "<"
+        return .sql(SQLExpr("(\(x.text) >= \(bounds.lower.text) AND \(x.text) \(upperOp) \(bounds.upper.text))",
+                            x.args + bounds.lower.args + x.args + bounds.upper.args,
+                            nullable: x.nullable || bounds.lower.nullable || bounds.upper.nullable,
+                            mayFail: x.mayFail || bounds.lower.mayFail || bounds.upper.mayFail))
+    }
+}
+
+/// Type checks and casts of a record: decided per entity (each member of a hierarchy is queried separately).
+private func castTarget(_ t: PredicateTranslator, _ input: Any, desired: Any.Type) throws -> (RecordRef, matches: Bool)? {
+    let operand = try t.translate(input)
+    if case .opaque = operand { return nil }
+    guard case let .record(record) = operand else {
+        throw Untranslatable("a type check of a computed value")
+    }
+    guard desired is any PersistentModel.Type else {
+        throw Untranslatable("a type check against \(PredicateTranslator.shortName(of: desired)), which is not a model type")
+    }
+    return (record, ObjectIdentifier(record.entity.modelType) == ObjectIdentifier(desired))
+}
+
+extension PredicateExpressions.TypeCheck: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        guard let (record, matches) = try castTarget(t, input, desired: Desired.self) else { return .opaque }
+        if case let .id(id) = record.access, id.nullable, matches {
+            return .sql(SQLExpr("(\(id.text) IS NOT NULL)", id.args, nullable: false, mayFail: id.mayFail))
+        }
+        return .constant(matches)
+    }
+}
+
+extension PredicateExpressions.ConditionalCast: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        guard let (record, matches) = try castTarget(t, input, desired: Desired.self) else { return .opaque }
+        // A known nil: an optional chain after it is nil too, without translating it.
+        guard matches else { return .constant(Desired?.none as Any) }
+        return .record(RecordRef(entity: record.entity, access: record.access, path: record.path))
+    }
+}
+
+extension PredicateExpressions.ForceCast: SQLTranslatable {
+    func translate(_ t: PredicateTranslator) throws -> Operand {
+        guard let (record, matches) = try castTarget(t, input, desired: Desired.self) else { return .opaque }
+        guard matches else { throw Untranslatable("a force cast that fails for some records") }
+        return .record(RecordRef(entity: record.entity, access: record.access, path: record.path))
+    }
+}
+
+// MARK: - Top-level conjuncts
+
+/// Splits a top-level conjunction into its parts. Internal.
+protocol ConjunctionSplitting {
+    var conjuncts: [Any] { get }
+}
+
+extension PredicateExpressions.Conjunction: ConjunctionSplitting {
+    var conjuncts: [Any] {
+        func parts(_ expression: Any) -> [Any] {
+            (expression as? any ConjunctionSplitting)?.conjuncts ?? [expression]
+        }
+        return parts(lhs) + parts(rhs)
+    }
+}

@@ -1,0 +1,103 @@
+import Foundation
+
+/// The copies of records a context has handed out: the bases of field-level change tracking (an update writes only
+/// the fields that differ from the copy the app last read). Internal.
+///
+/// Registering a fetch's result costs O(1): the batch shares the result array's storage, and the base of a record is
+/// computed only when ``ModelContext/update(_:)`` asks for it (an index of the batch is built on first use). Saved
+/// inserts register their snapshot, and saved updates and deletes forget the record, in the same recency order, so
+/// the base is always the newest copy the context handed out or wrote.
+///
+/// Bounded: batches beyond ``batchLimit`` or holding more than ``modelLimit`` models in all are dropped oldest first;
+/// a record whose copy was dropped has no base, and its update writes every field that differs from the stored row
+/// (as for a record the context never read).
+final class ReadRegistry {
+    static let batchLimit = 512
+    static let modelLimit = 1_000_000
+
+    private var sequence = 0
+    /// Explicit registrations (a snapshot) and forgets (`nil`), with their place in the recency order.
+    private var entries: [PersistentIdentifier: (sequence: Int, snapshot: Snapshot?)] = [:]
+    /// Registered fetch results, oldest first.
+    private var batches: [any ReadBatch] = []
+    private var batchedModels = 0
+
+    private func next() -> Int {
+        sequence += 1
+        return sequence
+    }
+
+    /// Registers `snapshot` as the newest copy of its record.
+    func register(_ snapshot: Snapshot) {
+        entries[snapshot.persistentModelID] = (next(), snapshot)
+    }
+
+    /// Forgets the copies of `id` handed out so far.
+    func forget(_ id: PersistentIdentifier) {
+        entries[id] = (next(), nil)
+    }
+
+    /// Registers the models of one fetch as the newest copies of their records. O(1).
+    /// - Returns: a token for ``remove(_:)``.
+    @discardableResult
+    func register<Model: PersistentModel>(_ models: [Model]) -> Int {
+        guard !models.isEmpty else { return 0 }
+        let token = next()
+        batches.append(ModelBatch(sequence: token, models: models))
+        batchedModels += models.count
+        while batches.count > Self.batchLimit || (batchedModels > Self.modelLimit && batches.count > 1) {
+            batchedModels -= batches.removeFirst().count
+        }
+        return token
+    }
+
+    /// Drops the batch registered under `token` (a streaming enumeration forgets each batch after its turn).
+    func remove(_ token: Int) {
+        guard let index = batches.lastIndex(where: { $0.sequence == token }) else { return }
+        batchedModels -= batches.remove(at: index).count
+    }
+
+    /// The newest copy of `id` handed out (or written) and not forgotten since, or `nil`.
+    /// Complexity: O(batches newer than the last explicit entry), plus building a batch's index on its first use.
+    func base(for id: PersistentIdentifier) -> Snapshot? {
+        let entry = entries[id]
+        let after = entry?.sequence ?? 0
+        for batch in batches.reversed() {
+            if batch.sequence <= after { break }
+            if batch.entityName == id.entityName, let snapshot = batch.snapshot(of: id.id) { return snapshot }
+        }
+        return entry?.snapshot
+    }
+}
+
+/// One registered fetch result. Internal.
+private protocol ReadBatch: AnyObject {
+    var sequence: Int { get }
+    var entityName: String { get }
+    var count: Int { get }
+    func snapshot(of id: UUID) -> Snapshot?
+}
+
+private final class ModelBatch<Model: PersistentModel>: ReadBatch {
+    let sequence: Int
+    let models: [Model]
+    private var index: [UUID: Int]?
+
+    init(sequence: Int, models: [Model]) {
+        self.sequence = sequence
+        self.models = models
+    }
+
+    var entityName: String { Model.entityName }
+    var count: Int { models.count }
+
+    func snapshot(of id: UUID) -> Snapshot? {
+        if index == nil {
+            var built: [UUID: Int] = [:]
+            built.reserveCapacity(models.count)
+            for (position, model) in models.enumerated() { built[model.id] = position }
+            index = built
+        }
+        return index?[id].map { Model.entity.fieldSnapshot(of: models[$0]) }
+    }
+}

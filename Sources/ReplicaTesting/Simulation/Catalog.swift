@@ -1,0 +1,99 @@
+// Where the built-in scenarios live, and which scenario hunts which canary.
+
+import Foundation
+import Replica
+
+/// The built-in scenarios: the JSON files directly in `Simulations/`.
+public enum ScenarioCatalog {
+    /// The `Simulations/` directory: `$REPLICA_SIMULATIONS_DIR`, else the nearest `Simulations/` beside a
+    /// `Package.swift` from the working directory up, else the one of the source tree this was built from.
+    public static func directory() -> URL? {
+        let fileManager = FileManager.default
+        if let path = ProcessInfo.processInfo.environment["REPLICA_SIMULATIONS_DIR"], !path.isEmpty {
+            return URL(fileURLWithPath: path, isDirectory: true)
+        }
+        var candidate = URL(fileURLWithPath: fileManager.currentDirectoryPath, isDirectory: true)
+        for _ in 0..<8 {
+            let simulations = candidate.appendingPathComponent("Simulations", isDirectory: true)
+            if fileManager.fileExists(atPath: candidate.appendingPathComponent("Package.swift").path),
+               fileManager.fileExists(atPath: simulations.path) {
+                return simulations
+            }
+            candidate = candidate.deletingLastPathComponent()
+        }
+        // Sources/ReplicaTesting/Simulation/Catalog.swift -> the package root.
+        let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent()
+        let simulations = source.appendingPathComponent("Simulations", isDirectory: true)
+        return fileManager.fileExists(atPath: simulations.path) ? simulations : nil
+    }
+
+    /// The paths of the built-in scenario files, sorted by name.
+    public static func builtInPaths() -> [String] {
+        guard let directory = directory(),
+              let names = try? FileManager.default.contentsOfDirectory(atPath: directory.path) else { return [] }
+        return names.filter { $0.hasSuffix(".json") }.sorted().map { directory.appendingPathComponent($0).path }
+    }
+
+    /// Every built-in scenario.
+    /// - Throws: ``ScenarioError`` for the first malformed one.
+    public static func builtIn() throws(ScenarioError) -> [Scenario] {
+        var scenarios: [Scenario] = []
+        for path in builtInPaths() { scenarios.append(try Scenario.load(path: path)) }
+        return scenarios
+    }
+
+    /// Resolves `NAME` (a built-in scenario) or `PATH` (a JSON file).
+    /// - Throws: ``ScenarioError``.
+    public static func resolve(_ nameOrPath: String) throws(ScenarioError) -> Scenario {
+        if nameOrPath.hasSuffix(".json") || nameOrPath.contains("/") {
+            return try Scenario.load(path: nameOrPath)
+        }
+        guard let path = builtInPaths().first(where: { (($0 as NSString).lastPathComponent as NSString).deletingPathExtension == nameOrPath }) else {
+            let known = builtInPaths().map { (($0 as NSString).lastPathComponent as NSString).deletingPathExtension }
+            throw ScenarioError(file: nameOrPath, field: "(file)",
+                                problem: "no built-in scenario of that name (built in: \(known.joined(separator: ", ")))")
+        }
+        return try Scenario.load(path: path)
+    }
+}
+
+/// The canaries `replica-sim` can switch on, with the built-in scenario that hunts each.
+public enum CanaryCatalog {
+    /// One canary.
+    public struct Entry: Sendable, Hashable {
+        /// The deliberate bug.
+        public var canary: Canary
+        /// What it breaks.
+        public var summary: String
+        /// The built-in scenario whose workload and faults make the bug show.
+        public var scenario: String
+    }
+
+    /// Per canary name: what it breaks and where to hunt it. Adding a canary to ``Canary`` takes one line here
+    /// (names of canaries the library does not have yet are ignored until it does).
+    static let table: [(name: String, scenario: String, summary: String)] = [
+        ("lww-by-wall-clock", "trips-mixed-versions", "field stamps use the device wall clock, not the HLC"),
+        ("token-before-apply", "notes-files", "the server change token commits before the fetched batch"),
+        ("non-idempotent-apply", "trips", "merging the same record twice bumps its causal length"),
+        ("absent-as-null", "trips-mixed-versions", "fields missing from an incoming record become nulls"),
+        ("tombstones-dropped-early", "trips-flaky-network", "the ledger forgets a tombstone once the cloud acknowledges it"),
+        ("child-tombstones-forgotten", "trips", "a local cascade deletes children without tombstones"),
+        ("conflict-clobbers", "trips", "a save conflict overwrites the server record without merging"),
+        ("stale-ack-clears-pending", "trips-flaky-network", "a save acknowledgement clears a newer local edit from the outbox"),
+        ("import-skips-history", "trips", "sync imports write rows without a history transaction"),
+        ("plaintext-uploaded", "notes-files", "encrypted attributes are uploaded without sealing"),
+        ("dedup-skipped", "people-unique", "concurrent records with one unique key are not deduplicated"),
+    ]
+
+    /// Every canary the library has, in the library's order.
+    public static var all: [Entry] {
+        Canary.allCases.map { canary in
+            let row = table.first { $0.name == canary.rawValue }
+            return Entry(canary: canary, summary: row?.summary ?? "(no description)", scenario: row?.scenario ?? "trips")
+        }
+    }
+
+    /// The entry for a canary name.
+    public static func entry(named name: String) -> Entry? { all.first { $0.canary.rawValue == name } }
+}

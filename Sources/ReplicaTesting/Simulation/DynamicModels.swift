@@ -1,0 +1,207 @@
+// Dynamic models: reading and writing records of any `Schema` (data, e.g. parsed from a scenario file) through the
+// public, typed `ModelContext` API.
+//
+// `ModelContext` works on `PersistentModel` types, whose entity name and field layout are static. The simulator
+// only knows its entities at run time, so it maps each entity *shape* (name and field names) to one of 4,096
+// generic "slot" types, `DynamicRecord<Slot<A, B, C>>`, built from three type-level hex digits. The slot's static
+// members read the shape from a process-wide, append-only registry; slots are never reused for another shape, so
+// concurrent simulations (tests run in parallel) never disturb each other. Slot numbers never reach any output.
+
+import Foundation
+import Replica
+import Synchronization
+
+/// A type-level hexadecimal digit.
+public protocol SimulationDigit { static var value: Int { get } }
+// The sixteen digits (slot numbers are three of them).
+/// Digit 0 (see ``SimulationDigit``); the other fifteen digits follow the same pattern.
+public enum SimulationDigit0: SimulationDigit { public static var value: Int { 0 } }
+public enum SimulationDigit1: SimulationDigit { public static var value: Int { 1 } }
+public enum SimulationDigit2: SimulationDigit { public static var value: Int { 2 } }
+public enum SimulationDigit3: SimulationDigit { public static var value: Int { 3 } }
+public enum SimulationDigit4: SimulationDigit { public static var value: Int { 4 } }
+public enum SimulationDigit5: SimulationDigit { public static var value: Int { 5 } }
+public enum SimulationDigit6: SimulationDigit { public static var value: Int { 6 } }
+public enum SimulationDigit7: SimulationDigit { public static var value: Int { 7 } }
+public enum SimulationDigit8: SimulationDigit { public static var value: Int { 8 } }
+public enum SimulationDigit9: SimulationDigit { public static var value: Int { 9 } }
+public enum SimulationDigit10: SimulationDigit { public static var value: Int { 10 } }
+public enum SimulationDigit11: SimulationDigit { public static var value: Int { 11 } }
+public enum SimulationDigit12: SimulationDigit { public static var value: Int { 12 } }
+public enum SimulationDigit13: SimulationDigit { public static var value: Int { 13 } }
+public enum SimulationDigit14: SimulationDigit { public static var value: Int { 14 } }
+public enum SimulationDigit15: SimulationDigit { public static var value: Int { 15 } }
+
+nonisolated(unsafe) private let digitTypes: [any SimulationDigit.Type] = [
+    SimulationDigit0.self, SimulationDigit1.self, SimulationDigit2.self, SimulationDigit3.self,
+    SimulationDigit4.self, SimulationDigit5.self, SimulationDigit6.self, SimulationDigit7.self,
+    SimulationDigit8.self, SimulationDigit9.self, SimulationDigit10.self, SimulationDigit11.self,
+    SimulationDigit12.self, SimulationDigit13.self, SimulationDigit14.self, SimulationDigit15.self,
+]
+
+/// A slot: one of 4,096 types that can each stand for one entity shape.
+public protocol EntitySlot { static var index: Int { get } }
+
+/// The slot numbered `A·256 + B·16 + C`.
+public enum Slot<A: SimulationDigit, B: SimulationDigit, C: SimulationDigit>: EntitySlot {
+    public static var index: Int { A.value << 8 | B.value << 4 | C.value }
+}
+
+/// A stored field value passed through unchanged (the dynamic models' only attribute type).
+public struct RawField: AttributeValue, Hashable {
+    /// The stored value.
+    public var value: SQLiteValue
+    /// Wraps a stored value.
+    public init(_ value: SQLiteValue) { self.value = value }
+    public static var attributeType: Schema.AttributeType { .string }
+    public var sqliteValue: SQLiteValue { value }
+    public init(sqliteValue: SQLiteValue) throws(ValueConversionError) { value = sqliteValue }
+}
+
+/// A record of the entity shape registered for slot `S`: its ID and field values in the entity's
+/// ``Schema/Entity/fieldNames`` order (attributes, then to-one references as 16-byte ID blobs).
+public struct DynamicRecord<S: EntitySlot>: PersistentModel {
+    /// The record ID (``UUID/unassigned`` until inserted).
+    public var id: UUID
+    /// Field values in the entity's field order.
+    public var values: [SQLiteValue]
+
+    /// A record with these values.
+    public init(id: UUID, values: [SQLiteValue]) {
+        self.id = id
+        self.values = values
+    }
+
+    /// The name of the entity registered for the slot.
+    public static var entityName: String { EntityShapeRegistry.shared.shape(S.index).name }
+
+    /// Every field of the registered shape as a ``RawField`` attribute (built once per slot).
+    public static var entity: ModelEntity<DynamicRecord<S>> {
+        EntityShapeRegistry.shared.modelEntity(S.index) {
+            let shape = EntityShapeRegistry.shared.shape(S.index)
+            return ModelEntity<DynamicRecord<S>>(shape.fieldNames.indices.map { index in
+                .attribute(shape.fieldNames[index], \DynamicRecord<S>.[field: index])
+            })
+        }
+    }
+
+    /// Reads the fields by position.
+    public init(row: ModelRow) throws {
+        id = row.id
+        let count = EntityShapeRegistry.shared.shape(S.index).fieldNames.count
+        values = (0..<count).map { row[$0] }
+    }
+
+    /// Field `index` (key-path target for the dynamic entity description).
+    public subscript(field index: Int) -> RawField {
+        get { RawField(values[index]) }
+        set { values[index] = newValue.value }
+    }
+}
+
+/// The process-wide map from entity shapes to slots.
+final class EntityShapeRegistry: Sendable {
+    struct Shape: Sendable {
+        let name: String
+        let fieldNames: [String]
+    }
+
+    static let shared = EntityShapeRegistry()
+
+    private struct State {
+        var slotByKey: [String: Int] = [:]
+        var shapes: [Shape] = []
+        var entities: [Int: any Sendable] = [:]
+        var accessors: [Int: any DynamicEntityAccess] = [:]
+    }
+    private let state = Mutex(State())
+
+    /// The slot for entity `name` with `fieldNames`, registered on first use.
+    func slot(name: String, fieldNames: [String]) -> Int {
+        let key = name + "\u{1}" + fieldNames.joined(separator: "\u{1}")
+        return state.withLock { state in
+            if let slot = state.slotByKey[key] { return slot }
+            precondition(state.shapes.count < 4096, "replica-sim: more than 4,096 distinct entity shapes in one process")
+            let slot = state.shapes.count
+            state.shapes.append(Shape(name: name, fieldNames: fieldNames))
+            state.slotByKey[key] = slot
+            return slot
+        }
+    }
+
+    func shape(_ slot: Int) -> Shape { state.withLock { $0.shapes[slot] } }
+
+    func modelEntity<M: PersistentModel>(_ slot: Int, make: () -> ModelEntity<M>) -> ModelEntity<M> {
+        if let cached = state.withLock({ $0.entities[slot] }) as? ModelEntity<M> { return cached }
+        let made = make()
+        state.withLock { $0.entities[slot] = made }
+        return made
+    }
+
+    /// The accessor for `entity`'s shape.
+    func accessor(for entity: Schema.Entity) -> any DynamicEntityAccess {
+        let slot = slot(name: entity.name, fieldNames: entity.fieldNames)
+        if let cached = state.withLock({ $0.accessors[slot] }) { return cached }
+        let made = makeAccessor(slot)
+        state.withLock { $0.accessors[slot] = made }
+        return made
+    }
+
+    private func makeAccessor(_ slot: Int) -> any DynamicEntityAccess {
+        digitTypes[(slot >> 8) & 15].accept(VisitHigh(middle: digitTypes[(slot >> 4) & 15], low: digitTypes[slot & 15]))
+    }
+}
+
+/// Opens type-level digits one at a time (Swift cannot pass an existential metatype as a generic argument directly).
+protocol DigitVisitor {
+    func visit<D: SimulationDigit>(_ digit: D.Type) -> any DynamicEntityAccess
+}
+
+extension SimulationDigit {
+    static func accept(_ visitor: some DigitVisitor) -> any DynamicEntityAccess { visitor.visit(Self.self) }
+}
+
+private struct VisitHigh: DigitVisitor {
+    let middle: any SimulationDigit.Type
+    let low: any SimulationDigit.Type
+    func visit<A: SimulationDigit>(_: A.Type) -> any DynamicEntityAccess { middle.accept(VisitMiddle<A>(low: low)) }
+}
+
+private struct VisitMiddle<A: SimulationDigit>: DigitVisitor {
+    let low: any SimulationDigit.Type
+    func visit<B: SimulationDigit>(_: B.Type) -> any DynamicEntityAccess { low.accept(VisitLow<A, B>()) }
+}
+
+private struct VisitLow<A: SimulationDigit, B: SimulationDigit>: DigitVisitor {
+    func visit<C: SimulationDigit>(_: C.Type) -> any DynamicEntityAccess { TypedEntityAccess<Slot<A, B, C>>() }
+}
+
+/// Reads and writes records of one entity shape through a `ModelContext`.
+public protocol DynamicEntityAccess: Sendable {
+    /// Registers an insert; with `id == .unassigned` a new ID is assigned. Returns the record's ID.
+    func insert(_ context: ModelContext, id: UUID, values: [SQLiteValue]) -> UUID
+    /// Registers new values for an existing record.
+    func update(_ context: ModelContext, id: UUID, values: [SQLiteValue])
+    /// The record's stored values, or `nil` when there is no such live record.
+    func values(_ context: ModelContext, id: UUID) throws -> [SQLiteValue]?
+    /// Every live record, in ID order.
+    func all(_ context: ModelContext) throws -> [(id: UUID, values: [SQLiteValue])]
+}
+
+struct TypedEntityAccess<S: EntitySlot>: DynamicEntityAccess {
+    func insert(_ context: ModelContext, id: UUID, values: [SQLiteValue]) -> UUID {
+        context.insert(DynamicRecord<S>(id: id, values: values)).id
+    }
+
+    func update(_ context: ModelContext, id: UUID, values: [SQLiteValue]) {
+        context.update(DynamicRecord<S>(id: id, values: values))
+    }
+
+    func values(_ context: ModelContext, id: UUID) throws -> [SQLiteValue]? {
+        try context.model(DynamicRecord<S>.self, id: id)?.values
+    }
+
+    func all(_ context: ModelContext) throws -> [(id: UUID, values: [SQLiteValue])] {
+        try context.fetch(DynamicRecord<S>.self).map { ($0.id, $0.values) }
+    }
+}

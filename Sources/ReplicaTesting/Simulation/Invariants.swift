@@ -1,0 +1,545 @@
+// The check phase: every invariant, in order, over the quiesced world.
+
+import Foundation
+import Replica
+
+/// One device's view of one store after quiescence.
+struct StoreView {
+    /// Live rows by entity, then ID (values in the device schema's field order).
+    var rows: [String: [UUID: [SQLiteValue]]] = [:]
+    /// Replication states by ID (synced stores).
+    var states: [UUID: ReplicationState] = [:]
+    /// Records of types the device's schema does not know.
+    var unknownTypes: [UUID: CloudRecord] = [:]
+    /// History transactions.
+    var history: [HistoryTransaction] = []
+}
+
+extension SimulationRun {
+    func check() throws {
+        phase = .check
+        trace.event(now, "phase") { $0.add("phase", "check") }
+        let views = try collectViews()
+        let cloudRecords = zones.reduce(into: [String: [UUID: CloudRecord]]()) { result, zone in
+            result[zone] = Dictionary(uniqueKeysWithValues: cloud.records(in: zone).map { ($0.recordID, $0) })
+        }
+        try checkCrashConsistency(views)
+        try checkResurrection(views, cloudRecords)
+        try checkConvergence(views, cloudRecords)
+        try checkLostWrites(cloudRecords)
+        try checkReferenceModel(views, cloudRecords)
+        try checkReferentialIntegrity(views)
+        try checkUniqueKeys(views)
+        try checkHistory(views)
+        try checkLocalOnly(cloudRecords)
+        try checkPlaintext()
+        try checkIdempotence(views)
+        trace.event(now, "checked") { $0.add("invariants", Invariant.allCases.count) }
+    }
+
+    func viewKey(_ device: SimDevice, _ store: String) -> String { "\(device.index)/\(store)" }
+
+    /// Reads every device's stores (through the app process, which opens all of them).
+    func collectViews() throws -> [String: StoreView] {
+        var views: [String: StoreView] = [:]
+        for device in devices {
+            guard let process = device.processes.first, let context = process.context else { continue }
+            for store in process.stores {
+                var view = StoreView()
+                for entity in entities(of: store, on: device) {
+                    let access = EntityShapeRegistry.shared.accessor(for: entity)
+                    var rows: [UUID: [SQLiteValue]] = [:]
+                    for (id, values) in try access.all(context) { rows[id] = values }
+                    view.rows[entity.name] = rows
+                }
+                if let engine = process.engines[store.name] {
+                    for state in try engine.engine.replicationStates() { view.states[state.id.id] = state }
+                    for record in try engine.engine.unknownTypeRecords() { view.unknownTypes[record.recordID] = record }
+                }
+                view.history = try context.fetchHistory(HistoryDescriptor(storeNames: [configurationName(store.name)]))
+                views[viewKey(device, store.name)] = view
+            }
+        }
+        return views
+    }
+
+    /// The values a device holds for a cloud record of `entity`: each field written in the current incarnation,
+    /// else the declared default.
+    func materialize(_ record: CloudRecord, as entity: Schema.Entity) -> [SQLiteValue] {
+        let current = incarnation(of: record.causalLength)
+        return entity.fieldNames.map { name in
+            if let field = record.fields[name], field.stamp.incarnation == current { return field.value }
+            return entity.attribute(named: name)?.defaultValue ?? .null
+        }
+    }
+
+    /// A value for messages: never the value of an encrypted attribute.
+    func show(_ value: SQLiteValue, encrypted: Bool) -> String {
+        if encrypted && !value.isNull { return "«sealed»" }
+        switch value {
+        case .null: return "null"
+        case let .integer(v): return String(v)
+        case let .real(v): return String(v)
+        case let .text(v): return JSONLine.quote(String(v.prefix(40)))
+        case let .blob(v):
+            if let id = uuid(from: v) { return alias(id) }
+            return "blob(\(v.count) bytes)"
+        }
+    }
+
+    // MARK: Crash consistency
+
+    private func checkCrashConsistency(_ views: [String: StoreView]) throws {
+        for device in devices {
+            guard let process = device.processes.first else { continue }
+            for store in process.stores {
+                if usesFile(store) { try checkIntegrity(process, store) }
+                guard store.isSynced, let view = views[viewKey(device, store.name)] else { continue }
+                for (id, state) in view.states.sorted(by: { uuidPrecedes($0.key, $1.key) }) {
+                    guard let rows = view.rows[state.id.entityName] else { continue }
+                    let hasRow = rows[id] != nil
+                    if state.isAlive != hasRow {
+                        throw InvariantViolation(.crashConsistency, "\(device.name) store '\(store.name)': \(alias(id)) is "
+                            + "\(state.isAlive ? "alive" : "deleted") in the sync ledger (causal length \(state.causalLength)) but "
+                            + "\(hasRow ? "has" : "has no") row")
+                    }
+                }
+                for id in (reference.ownCausalLength[viewKey(device, store.name)] ?? [:]).keys.sorted(by: uuidPrecedes) where view.states[id] == nil {
+                    throw InvariantViolation(.crashConsistency, "\(device.name) store '\(store.name)': the sync ledger forgot \(alias(id)), "
+                        + "which this store wrote (a tombstone must be kept)")
+                }
+                for (entity, rows) in view.rows.sorted(by: { $0.key < $1.key }) {
+                    for id in rows.keys.sorted(by: uuidPrecedes) where view.states[id] == nil {
+                        throw InvariantViolation(.crashConsistency, "\(device.name) store '\(store.name)': \(entity) \(alias(id)) has a row but no sync ledger entry")
+                    }
+                }
+            }
+        }
+    }
+
+    // MARK: Resurrection
+
+    private func acknowledgedInserts(_ zone: String, _ id: UUID) -> [Int64] {
+        (reference.acks[zone]?[id] ?? []).filter { $0.kind == .insert }.map(\.causalLength)
+    }
+
+    private func checkResurrection(_ views: [String: StoreView], _ cloudRecords: [String: [UUID: CloudRecord]]) throws {
+        for zone in zones {
+            for record in (cloudRecords[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) })
+            where record.isAlive && reference.acks[zone]?[record.recordID] != nil {
+                if !acknowledgedInserts(zone, record.recordID).contains(record.causalLength) {
+                    throw InvariantViolation(.noResurrection, "\(alias(record.recordID)) is alive in the cloud at causal length "
+                        + "\(record.causalLength), which no acknowledged insert produced (acknowledged: \(describeAcks(zone, record.recordID)))")
+                }
+            }
+            for device in devices where device.spec.stores.contains(zone) {
+                guard let view = views[viewKey(device, zone)] else { continue }
+                for (id, state) in view.states.sorted(by: { uuidPrecedes($0.key, $1.key) })
+                where state.isAlive && reference.acks[zone]?[id] != nil && !acknowledgedInserts(zone, id).contains(state.causalLength) {
+                    throw InvariantViolation(.noResurrection, "\(alias(id)) is alive on \(device.name) at causal length \(state.causalLength), "
+                        + "which no acknowledged insert produced (acknowledged: \(describeAcks(zone, id)))")
+                }
+            }
+        }
+    }
+
+    private func describeAcks(_ zone: String, _ id: UUID) -> String {
+        let acks = reference.acks[zone]?[id] ?? []
+        if acks.isEmpty { return "none" }
+        return acks.map { "\($0.kind.rawValue)@\($0.causalLength) by \($0.device) at step \($0.step)" }.joined(separator: ", ")
+    }
+
+    // MARK: Convergence
+
+    private func checkConvergence(_ views: [String: StoreView], _ cloudRecords: [String: [UUID: CloudRecord]]) throws {
+        for zone in zones {
+            let records = cloudRecords[zone] ?? [:]
+            let sortedRecords = records.values.sorted { uuidPrecedes($0.recordID, $1.recordID) }
+            var base: (device: SimDevice, view: StoreView)?
+            for device in devices where device.spec.stores.contains(zone) {
+                guard let store = scenario.store(named: zone), let view = views[viewKey(device, zone)] else { continue }
+                let label = "\(device.name) store '\(zone)'"
+                // Rows equal the cloud's records.
+                for entity in entities(of: store, on: device) {
+                    let rows = view.rows[entity.name] ?? [:]
+                    for record in sortedRecords where record.recordType == entity.name {
+                        let id = record.recordID
+                        if record.isAlive {
+                            guard let row = rows[id] else {
+                                throw InvariantViolation(.convergence, "\(label): \(alias(id)) is alive in the cloud (causal length \(record.causalLength)) but not on the device")
+                            }
+                            let expected = materialize(record, as: entity)
+                            for (index, name) in entity.fieldNames.enumerated() where row[index] != expected[index] {
+                                if record.fields[name]?.isEncrypted == true { continue }
+                                let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
+                                throw InvariantViolation(.convergence, "\(label): \(alias(id)).\(name) is \(show(row[index], encrypted: encrypted)) "
+                                    + "on the device but \(show(expected[index], encrypted: encrypted)) in the cloud")
+                            }
+                        } else if rows[id] != nil {
+                            throw InvariantViolation(.convergence, "\(label): \(alias(id)) is alive on the device but deleted in the cloud (causal length \(record.causalLength))")
+                        }
+                    }
+                    for id in rows.keys.sorted(by: uuidPrecedes) where records[id] == nil {
+                        throw InvariantViolation(.convergence, "\(label): \(alias(id)) is on the device but not in the cloud")
+                    }
+                }
+                // The ledger equals the cloud (stamps included), known fields and unknown fields alike.
+                for record in sortedRecords {
+                    let id = record.recordID
+                    if let entity = device.schema.entity(named: record.recordType), store.entities.contains(entity.name) {
+                        guard let state = view.states[id] else {
+                            throw InvariantViolation(.convergence, "\(label): the ledger has no entry for \(alias(id)), which the cloud has")
+                        }
+                        if state.causalLength != record.causalLength {
+                            throw InvariantViolation(.convergence, "\(label): \(alias(id)) has causal length \(state.causalLength) on the device "
+                                + "but \(record.causalLength) in the cloud")
+                        }
+                        let current = incarnation(of: record.causalLength)
+                        let known = Set(entity.fieldNames)
+                        if record.isAlive {
+                            for name in (Set(state.stamps.keys).union(record.fields.keys.filter { known.contains($0) })).sorted() {
+                                let cloudStamp = record.fields[name].flatMap { $0.stamp.incarnation == current ? $0.stamp : nil }
+                                if state.stamps[name] != cloudStamp {
+                                    throw InvariantViolation(.convergence, "\(label): \(alias(id)).\(name) has stamp \(state.stamps[name].map { "\($0)" } ?? "none") "
+                                        + "on the device but \(cloudStamp.map { "\($0)" } ?? "none") in the cloud")
+                                }
+                            }
+                            let unknownCloud = record.fields.filter { !known.contains($0.key) && $0.value.stamp.incarnation == current }
+                            if unknownCloud.mapValues(\.stamp) != state.unknownFields.mapValues(\.stamp) {
+                                throw InvariantViolation(.convergence, "\(label): the fields of \(alias(id)) this app version does not know differ "
+                                    + "(device: \(state.unknownFields.keys.sorted()), cloud: \(unknownCloud.keys.sorted()))")
+                            }
+                        }
+                    } else if scenario.store(named: zone)?.entities.contains(record.recordType) == true {
+                        guard let kept = view.unknownTypes[id], kept.causalLength == record.causalLength else {
+                            throw InvariantViolation(.convergence, "\(label): \(alias(id)) of type \(record.recordType), unknown to this app version, "
+                                + "is \(view.unknownTypes[id] == nil ? "not kept" : "kept at another causal length")")
+                        }
+                    }
+                }
+                for id in view.states.keys.sorted(by: uuidPrecedes) where records[id] == nil {
+                    throw InvariantViolation(.convergence, "\(label): the ledger has \(alias(id)), which the cloud does not have")
+                }
+                // Devices agree with each other on every value (encrypted ones too), as far as both schemas go.
+                if let (other, otherView) = base {
+                    for entity in entities(of: store, on: device) {
+                        guard let otherEntity = other.schema.entity(named: entity.name) else { continue }
+                        let mine = view.rows[entity.name] ?? [:]
+                        let theirs = otherView.rows[entity.name] ?? [:]
+                        for id in mine.keys.sorted(by: uuidPrecedes) {
+                            guard let row = mine[id], let otherRow = theirs[id] else { continue }
+                            for (index, name) in entity.fieldNames.enumerated() {
+                                guard let otherIndex = otherEntity.fieldNames.firstIndex(of: name), row[index] != otherRow[otherIndex] else { continue }
+                                let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
+                                throw InvariantViolation(.convergence, "\(alias(id)).\(name) is \(show(row[index], encrypted: encrypted)) on \(device.name) "
+                                    + "but \(show(otherRow[otherIndex], encrypted: encrypted)) on \(other.name)")
+                            }
+                        }
+                    }
+                } else {
+                    base = (device, view)
+                }
+            }
+        }
+    }
+
+    // MARK: Lost writes
+
+    private func checkLostWrites(_ cloudRecords: [String: [UUID: CloudRecord]]) throws {
+        for zone in zones {
+            for (id, acks) in (reference.acks[zone] ?? [:]).sorted(by: { uuidPrecedes($0.key, $1.key) }) {
+                guard let record = cloudRecords[zone]?[id] else {
+                    throw InvariantViolation(.noLostWrites, "\(alias(id)) was written (\(describeAcks(zone, id))) but never reached the cloud")
+                }
+                for ack in acks {
+                    if record.causalLength < ack.causalLength {
+                        throw InvariantViolation(.noLostWrites, "the \(ack.kind.rawValue) of \(alias(id)) by \(ack.device) at step \(ack.step) "
+                            + "(causal length \(ack.causalLength)) was lost: the record ended at causal length \(record.causalLength)")
+                    }
+                    guard record.isAlive, ack.kind != .delete, incarnation(of: record.causalLength) == incarnation(of: ack.causalLength) else { continue }
+                    for field in ack.fields {
+                        let final = record.fields[field.name]?.stamp
+                        if final.map({ $0 < field.stamp }) ?? true {
+                            throw InvariantViolation(.noLostWrites, "the write of \(alias(id)).\(field.name) by \(ack.device) at step \(ack.step) was lost "
+                                + "(its stamp \(field.stamp), final stamp \(final.map { "\($0)" } ?? "none"))")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // MARK: Reference model
+
+    private func checkReferenceModel(_ views: [String: StoreView], _ cloudRecords: [String: [UUID: CloudRecord]]) throws {
+        let full = scenario.schema.schema()
+        var cascadeTargets = Set<String>()
+        for entity in full.entities {
+            for relationship in entity.relationships where relationship.deleteRule == .cascade { cascadeTargets.insert(relationship.destination) }
+        }
+        for zone in zones {
+            for record in (cloudRecords[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
+                let id = record.recordID
+                let acks = reference.acks[zone]?[id] ?? []
+                guard let maximum = acks.map(\.causalLength).max() else {
+                    throw InvariantViolation(.referenceModel, "\(alias(id)) is in the cloud but no device ever acknowledged writing it")
+                }
+                let final = record.causalLength
+                if final != maximum {
+                    let cascaded = final == maximum + 1 && maximum % 2 == 1 && cascadeTargets.contains(record.recordType)
+                    if !cascaded {
+                        throw InvariantViolation(.referenceModel, "\(alias(id)) ended at causal length \(final); the acknowledged writes "
+                            + "(\(describeAcks(zone, id))) give \(maximum)")
+                    }
+                    continue
+                }
+                guard record.isAlive, let entity = full.entity(named: record.recordType) else { continue }
+                for attribute in entity.attributes {
+                    var winner: (stamp: FieldStamp, value: SQLiteValue, ack: AckWrite)?
+                    for ack in acks {
+                        for field in ack.fields where field.name == attribute.name && field.stamp.incarnation == final {
+                            if winner.map({ field.stamp > $0.stamp }) ?? true { winner = (field.stamp, field.value, ack) }
+                        }
+                    }
+                    let stored = record.fields[attribute.name].flatMap { $0.stamp.incarnation == final ? $0 : nil }
+                    let label = "\(alias(id)).\(attribute.name)"
+                    if let winner {
+                        guard let stored, stored.stamp == winner.stamp else {
+                            throw InvariantViolation(.referenceModel, "\(label) should hold the write by \(winner.ack.device) at step \(winner.ack.step) "
+                                + "(stamp \(winner.stamp)) but holds \(stored.map { "the write stamped \($0.stamp)" } ?? "no write")")
+                        }
+                        if !stored.isEncrypted && stored.value != winner.value {
+                            throw InvariantViolation(.referenceModel, "\(label) holds \(show(stored.value, encrypted: attribute.isEncrypted)) under the stamp "
+                                + "of a write of \(show(winner.value, encrypted: attribute.isEncrypted))")
+                        }
+                    } else if let stored {
+                        throw InvariantViolation(.referenceModel, "\(label) holds a write stamped \(stored.stamp) that no device acknowledged "
+                            + "(expected the default \(show(attribute.defaultValue ?? .null, encrypted: attribute.isEncrypted)))")
+                    }
+                }
+            }
+        }
+        // Local stores: the replay of their acknowledged operations.
+        for device in devices {
+            for store in device.spec.stores.compactMap(scenario.store(named:)) where !store.isSynced {
+                guard let view = views[viewKey(device, store.name)] else { continue }
+                let model = reference.localStores[viewKey(device, store.name)] ?? LocalStoreModel()
+                for entity in entities(of: store, on: device) {
+                    let actual = view.rows[entity.name] ?? [:]
+                    let expected = model.rows[entity.name] ?? [:]
+                    for id in Set(actual.keys).union(expected.keys).sorted(by: uuidPrecedes) {
+                        guard let row = actual[id] else {
+                            throw InvariantViolation(.referenceModel, "\(device.name) local store '\(store.name)' lost \(alias(id))")
+                        }
+                        guard let wanted = expected[id] else {
+                            throw InvariantViolation(.referenceModel, "\(device.name) local store '\(store.name)' has \(alias(id)), which was deleted or never saved")
+                        }
+                        for (index, name) in entity.fieldNames.enumerated() where row[index] != wanted[index] {
+                            throw InvariantViolation(.referenceModel, "\(device.name) local store '\(store.name)': \(alias(id)).\(name) is "
+                                + "\(show(row[index], encrypted: false)) instead of \(show(wanted[index], encrypted: false))")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // MARK: Referential integrity
+
+    private func checkReferentialIntegrity(_ views: [String: StoreView]) throws {
+        for device in devices {
+            guard let process = device.processes.first else { continue }
+            for store in process.stores {
+                guard let view = views[viewKey(device, store.name)] else { continue }
+                for entity in entities(of: store, on: device) {
+                    for relationship in entity.toOneRelationships {
+                        guard let destination = device.schema.entity(named: relationship.destination),
+                              let inverse = relationship.inverse.flatMap(destination.relationship(named:)),
+                              inverse.deleteRule == .cascade || inverse.deleteRule == .nullify,
+                              let index = entity.fieldNames.firstIndex(of: relationship.name) else { continue }
+                        let targets = view.rows[destination.name] ?? [:]
+                        for (id, row) in (view.rows[entity.name] ?? [:]).sorted(by: { uuidPrecedes($0.key, $1.key) }) {
+                            guard case let .blob(bytes) = row[index], let target = uuid(from: bytes) else { continue }
+                            if targets[target] == nil {
+                                throw InvariantViolation(.referentialIntegrity, "\(device.name) store '\(store.name)': \(alias(id)).\(relationship.name) "
+                                    + "points at \(alias(target)), which is not a live \(destination.name) there")
+                            }
+                        }
+                    }
+                }
+                if let engine = process.engines[store.name], try engine.engine.status().waitingForParent > 0 {
+                    throw InvariantViolation(.referentialIntegrity, "\(device.name) store '\(store.name)': records still wait for a parent after quiescence")
+                }
+            }
+        }
+    }
+
+    // MARK: Unique keys
+
+    private func checkUniqueKeys(_ views: [String: StoreView]) throws {
+        for store in scenario.stores {
+            for entityName in store.entities {
+                var resolutions: [(device: String, keys: [String: [String]])] = []
+                for device in devices where device.spec.stores.contains(store.name) {
+                    guard let entity = device.schema.entity(named: entityName), let view = views[viewKey(device, store.name)] else { continue }
+                    for constraint in entity.uniquenessConstraints where !constraint.isEmpty {
+                        let indices = constraint.compactMap { entity.fieldNames.firstIndex(of: $0) }
+                        var holders: [String: [String]] = [:]
+                        for (id, row) in view.rows[entityName] ?? [:] {
+                            let key = indices.map { row[$0] }
+                            if key.contains(where: \.isNull) { continue }
+                            holders[key.map { show($0, encrypted: false) }.joined(separator: "+"), default: []].append(alias(id))
+                        }
+                        for key in holders.keys { holders[key]!.sort() }
+                        let duplicated = holders.filter { $0.value.count > 1 }.sorted { $0.key < $1.key }
+                        if let (key, ids) = duplicated.first, !store.isSynced || scenario.expect.uniqueKeysDeduplicated {
+                            throw InvariantViolation(.uniqueKeys, "\(device.name) store '\(store.name)': \(entityName).\(constraint.joined(separator: "+")) "
+                                + "\(key) is held by \(ids.count) live records (\(ids.joined(separator: ", ")))")
+                        }
+                        resolutions.append((device.name, holders))
+                    }
+                }
+                guard store.isSynced, let first = resolutions.first else { continue }
+                for other in resolutions.dropFirst() where other.keys != first.keys {
+                    let key = Set(first.keys.keys).union(other.keys.keys).sorted().first { first.keys[$0] != other.keys[$0] } ?? "?"
+                    throw InvariantViolation(.uniqueKeys, "\(entityName) key \(key) resolves to \(first.keys[key] ?? []) on \(first.device) "
+                        + "but to \(other.keys[key] ?? []) on \(other.device)")
+                }
+            }
+        }
+    }
+
+    // MARK: History
+
+    private func checkHistory(_ views: [String: StoreView]) throws {
+        for device in devices {
+            guard let process = device.processes.first else { continue }
+            for store in process.stores {
+                guard let view = views[viewKey(device, store.name)] else { continue }
+                let label = "\(device.name) store '\(store.name)'"
+                var expected: Int64 = 1
+                var alive: [String: Set<UUID>] = [:]
+                for transaction in view.history {
+                    guard transaction.token.value == expected else {
+                        throw InvariantViolation(.history, "\(label): history token \(transaction.token.value) follows \(expected - 1) (a gap or a step back)")
+                    }
+                    expected += 1
+                    for change in transaction.changes {
+                        switch change {
+                        case let .insert(id): alive[id.entityName, default: []].insert(id.id)
+                        case let .delete(id, _): alive[id.entityName, default: []].remove(id.id)
+                        case .update: break
+                        }
+                    }
+                }
+                for entity in entities(of: store, on: device) {
+                    let rows = Set((view.rows[entity.name] ?? [:]).keys)
+                    let replayed = alive[entity.name] ?? []
+                    if let id = rows.subtracting(replayed).sorted(by: uuidPrecedes).first {
+                        throw InvariantViolation(.history, "\(label): \(alias(id)) is in the store but its history never inserted it (or deleted it last)")
+                    }
+                    if let id = replayed.subtracting(rows).sorted(by: uuidPrecedes).first {
+                        throw InvariantViolation(.history, "\(label): history says \(alias(id)) exists but the store has no such record")
+                    }
+                }
+                if let last = lastHistoryToken[viewKey(device, store.name)], expected - 1 < last {
+                    throw InvariantViolation(.history, "\(label): the history ends at token \(expected - 1), before the token \(last) seen earlier")
+                }
+            }
+        }
+    }
+
+    // MARK: Local-only data and plaintext
+
+    private func checkLocalOnly(_ cloudRecords: [String: [UUID: CloudRecord]]) throws {
+        let localEntities = Set(scenario.stores.filter { !$0.isSynced }.flatMap(\.entities))
+        for zone in zones {
+            for record in (cloudRecords[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
+                if localEntities.contains(record.recordType) {
+                    throw InvariantViolation(.localOnly, "zone '\(zone)' holds \(alias(record.recordID)) of local-only type \(record.recordType)")
+                }
+                for name in record.fields.keys.sorted() where reference.localOnlyValues.contains(record.fields[name]!.value) {
+                    throw InvariantViolation(.localOnly, "zone '\(zone)': \(alias(record.recordID)).\(name) holds a value written only to a local store")
+                }
+            }
+        }
+    }
+
+    private func checkPlaintext() throws {
+        guard scenario.expect.cloudEncryption else {
+            if !reference.encryptedPlaintexts.isEmpty { stats.skippedChecks.append("\(Invariant.noPlaintext.rawValue) (no cipher configured)") }
+            return
+        }
+        for zone in zones {
+            let bytes = [UInt8](cloud.storedBytes(of: zone))
+            for value in reference.encryptedPlaintexts[zone] ?? [] {
+                let needles: [[UInt8]]
+                switch value {
+                case let .text(text): needles = [Array(text.utf8)]
+                case let .blob(data): needles = [Array(data), Array(data.base64EncodedString().utf8)]
+                default: continue
+                }
+                for needle in needles where !needle.isEmpty && contains(bytes, needle) {
+                    throw InvariantViolation(.noPlaintext, "zone '\(zone)' holds the plaintext of an encrypted attribute (\(needle.count) bytes)")
+                }
+            }
+        }
+    }
+
+    private func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+        guard needle.count <= haystack.count, let first = needle.first else { return false }
+        var index = 0
+        let last = haystack.count - needle.count
+        while index <= last {
+            if haystack[index] == first && haystack[index..<index + needle.count].elementsEqual(needle) { return true }
+            index += 1
+        }
+        return false
+    }
+
+    // MARK: Idempotence
+
+    private func checkIdempotence(_ before: [String: StoreView]) throws {
+        trace.event(now, "phase") { $0.add("phase", "idempotence") }
+        for zone in zones { cloud.expireChangeTokens(in: zone) }
+        let saves = stats.cloudSaves
+        for engine in currentEngines {
+            engine.engine.setNeedsFetch()
+            enqueuePump(engine)
+        }
+        try runPumps()
+        try runUntilIdle(deadline: now + Int64(scenario.timing.livenessBoundMs), what: "re-reading every zone")
+        if stats.cloudSaves != saves {
+            throw InvariantViolation(.idempotence, "re-reading every zone made the devices upload \(stats.cloudSaves - saves) records again")
+        }
+        let after = try collectViews()
+        for key in before.keys.sorted() {
+            guard let old = before[key], let new = after[key] else { continue }
+            let label = "store \(key.split(separator: "/").last.map(String.init) ?? key) on \(devices[Int(key.split(separator: "/")[0])!].name)"
+            if new.history.count != old.history.count {
+                throw InvariantViolation(.idempotence, "\(label): re-reading the zone added \(new.history.count - old.history.count) history transactions")
+            }
+            for entity in old.rows.keys.sorted() where old.rows[entity]! != (new.rows[entity] ?? [:]) {
+                throw InvariantViolation(.idempotence, "\(label): re-reading the zone changed \(entity) rows")
+            }
+            for id in old.states.keys.sorted(by: uuidPrecedes) {
+                guard let a = old.states[id], let b = new.states[id],
+                      a.causalLength == b.causalLength, a.stamps == b.stamps, a.created == b.created, a.tombstone == b.tombstone else {
+                    throw InvariantViolation(.idempotence, "\(label): re-reading the zone changed the replication state of \(alias(id))")
+                }
+            }
+        }
+    }
+}
+
+/// The UUID stored in a 16-byte blob.
+func uuid(from data: Data) -> UUID? {
+    guard data.count == 16 else { return nil }
+    let b = Array(data)
+    return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+}
+
+/// Byte order of UUIDs (time order for Replica's identifiers), without formatting them as text.
+func uuidPrecedes(_ a: UUID, _ b: UUID) -> Bool {
+    withUnsafeBytes(of: a.uuid) { x in withUnsafeBytes(of: b.uuid) { y in x.lexicographicallyPrecedes(y) } }
+}

@@ -1,0 +1,959 @@
+// One simulation run: set-up, then chaos -> heal -> quiesce -> check, on a single thread in virtual time.
+//
+// Devices, their processes and stores are real Replica containers, contexts and sync engines; the cloud is an
+// `InMemoryCloudDatabase`; everything between them — the network, pushes, cloud errors, crashes, clocks — is
+// simulated here, and every decision is drawn from the choice tape (see `Dice`).
+
+import CSQLite
+import Foundation
+import Replica
+import Synchronization
+
+/// Gives every run's in-memory stores names of their own (they are process-wide in SQLite's memdb VFS), so runs in
+/// parallel never share a database. Never reaches any output.
+private let runNonces = Atomic<Int>(0)
+
+final class SimulationRun {
+    /// True time zero: 2026-01-01T00:00:00Z. Device clocks are this plus virtual time plus their offset.
+    static let epoch: Int64 = 1_767_225_600_000
+
+    enum Phase: String { case setup, chaos, heal, quiesce, check }
+
+    let scenario: Scenario
+    let options: SimulationOptions
+    let dice: Dice
+    let trace: TraceRecorder
+    let reference = ReferenceModel()
+    let cloud = InMemoryCloudDatabase()
+    /// The cloud's current records as the simulator last saw them saved, per zone.
+    var mirror: [String: [UUID: CloudRecord]] = [:]
+    var now: Int64 = 0
+    var queue = EventQueue()
+    var devices: [SimDevice] = []
+    var engines: [Int: SimEngine] = [:]
+    var nextEngineSerial = 1
+    var nextMessageID = 1
+    var pumpQueue: [SimEngine] = []
+    /// Crashed processes' engines, contexts and containers: kept alive (a crash releases nothing, e.g. the upload
+    /// lease) until the run ends.
+    var graveyard: [AnyObject] = []
+    var phase = Phase.setup
+    var step = 0
+    var stepLimit: Int
+    var witness: [String] = []
+    var stats = SimulationStats()
+    /// Record IDs created by the workload, per pool (synced: per store and entity; local: per device too).
+    var pools: [String: [UUID]] = [:]
+    var aliases: [UUID: String] = [:]
+    var valueSerial = 0
+    let nonce: Int
+    let root: URL
+    var rootCreated = false
+    /// Synced store names (zones) that some device opens, in scenario order.
+    let zones: [String]
+    /// Last history token seen per (device, store), for the monotonicity check.
+    var lastHistoryToken: [String: Int64] = [:]
+    /// Positions of the "another step?" choices (for truncation while shrinking).
+    var stepFlagPositions: [Int] = []
+    /// Fates for the next messages and cloud requests: each chaos step draws a fixed block of them for the window
+    /// until the next step, so deleting a step while shrinking shifts only its neighbour's fates, not every later one.
+    var messageSlots: [FateSlot] = []
+    var cloudSlots: [FateSlot] = []
+    static let slotsPerStep = 6
+
+    init(scenario: Scenario, options: SimulationOptions, dice: Dice) {
+        self.scenario = scenario
+        self.options = options
+        self.dice = dice
+        self.trace = TraceRecorder(enabled: options.recordsTrace)
+        self.stepLimit = options.steps ?? scenario.steps
+        self.nonce = runNonces.wrappingAdd(1, ordering: .relaxed).newValue
+        self.root = FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-sim-\(ProcessInfo.processInfo.processIdentifier)-\(nonce)", isDirectory: true)
+        self.zones = scenario.stores.filter { store in
+            store.isSynced && scenario.devices.contains { $0.stores.contains(store.name) }
+        }.map(\.name)
+    }
+
+    deinit {
+        if rootCreated { try? FileManager.default.removeItem(at: root) }
+    }
+
+    // MARK: Running
+
+    /// Runs every phase. Returns the first violated invariant, or nil.
+    /// - Throws: ``ChoiceOverrun`` when the run draws more choices than allowed (the case is discarded).
+    func execute() throws -> InvariantViolation? {
+        defer { teardown() }
+        do {
+            try setUp()
+            try chaos()
+            try heal()
+            try quiesce()
+            try check()
+            return nil
+        } catch let violation as InvariantViolation {
+            return violation
+        } catch is ChoiceOverrun {
+            throw ChoiceOverrun(limit: dice.source.maxChoices)
+        } catch let crash as SimulatedCrash {
+            return InvariantViolation(.unexpectedError, "a simulated crash (\(crash.point)) escaped the simulator")
+        } catch {
+            return InvariantViolation(.unexpectedError, "\(error)")
+        }
+    }
+
+    private func teardown() {
+        stats.virtualMilliseconds = now
+        for device in devices {
+            for process in device.processes {
+                process.context = nil
+                process.engines = [:]
+                process.container = nil
+            }
+        }
+        pumpQueue = []
+        engines = [:]
+        graveyard = []
+    }
+
+    func setNow(_ time: Int64) {
+        now = time
+        for device in devices { device.clock.set(milliseconds: Self.epoch + time + device.offset) }
+    }
+
+    // MARK: Set-up
+
+    private func setUp() throws {
+        let skewBound = scenario.faults.maxClockSkewMs
+        var offsets: [Int64] = []
+        try dice.span(.simulationSetup) {
+            for _ in scenario.devices { offsets.append(Int64(try dice.signed(skewBound))) }
+        }
+        for (index, spec) in scenario.devices.enumerated() {
+            let device = SimDevice(index: index, spec: spec, offset: offsets[index],
+                                   schema: scenario.schema.schema(version: spec.schemaVersion),
+                                   directory: root.appendingPathComponent("d\(index)", isDirectory: true))
+            devices.append(device)
+            let stores = spec.stores.compactMap(scenario.store(named:))
+            var processStores = [stores]
+            let shared = stores.filter { $0.kind == .appGroup }
+            if !shared.isEmpty { processStores.append(shared) }
+            for (processIndex, owned) in processStores.enumerated() {
+                let faults = FaultSwitch()
+                let groups = device.directory.appendingPathComponent("groups", isDirectory: true)
+                var environment = ReplicaEnvironment(
+                    clock: device.clock,
+                    random: SeededRandomSource(seed: 0x5EED_0000 &+ UInt64(index) &* 1_000_003 &+ UInt64(processIndex) &* 7_919),
+                    processIdentity: ProcessIdentity(
+                        bundleIdentifier: processIndex == 0 ? "com.example.sim" : "com.example.sim.extension",
+                        processName: processIndex == 0 ? "app" : "extension", processID: Int32(100 + index * 10 + processIndex)),
+                    appGroupDirectory: { groups.appendingPathComponent($0, isDirectory: true) },
+                    defaultStoreDirectory: device.directory)
+                environment.canaries = options.canaries
+                environment.faultHook = { point in try faults.fire(point) }
+                device.processes.append(SimProcess(device: device, index: processIndex, stores: owned,
+                                                   environment: environment, faults: faults))
+            }
+        }
+        setNow(0)
+        for device in devices {
+            trace.event(now, "device") { line in
+                line.add("device", device.name)
+                line.add("schema_version", device.spec.schemaVersion)
+                line.add("clock_offset_ms", device.offset)
+                line.add("stores", device.spec.stores)
+                line.add("processes", device.processes.count)
+            }
+            for process in device.processes { try start(process) }
+        }
+        for device in devices {
+            for process in device.processes { for engine in orderedEngines(process) { enqueuePump(engine) } }
+        }
+        try runPumps()
+    }
+
+    /// The configuration name of a store in this run (unique per run, see `runNonces`).
+    func configurationName(_ store: String) -> String { "\(store)-r\(nonce)" }
+
+    /// The entities of `store` in `device`'s schema.
+    func entities(of store: Scenario.Store, on device: SimDevice) -> [Schema.Entity] {
+        store.entities.compactMap { device.schema.entity(named: $0) }
+    }
+
+    func usesFile(_ store: Scenario.Store) -> Bool { scenario.storage == .file || store.kind == .appGroup }
+
+    /// Opens a process's container, context and sync engines (at set-up, and on restart from persisted state).
+    func start(_ process: SimProcess) throws {
+        let device = process.device
+        if process.stores.contains(where: usesFile), !rootCreated {
+            try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+            rootCreated = true
+        }
+        if process.container == nil {
+            var configurations: [ModelConfiguration] = []
+            var entities: [Schema.Entity] = []
+            for store in process.stores {
+                let owned = self.entities(of: store, on: device)
+                entities += owned
+                let subset = Schema(entities: owned, version: device.schema.version)
+                let name = configurationName(store.name)
+                let cloud: ModelConfiguration.CloudKitDatabase = store.isSynced ? .private("iCloud.com.example.sim") : .none
+                switch store.kind {
+                case .local, .synced:
+                    configurations.append(ModelConfiguration(name, schema: subset, isStoredInMemoryOnly: !usesFile(store),
+                                                             cloudKitDatabase: cloud))
+                case .appGroup:
+                    configurations.append(ModelConfiguration(name, schema: subset, groupContainer: .identifier("group.com.example.sim"),
+                                                             cloudKitDatabase: cloud))
+                }
+            }
+            process.container = try ModelContainer(for: Schema(entities: entities, version: device.schema.version),
+                                                   configurations: configurations, environment: process.environment)
+        }
+        guard let container = process.container else { return }
+        process.context = ModelContext(container)
+        var options = SyncEngine.Options()
+        options.uploadBatchSize = 10
+        options.fetchLimit = 10
+        for store in process.stores where store.isSynced {
+            let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options)
+            let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process)
+            nextEngineSerial += 1
+            engines[simEngine.serial] = simEngine
+            process.engines[store.name] = simEngine
+        }
+        process.isUp = true
+        if phase != .setup {
+            for store in process.stores where usesFile(store) { try checkIntegrity(process, store) }
+        }
+    }
+
+    func orderedEngines(_ process: SimProcess) -> [SimEngine] {
+        process.stores.compactMap { process.engines[$0.name] }
+    }
+
+    /// Every current engine, in device, process and store order.
+    var currentEngines: [SimEngine] {
+        devices.flatMap { device in device.processes.flatMap { $0.isUp ? orderedEngines($0) : [] } }
+    }
+
+    // MARK: Chaos
+
+    private func chaos() throws {
+        phase = .chaos
+        trace.event(now, "phase") { $0.add("phase", "chaos") }
+        let stepRates = scenario.faults.stepRates
+        let actionWeights = weights(stepRates)
+        try dice.span(.collection) {
+            while step < stepLimit {
+                let stop = try dice.span(.step) { () throws -> Bool in
+                    stepFlagPositions.append(dice.position)
+                    guard try dice.chance(1.0) else { return true }
+                    // Bursty: a third of the pauses are under 100 ms.
+                    let pause = Int64(try dice.skewed(scenario.timing.thinkTimeMs, small: 100, probability: 0.33))
+                    try advance(to: now + pause)
+                    step += 1
+                    let action = try dice.pick(actionWeights)
+                    try dice.span(.simulationAction) { try perform(action: action) }
+                    try runPumps()
+                    try drawFateSlots()
+                    return false
+                }
+                if stop { break }
+                if step % scenario.timing.digestEvery == 0 { try digest() }
+            }
+        }
+    }
+
+    /// Draws the fates of the messages and cloud requests of the next window (benign fates draw no parameter).
+    private func drawFateSlots() throws {
+        let messageWeights = weights(scenario.faults.messageRates)
+        let cloudWeights = weights(scenario.faults.cloudRates)
+        try dice.span(.simulationFate) {
+            messageSlots = try (0..<Self.slotsPerStep).map { _ in
+                let kind = try dice.pick(messageWeights)
+                return FateSlot(kind: kind, parameter: kind == 0 ? 0 : try dice.upTo(1_000_000))
+            }
+            cloudSlots = try (0..<Self.slotsPerStep).map { _ in
+                let kind = try dice.pick(cloudWeights)
+                return FateSlot(kind: kind, parameter: kind == 0 ? 0 : try dice.upTo(1_000_000))
+            }
+        }
+    }
+
+    /// Runs every event due up to `target`, then moves the clock there.
+    func advance(to target: Int64) throws {
+        while let next = queue.nextTime, next <= target {
+            let (time, event) = queue.pop()!
+            setNow(max(now, time))
+            try handle(event)
+            try runPumps()
+        }
+        setNow(max(now, target))
+    }
+
+    private func perform(action: Int) throws {
+        switch action {
+        case 0: try workloadStep()
+        case 1: try crashStep()
+        case 2: try outageStep(partition: false)
+        case 3: try outageStep(partition: true)
+        case 4: try clockJumpStep()
+        case 5: try cloudStep(reset: false)
+        default: try cloudStep(reset: true)
+        }
+    }
+
+    func note(_ text: String) {
+        witness.append("\(step). \(text)")
+    }
+
+    // MARK: Faults as steps
+
+    private func crashStep() throws {
+        stats.faults += 1
+        let device = devices[try dice.below(devices.count)]
+        let process = device.processes[try dice.below(device.processes.count)]
+        let when = try dice.pick([2, 1, 1])
+        let delay = Int64(1 + (try dice.upTo(scenario.timing.restartMs)))
+        let kinds = ["now", "at-next-commit", "at-next-import"]
+        note("crash \(process.label) \(kinds[when]) (restart after \(delay) ms)")
+        trace.event(now, "step") { line in
+            line.add("n", step)
+            line.add("action", "crash")
+            line.add("process", process.label)
+            line.add("when", kinds[when])
+            line.add("restart_after_ms", delay)
+        }
+        guard process.isUp else { return }
+        switch when {
+        case 0:
+            crash(process, reason: "crashed", restartAfter: delay)
+        case 1:
+            process.pendingRestartDelay = delay
+            process.faults.arm(.commit)
+        default:
+            process.pendingRestartDelay = delay
+            process.faults.arm(.importBatch)
+        }
+    }
+
+    /// Crashes a process: its engines, contexts (and, for file stores, container) are dropped without any cleanup.
+    func crash(_ process: SimProcess, reason: String, restartAfter delay: Int64) {
+        guard process.isUp else { return }
+        stats.crashes += 1
+        process.isUp = false
+        process.faults.disarm()
+        for engine in orderedEngines(process) {
+            graveyard.append(engine)
+            engines[engine.serial] = nil
+        }
+        process.engines = [:]
+        if let context = process.context { graveyard.append(context) }
+        process.context = nil
+        if process.stores.allSatisfy(usesFile), let container = process.container {
+            graveyard.append(container)
+            process.container = nil
+        }
+        trace.event(now, "crash") { line in
+            line.add("process", process.label)
+            line.add("reason", reason)
+        }
+        queue.push(now + max(1, delay), .restart(device: process.device.index, process: process.index))
+    }
+
+    func restart(_ process: SimProcess) throws {
+        guard !process.isUp else { return }
+        try start(process)
+        trace.event(now, "restart") { $0.add("process", process.label) }
+        for engine in orderedEngines(process) { enqueuePump(engine) }
+    }
+
+    private func outageStep(partition: Bool) throws {
+        stats.faults += 1
+        let device = devices[try dice.below(devices.count)]
+        let duration = Int64(1 + (try dice.upTo(scenario.timing.outageMs)))
+        let kind = partition ? "partition" : "offline"
+        note("\(kind) \(device.name) for \(duration) ms")
+        trace.event(now, "step") { line in
+            line.add("n", step)
+            line.add("action", kind)
+            line.add("device", device.name)
+            line.add("duration_ms", duration)
+        }
+        if partition {
+            device.partitionedUntil = max(device.partitionedUntil, now + duration)
+            queue.push(device.partitionedUntil, .partitionEnd(device.index))
+        } else {
+            device.offlineUntil = max(device.offlineUntil, now + duration)
+            queue.push(device.offlineUntil, .online(device.index))
+        }
+    }
+
+    private func clockJumpStep() throws {
+        stats.faults += 1
+        let device = devices[try dice.below(devices.count)]
+        let jump = Int64(try dice.signed(scenario.faults.maxClockJumpMs))
+        note("clock of \(device.name) jumps \(jump) ms")
+        trace.event(now, "step") { line in
+            line.add("n", step)
+            line.add("action", "clock-jump")
+            line.add("device", device.name)
+            line.add("jump_ms", jump)
+        }
+        device.offset += jump
+        setNow(now)
+    }
+
+    private func cloudStep(reset: Bool) throws {
+        stats.faults += 1
+        guard !zones.isEmpty else { return }
+        let zone = zones[try dice.below(zones.count)]
+        note("\(reset ? "reset zone" : "expire change tokens of") \(zone)")
+        trace.event(now, "step") { line in
+            line.add("n", step)
+            line.add("action", reset ? "reset-zone" : "expire-tokens")
+            line.add("zone", zone)
+        }
+        if reset {
+            cloud.resetZone(zone)
+            mirror[zone] = [:]
+            schedulePushes(zone: zone, except: nil)
+        } else {
+            cloud.expireChangeTokens(in: zone)
+        }
+    }
+
+    // MARK: Heal and quiesce
+
+    private func heal() throws {
+        phase = .heal
+        dice.isDrawing = false
+        messageSlots = []
+        cloudSlots = []
+        trace.event(now, "phase") { $0.add("phase", "heal") }
+        for device in devices {
+            device.offlineUntil = -1
+            device.partitionedUntil = -1
+            for process in device.processes {
+                process.faults.disarm()
+                if !process.isUp { try restart(process) }
+            }
+        }
+        for engine in currentEngines {
+            engine.engine.setNeedsFetch()
+            enqueuePump(engine)
+        }
+        try runPumps()
+    }
+
+    private func quiesce() throws {
+        phase = .quiesce
+        trace.event(now, "phase") { $0.add("phase", "quiesce") }
+        let deadline = now + Int64(scenario.timing.livenessBoundMs)
+        try settle(deadline: deadline, what: "after heal")
+        trace.event(now, "quiet") { $0.add("cloud_saves", stats.cloudSaves) }
+        try digest()
+    }
+
+    /// Runs until nothing is left to do and a round in which every engine read the zone saved nothing new.
+    func settle(deadline: Int64, what: String) throws {
+        for _ in 0..<25 {
+            try runUntilIdle(deadline: deadline, what: what)
+            let saves = stats.cloudSaves
+            for engine in currentEngines {
+                engine.engine.setNeedsFetch()
+                enqueuePump(engine)
+            }
+            try runPumps()
+            try runUntilIdle(deadline: deadline, what: what)
+            if stats.cloudSaves == saves {
+                for engine in currentEngines {
+                    let status = try engine.engine.status()
+                    guard status.isUpToDate else {
+                        throw InvariantViolation(.liveness, "\(engine.process.label) store '\(engine.store)' is idle but not up to date "
+                            + "(pending \(status.pendingRecords), rejected \(status.rejectedRecords), waiting \(status.waitingForParent), "
+                            + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none"))")
+                    }
+                }
+                return
+            }
+        }
+        throw InvariantViolation(.liveness, "the devices kept uploading through 25 sync rounds \(what)")
+    }
+
+    func runUntilIdle(deadline: Int64, what: String) throws {
+        var processed = 0
+        // Syncing n records takes a few requests per page and device; far more means the devices go round in circles.
+        let records = zones.reduce(0) { $0 + (mirror[$1]?.count ?? 0) }
+        let eventLimit = 3_000 + 100 * records
+        while let next = queue.nextTime {
+            if let (_, event) = queue.peek, isMoot(event) {
+                _ = queue.pop()
+                continue
+            }
+            if next > deadline {
+                throw InvariantViolation(.liveness, "not converged \(Int64(scenario.timing.livenessBoundMs) / 1000) s (virtual) \(what): "
+                    + "\(queue.count) events still pending")
+            }
+            let (time, event) = queue.pop()!
+            setNow(max(now, time))
+            try handle(event)
+            try runPumps()
+            processed += 1
+            if processed > eventLimit {
+                throw InvariantViolation(.liveness, "\(eventLimit) events (\(stats.syncRequests) requests so far) without settling \(what): "
+                    + "the devices go round in circles")
+            }
+        }
+    }
+
+    // MARK: Digests
+
+    /// A state-digest line: the cloud's records and each store's history position and outbox size.
+    func digest() throws {
+        var cloudBytes: [UInt8] = []
+        for zone in zones {
+            cloudBytes += Array(zone.utf8)
+            for record in (mirror[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
+                withUnsafeBytes(of: record.recordID.uuid) { cloudBytes += $0 }
+                cloudBytes += Array("\(record.causalLength)|\(record.changeTag ?? "")".utf8)
+            }
+        }
+        var storeBytes: [UInt8] = []
+        for device in devices {
+            guard let process = device.processes.first, process.isUp, let context = process.context else { continue }
+            for store in process.stores {
+                let token = try context.currentHistoryToken(of: configurationName(store.name)).value
+                let key = "\(device.index)/\(store.name)"
+                if let last = lastHistoryToken[key], token < last {
+                    throw InvariantViolation(.history, "the history token of \(device.name) store '\(store.name)' went back from \(last) to \(token)")
+                }
+                lastHistoryToken[key] = token
+                storeBytes += Array("\(key)=\(token);".utf8)
+                if let engine = process.engines[store.name] {
+                    storeBytes += Array("p\(try engine.engine.status().pendingRecords);".utf8)
+                }
+            }
+        }
+        let cloudDigest = SimulationHash.fnv1a64Hex(cloudBytes)
+        let storeDigest = SimulationHash.fnv1a64Hex(storeBytes)
+        trace.event(now, "digest") { line in
+            line.add("step", step)
+            line.add("cloud", cloudDigest)
+            line.add("stores", storeDigest)
+        }
+    }
+}
+
+// MARK: - Network, cloud and events
+
+extension SimulationRun {
+    /// Whether an event can no longer do anything (a time-out of a request that was answered, a wake-up of an engine
+    /// that crashed…): such events do not keep the world busy.
+    func isMoot(_ event: SimEvent) -> Bool {
+        switch event {
+        case let .timeout(message):
+            guard let engine = engines[message.engine] else { return true }
+            return !isCurrent(engine) || engine.outstanding != message.request.id
+        case let .wake(serial), let .push(serial):
+            guard let engine = engines[serial] else { return true }
+            return !isCurrent(engine)
+        case let .respond(message, _):
+            guard let engine = engines[message.engine] else { return true }
+            return !isCurrent(engine)
+        case let .restart(device, process):
+            return devices[device].processes[process].isUp
+        case let .online(device):
+            return devices[device].offlineUntil < 0
+        case let .partitionEnd(device):
+            return devices[device].partitionedUntil < 0
+        case .arrive:
+            return false
+        }
+    }
+
+    func enqueuePump(_ engine: SimEngine) {
+        guard !engine.queued else { return }
+        engine.queued = true
+        pumpQueue.append(engine)
+    }
+
+    func runPumps() throws {
+        var index = 0
+        while index < pumpQueue.count {
+            let engine = pumpQueue[index]
+            index += 1
+            engine.queued = false
+            try pump(engine)
+        }
+        pumpQueue.removeAll(keepingCapacity: true)
+    }
+
+    func isCurrent(_ engine: SimEngine) -> Bool {
+        engine.process.isUp && engine.process.engines[engine.store] === engine
+    }
+
+    /// Asks an engine for its next request and sends it, or schedules its wake-up.
+    func pump(_ engine: SimEngine) throws {
+        guard isCurrent(engine), !engine.engine.isAwaitingResponse else { return }
+        let request: SyncRequest?
+        do {
+            request = try engine.engine.nextRequest()
+        } catch {
+            throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': nextRequest threw \(error)")
+        }
+        if let request {
+            try send(request, from: engine)
+        } else if let wake = engine.engine.wakeTime {
+            let at = now + max(1, wake - engine.process.device.clock.nowMilliseconds())
+            if engine.wakeAt.map({ at < $0 }) ?? true {
+                engine.wakeAt = at
+                queue.push(at, .wake(engine.serial))
+            }
+        }
+    }
+
+    func send(_ request: SyncRequest, from engine: SimEngine) throws {
+        let device = engine.process.device
+        var message = Message(id: nextMessageID, engine: engine.serial, device: device.index, process: engine.process.index,
+                              store: engine.store, request: request)
+        nextMessageID += 1
+        engine.outstanding = request.id
+        stats.syncRequests += 1
+        let latency = Int64(scenario.timing.latencyMs)
+        if device.isOffline(now) {
+            traceSend(message, engine, "offline")
+            queue.push(now + 1, .respond(message, .failure(.networkUnavailable)))
+            return
+        }
+        if device.isPartitioned(now) {
+            traceSend(message, engine, "partitioned")
+            queue.push(now + Int64(scenario.timing.timeoutMs), .timeout(message))
+            return
+        }
+        if !messageSlots.isEmpty {
+            let slot = messageSlots.removeFirst()
+            let isFetch: Bool = if case .fetchZoneChanges = request.operation { true } else { false }
+            message.fate = MessageFate(rawValue: slot.kind) ?? .normal
+            switch message.fate {
+            case .duplicateRequest, .duplicateResponse, .delay:
+                message.extraDelay = Int64(1 + slot.parameter % (scenario.timing.maxDelayMs + 1))
+            case .staleFetch:
+                if isFetch && !engine.recentFetches.isEmpty {
+                    message.staleIndex = slot.parameter % engine.recentFetches.count
+                } else {
+                    message.fate = .normal
+                }
+            default: break
+            }
+        }
+        if case let .modifyRecords(records, _) = request.operation { stats.recordsUploaded += records.count }
+        traceSend(message, engine, message.fate.name)
+        switch message.fate {
+        case .dropRequest:
+            break
+        case .delay:
+            queue.push(now + latency + message.extraDelay, .arrive(message))
+        case .duplicateRequest:
+            queue.push(now + latency, .arrive(message))
+            var copy = message
+            copy.fate = .normal
+            queue.push(now + latency + message.extraDelay, .arrive(copy))
+        default:
+            queue.push(now + latency, .arrive(message))
+        }
+        queue.push(now + Int64(scenario.timing.timeoutMs), .timeout(message))
+    }
+
+    private func traceSend(_ message: Message, _ engine: SimEngine, _ fate: String) {
+        trace.event(now, "send") { line in
+            line.add("process", engine.process.label)
+            line.add("store", engine.store)
+            line.add("req", message.request.id)
+            line.add("op", message.request.operation.name)
+            if case let .modifyRecords(records, _) = message.request.operation { line.add("records", records.count) }
+            line.add("fate", fate)
+        }
+    }
+
+    func handle(_ event: SimEvent) throws {
+        switch event {
+        case let .arrive(message):
+            let device = devices[message.device]
+            if device.isPartitioned(now) {
+                trace.event(now, "lost") { $0.add("req", message.request.id); $0.add("why", "partition") }
+                return
+            }
+            let result = try performAtCloud(message)
+            if message.fate == .dropResponse { return }
+            let latency = Int64(scenario.timing.latencyMs)
+            queue.push(now + latency, .respond(message, result))
+            if message.fate == .duplicateResponse { queue.push(now + latency + message.extraDelay, .respond(message, result)) }
+        case let .respond(message, result):
+            try deliver(message, result)
+        case let .timeout(message):
+            guard let engine = engines[message.engine], isCurrent(engine), engine.outstanding == message.request.id else { return }
+            trace.event(now, "timeout") { line in
+                line.add("process", engine.process.label)
+                line.add("store", engine.store)
+                line.add("req", message.request.id)
+            }
+            engine.outstanding = nil
+            stats.syncResponses += 1
+            do {
+                try engine.engine.abandon(message.request.id)
+            } catch {
+                throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': abandon threw \(error)")
+            }
+            enqueuePump(engine)
+        case let .wake(serial):
+            guard let engine = engines[serial] else { return }
+            engine.wakeAt = nil
+            enqueuePump(engine)
+        case let .push(serial):
+            guard let engine = engines[serial] else { return }
+            engine.pushPending = false
+            let device = engine.process.device
+            guard isCurrent(engine), !device.isOffline(now), !device.isPartitioned(now) else { return }
+            engine.engine.setNeedsFetch()
+            enqueuePump(engine)
+        case let .restart(deviceIndex, processIndex):
+            let process = devices[deviceIndex].processes[processIndex]
+            try restart(process)
+        case let .online(deviceIndex):
+            let device = devices[deviceIndex]
+            guard !device.isOffline(now) else { return }
+            trace.event(now, "online") { $0.add("device", device.name) }
+            for process in device.processes where process.isUp {
+                for engine in orderedEngines(process) {
+                    engine.engine.setNeedsFetch()
+                    enqueuePump(engine)
+                }
+            }
+        case let .partitionEnd(deviceIndex):
+            let device = devices[deviceIndex]
+            guard !device.isPartitioned(now) else { return }
+            trace.event(now, "partition-healed") { $0.add("device", device.name) }
+            for process in device.processes where process.isUp { for engine in orderedEngines(process) { enqueuePump(engine) } }
+        }
+    }
+
+    private func deliver(_ message: Message, _ result: Result<CloudOperationResult, CloudError>) throws {
+        let device = devices[message.device]
+        guard let engine = engines[message.engine], isCurrent(engine) else { return }
+        if device.isOffline(now) || device.isPartitioned(now) {
+            if case .failure(.networkUnavailable) = result {} else {
+                trace.event(now, "lost") { $0.add("req", message.request.id); $0.add("why", "device unreachable") }
+                return
+            }
+        }
+        var result = result
+        if message.fate == .staleFetch, case .success(.changes) = result, !engine.recentFetches.isEmpty {
+            result = .success(.changes(engine.recentFetches[message.staleIndex % engine.recentFetches.count]))
+        } else if case let .success(.changes(batch)) = result {
+            engine.recentFetches.append(batch)
+            if engine.recentFetches.count > 4 { engine.recentFetches.removeFirst() }
+        }
+        trace.event(now, "deliver") { line in
+            line.add("process", engine.process.label)
+            line.add("store", engine.store)
+            line.add("req", message.request.id)
+            line.add("result", describe(result))
+        }
+        if engine.outstanding == message.request.id {
+            engine.outstanding = nil
+            switch result {
+            case let .success(.changes(batch)): stats.recordsMerged += batch.records.count
+            case let .success(.modified(results)), let .failure(.partialFailure(results)):
+                stats.recordsMerged += results.filter { if case .conflict = $0 { true } else { false } }.count
+            default: break
+            }
+        }
+        stats.syncResponses += 1
+        do {
+            try engine.engine.handle(message.request.id, result)
+        } catch let simulated as SimulatedCrash {
+            crash(engine.process, reason: simulated.point, restartAfter: engine.process.pendingRestartDelay)
+            return
+        } catch {
+            throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': handling \(message.request.operation.name) threw \(error)")
+        }
+        if case let .modifyRecords(records, zone) = message.request.operation {
+            try checkOutbox(engine, records: records, zone: zone)
+        }
+        enqueuePump(engine)
+    }
+
+    /// After an upload's answer: every record the outbox no longer holds pending must be contained in the cloud's
+    /// version of it (otherwise a newer local write will never be uploaded).
+    private func checkOutbox(_ engine: SimEngine, records: [CloudRecord], zone: String) throws {
+        for record in records {
+            guard let state = try engine.engine.replicationState(of: record.recordID), !state.isPending else { continue }
+            let label = "\(engine.process.label) dropped \(alias(record.recordID)) from its outbox"
+            guard let stored = mirror[zone]?[record.recordID] else {
+                throw InvariantViolation(.noLostWrites, "\(label), but the cloud does not have it")
+            }
+            if stored.causalLength < state.causalLength {
+                throw InvariantViolation(.noLostWrites, "\(label) at causal length \(state.causalLength), but the cloud has \(stored.causalLength)")
+            }
+            guard stored.causalLength == state.causalLength, state.isAlive else { continue }
+            for (name, stamp) in state.stamps.sorted(by: { $0.key < $1.key }) {
+                if stored.fields[name].map({ $0.stamp < stamp }) ?? true {
+                    throw InvariantViolation(.noLostWrites, "\(label), but the cloud lacks its write of '\(name)' (stamp \(stamp))")
+                }
+            }
+        }
+    }
+
+    private func describe(_ result: Result<CloudOperationResult, CloudError>) -> String {
+        switch result {
+        case let .success(outcome):
+            switch outcome {
+            case .zoneCreated: return "zone created"
+            case .zoneDeleted: return "zone deleted"
+            case let .modified(results): return describe(results)
+            case let .changes(batch): return "\(batch.records.count) records\(batch.moreComing ? ", more coming" : "")"
+            case .metadata: return "metadata"
+            case .metadataValue: return "metadata set"
+            }
+        case let .failure(.partialFailure(results)):
+            return "partial failure: " + describe(results)
+        case let .failure(error):
+            return "error: \(error)"
+        }
+    }
+
+    private func describe(_ results: [RecordSaveResult]) -> String {
+        var saved = 0, conflicts = 0, failed = 0
+        for result in results {
+            switch result {
+            case .saved: saved += 1
+            case .conflict: conflicts += 1
+            case .failed: failed += 1
+            }
+        }
+        return "saved \(saved), conflicts \(conflicts), failed \(failed)"
+    }
+
+    /// The cloud performs a request, with an injected error drawn from the tape.
+    private func performAtCloud(_ message: Message) throws -> Result<CloudOperationResult, CloudError> {
+        stats.cloudRequests += 1
+        let operation = message.request.operation
+        var fault = 0
+        var retryAfter: Int64 = 0
+        var split = 0
+        if !cloudSlots.isEmpty {
+            let slot = cloudSlots.removeFirst()
+            let records: [CloudRecord] = if case let .modifyRecords(records, _) = operation { records } else { [] }
+            fault = slot.kind
+            if records.isEmpty && (fault == 4 || fault == 5) { fault = 0 }
+            retryAfter = Int64(100 + slot.parameter % 20_001)
+            if fault == 5 { split = slot.parameter % records.count }
+        }
+        let faultNames = ["none", "rate-limited", "quota-exceeded", "zone-busy", "conflict", "partial-failure"]
+        let result: Result<CloudOperationResult, CloudError>
+        switch fault {
+        case 1: result = .failure(.rateLimited(retryAfterMilliseconds: retryAfter))
+        case 2: result = .failure(.quotaExceeded)
+        case 3: result = .failure(.zoneBusy(retryAfterMilliseconds: retryAfter))
+        case 4:
+            // Another writer saves the same record (unchanged) first: the upload meets a conflict.
+            if case let .modifyRecords(records, zone) = operation,
+               let touched = records.first(where: { mirror[zone]?[$0.recordID] != nil }), let stored = mirror[zone]?[touched.recordID] {
+                _ = try modify([stored], zone: zone, from: nil)
+            }
+            result = try perform(operation, from: message)
+        case 5:
+            guard case let .modifyRecords(records, zone) = operation else { result = try perform(operation, from: message); break }
+            // Only the first `split` records are saved; the others fail with a transient error.
+            let done = Array(records.prefix(split))
+            let first: Result<CloudOperationResult, CloudError> = done.isEmpty ? .success(.modified([])) : try modify(done, zone: zone, from: message)
+            if case let .success(.modified(results)) = first {
+                result = .failure(.partialFailure(results + records.dropFirst(split).map {
+                    .failed(recordID: $0.recordID, error: .zoneBusy(retryAfterMilliseconds: 1_000))
+                }))
+            } else {
+                result = first
+            }
+        default:
+            result = try perform(operation, from: message)
+        }
+        trace.event(now, "cloud") { line in
+            line.add("process", "\(devices[message.device].name)/\(message.process == 0 ? "app" : "ext")")
+            line.add("store", message.store)
+            line.add("req", message.request.id)
+            line.add("op", operation.name)
+            line.add("fault", faultNames[fault])
+            line.add("result", describe(result))
+        }
+        return result
+    }
+
+    private func perform(_ operation: CloudOperation, from message: Message) throws -> Result<CloudOperationResult, CloudError> {
+        if case let .modifyRecords(records, zone) = operation { return try modify(records, zone: zone, from: message) }
+        return cloud.performNow(operation)
+    }
+
+    /// Saves records in the cloud, checking first that every version that replaces one is a superset of it (the
+    /// cloud never loses an acknowledged write), and keeps the mirror.
+    private func modify(_ records: [CloudRecord], zone: String, from message: Message?) throws -> Result<CloudOperationResult, CloudError> {
+        for record in records {
+            guard let old = mirror[zone]?[record.recordID], old.changeTag == record.changeTag else { continue }
+            if let gap = dominanceGap(new: record, old: old) {
+                let who = message.map { "\(devices[$0.device].name)/\($0.process == 0 ? "app" : "ext")" } ?? "the cloud"
+                throw InvariantViolation(.noLostWrites, "\(who) overwrote \(alias(record.recordID)) in zone '\(zone)' with a version that lost data: \(gap)")
+            }
+        }
+        let result = cloud.performNow(.modifyRecords(records, zone: zone))
+        if case let .success(.modified(results)) = result {
+            var saved = 0
+            for (record, outcome) in zip(records, results) {
+                if case let .saved(id, tag) = outcome {
+                    var stored = record
+                    stored.changeTag = tag
+                    mirror[zone, default: [:]][id] = stored
+                    saved += 1
+                }
+            }
+            stats.cloudSaves += saved
+            if saved > 0 { schedulePushes(zone: zone, except: message?.engine) }
+        }
+        return result
+    }
+
+    /// Push notifications to every engine of `zone` (but the uploader).
+    func schedulePushes(zone: String, except serial: Int?) {
+        for engine in currentEngines where engine.store == zone && engine.serial != serial && !engine.pushPending {
+            engine.pushPending = true
+            queue.push(now + Int64(scenario.timing.pushLatencyMs), .push(engine.serial))
+        }
+    }
+
+    /// A short, stable name for a record (`Trip#3`).
+    func alias(_ id: UUID) -> String { aliases[id] ?? "record-\(id.uuidString.prefix(8).lowercased())" }
+
+    /// Runs `PRAGMA integrity_check` on a store file.
+    func checkIntegrity(_ process: SimProcess, _ store: Scenario.Store) throws {
+        guard let url = process.container?.url(of: configurationName(store.name)) else { return }
+        var handle: OpaquePointer?
+        guard sqlite3_open_v2(url.path, &handle, SQLITE_OPEN_READONLY, nil) == SQLITE_OK, let handle else {
+            sqlite3_close_v2(handle)
+            throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': the file cannot be opened")
+        }
+        defer { sqlite3_close_v2(handle) }
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(handle, "PRAGMA integrity_check", -1, &statement, nil) == SQLITE_OK else {
+            throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': integrity_check cannot run")
+        }
+        defer { sqlite3_finalize(statement) }
+        var results: [String] = []
+        while sqlite3_step(statement) == SQLITE_ROW {
+            if let text = sqlite3_column_text(statement, 0) { results.append(String(cString: text)) }
+        }
+        guard results == ["ok"] else {
+            throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': integrity_check says \(results.prefix(3).joined(separator: "; "))")
+        }
+    }
+}

@@ -1,0 +1,211 @@
+// The schema of a simulation: entities with the version each element appeared in, so a device can run an older
+// app version (an older schema), and the built-in seed schemas.
+
+import Foundation
+import Replica
+
+/// A versioned schema: every entity, attribute and relationship names the schema version that added it, so the
+/// simulator can open devices that run older app versions. Additive only, as synced stores require.
+public struct SimulationSchema: Codable, Hashable, Sendable {
+    /// One attribute.
+    public struct Attribute: Codable, Hashable, Sendable {
+        public var name: String
+        /// `string`, `integer`, `double`, `bool`, `date` or `data`.
+        public var type: Schema.AttributeType
+        public var optional: Bool
+        /// The declared default in stored form (`nil`: none).
+        public var defaultValue: SQLiteValue?
+        /// `unique`, `preserveValueOnDeletion`, `allowsCloudEncryption`, `externalStorage`.
+        public var options: [String]
+        /// The schema version that added the attribute.
+        public var since: Int
+
+        public init(_ name: String, _ type: Schema.AttributeType, optional: Bool = false, default defaultValue: SQLiteValue? = nil,
+                    options: [String] = [], since: Int = 1) {
+            self.name = name
+            self.type = type
+            self.optional = optional
+            self.defaultValue = defaultValue
+            self.options = options
+            self.since = since
+        }
+
+        var schemaOptions: Schema.Attribute.Options {
+            var result: Schema.Attribute.Options = []
+            for option in options {
+                switch option {
+                case "unique": result.insert(.unique)
+                case "preserveValueOnDeletion": result.insert(.preserveValueOnDeletion)
+                case "allowsCloudEncryption": result.insert(.allowsCloudEncryption)
+                case "externalStorage": result.insert(.externalStorage)
+                default: break
+                }
+            }
+            return result
+        }
+
+        static let knownOptions = ["unique", "preserveValueOnDeletion", "allowsCloudEncryption", "externalStorage"]
+    }
+
+    /// One relationship. To-many relationships name the to-one inverse that stores the reference.
+    public struct Relationship: Codable, Hashable, Sendable {
+        public var name: String
+        public var destination: String
+        public var inverse: String?
+        public var toMany: Bool
+        public var deleteRule: Schema.DeleteRule
+        public var since: Int
+
+        public init(_ name: String, to destination: String, inverse: String?, toMany: Bool,
+                    deleteRule: Schema.DeleteRule = .nullify, since: Int = 1) {
+            self.name = name
+            self.destination = destination
+            self.inverse = inverse
+            self.toMany = toMany
+            self.deleteRule = deleteRule
+            self.since = since
+        }
+    }
+
+    /// One entity.
+    public struct Entity: Codable, Hashable, Sendable {
+        public var name: String
+        public var attributes: [Attribute]
+        public var relationships: [Relationship]
+        public var since: Int
+
+        public init(_ name: String, attributes: [Attribute], relationships: [Relationship] = [], since: Int = 1) {
+            self.name = name
+            self.attributes = attributes
+            self.relationships = relationships
+            self.since = since
+        }
+    }
+
+    /// The newest schema version (the version of every element's `since` at most).
+    public var version: Int
+    public var entities: [Entity]
+
+    public init(version: Int, entities: [Entity]) {
+        self.version = version
+        self.entities = entities
+    }
+
+    /// The Replica schema an app at `version` declares: every element added at or before it.
+    public func schema(version requested: Int? = nil) -> Schema {
+        let version = requested ?? self.version
+        let entities = self.entities.filter { $0.since <= version }.map { entity in
+            Schema.Entity(
+                name: entity.name,
+                attributes: entity.attributes.filter { $0.since <= version }.map {
+                    Schema.Attribute(name: $0.name, type: $0.type, isOptional: $0.optional, defaultValue: $0.defaultValue,
+                                     options: $0.schemaOptions)
+                },
+                relationships: entity.relationships.filter { $0.since <= version }.map {
+                    Schema.Relationship(name: $0.name, destination: $0.destination, inverse: $0.inverse, isToMany: $0.toMany,
+                                        deleteRule: $0.deleteRule, isOptional: true)
+                })
+        }
+        return Schema(entities: entities, version: Schema.Version(version, 0, 0))
+    }
+
+    /// The entity named `name`.
+    public func entity(named name: String) -> Entity? { entities.first { $0.name == name } }
+
+    /// The union of several schemas (entity names must be distinct); the version is the highest.
+    static func merging(_ parts: [SimulationSchema]) -> SimulationSchema {
+        SimulationSchema(version: parts.map(\.version).max() ?? 1, entities: parts.flatMap(\.entities))
+    }
+}
+
+// MARK: - Seed schemas
+
+extension SimulationSchema {
+    /// The built-in seed schemas by name.
+    public static let seeds: [(name: String, summary: String, schema: SimulationSchema)] = [
+        ("trips", "trips with bucket-list items (cascade) and accommodations (nullify, added in v2)", trips),
+        ("people", "people with addresses (cascade) and a unique email", people),
+        ("notes", "notes with an encrypted body and tag and an external-storage attachment", notes),
+        ("posts", "synced posts", posts),
+        ("drafts", "local drafts with a unique slug (for local-only stores)", drafts),
+    ]
+
+    /// The seed schema called `name`.
+    public static func seed(named name: String) -> SimulationSchema? { seeds.first { $0.name == name }?.schema }
+
+    /// Trips (v2): `Trip` with bucket-list items (cascade) and accommodations (nullify). Version 1 lacks
+    /// `Trip.budget`, `BucketListItem.priority` and the whole `Accommodation` entity.
+    public static let trips = SimulationSchema(version: 2, entities: [
+        Entity("Trip", attributes: [
+            Attribute("name", .string, default: .text(""), options: ["preserveValueOnDeletion"]),
+            Attribute("destination", .string, optional: true),
+            Attribute("startDate", .date, optional: true),
+            Attribute("budget", .integer, default: .integer(100), since: 2),
+        ], relationships: [
+            Relationship("items", to: "BucketListItem", inverse: "trip", toMany: true, deleteRule: .cascade),
+            Relationship("accommodations", to: "Accommodation", inverse: "trip", toMany: true, deleteRule: .nullify, since: 2),
+        ]),
+        Entity("BucketListItem", attributes: [
+            Attribute("title", .string, default: .text("")),
+            Attribute("isDone", .bool, default: .integer(0)),
+            Attribute("notes", .string, optional: true),
+            Attribute("priority", .integer, default: .integer(1), since: 2),
+        ], relationships: [
+            Relationship("trip", to: "Trip", inverse: "items", toMany: false),
+        ]),
+        Entity("Accommodation", attributes: [
+            Attribute("name", .string, default: .text("")),
+            Attribute("nights", .integer, default: .integer(1)),
+            Attribute("rating", .integer, default: .integer(3)),
+        ], relationships: [
+            Relationship("trip", to: "Trip", inverse: "accommodations", toMany: false),
+        ], since: 2),
+    ])
+
+    /// People with addresses (cascade) and a unique, optional email.
+    public static let people = SimulationSchema(version: 1, entities: [
+        Entity("Person", attributes: [
+            Attribute("name", .string, default: .text(""), options: ["preserveValueOnDeletion"]),
+            Attribute("email", .string, optional: true, options: ["unique"]),
+            Attribute("age", .integer, optional: true),
+        ], relationships: [
+            Relationship("addresses", to: "Address", inverse: "person", toMany: true, deleteRule: .cascade),
+        ]),
+        Entity("Address", attributes: [
+            Attribute("street", .string, default: .text("")),
+            Attribute("city", .string, default: .text("")),
+        ], relationships: [
+            Relationship("person", to: "Person", inverse: "addresses", toMany: false),
+        ]),
+    ])
+
+    /// Notes with encrypted fields and an external-storage attachment.
+    public static let notes = SimulationSchema(version: 1, entities: [
+        Entity("Note", attributes: [
+            Attribute("title", .string, default: .text(""), options: ["preserveValueOnDeletion"]),
+            Attribute("body", .string, optional: true, options: ["allowsCloudEncryption"]),
+            Attribute("secretTag", .string, optional: true, options: ["allowsCloudEncryption"]),
+            Attribute("attachment", .data, optional: true, options: ["externalStorage"]),
+            Attribute("pinned", .bool, default: .integer(0)),
+        ]),
+    ])
+
+    /// Synced posts.
+    public static let posts = SimulationSchema(version: 1, entities: [
+        Entity("Post", attributes: [
+            Attribute("title", .string, default: .text(""), options: ["preserveValueOnDeletion"]),
+            Attribute("body", .string, default: .text("")),
+            Attribute("publishedAt", .date, optional: true),
+            Attribute("likes", .integer, default: .integer(0)),
+        ]),
+    ])
+
+    /// Local drafts (unique slug).
+    public static let drafts = SimulationSchema(version: 1, entities: [
+        Entity("Draft", attributes: [
+            Attribute("text", .string, default: .text("")),
+            Attribute("slug", .string, optional: true, options: ["unique"]),
+            Attribute("updatedAt", .date, optional: true),
+        ]),
+    ])
+}

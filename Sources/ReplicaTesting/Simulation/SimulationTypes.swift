@@ -1,0 +1,348 @@
+// Public results of simulations, and the simulated world's parts: devices, processes, engines, messages, events.
+
+import Foundation
+import Replica
+import Synchronization
+
+/// The invariants a simulation checks, in the order they are checked. A run stops at the first one that fails.
+public enum Invariant: String, CaseIterable, Sendable, Codable {
+    /// The library threw an error a correct system never throws (a SQLite error, a partial save, a blocked schema…).
+    case unexpectedError = "no-unexpected-errors"
+    /// Every store file passes `PRAGMA integrity_check`, and each synced store's ledger agrees with its rows (alive
+    /// in the ledger exactly when a row exists), after crashes and restarts.
+    case crashConsistency = "crash-consistency"
+    /// After heal, every store converges (nothing left to send or read) within a bounded virtual time.
+    case liveness
+    /// No record is alive at a causal length that no acknowledged insert produced (a deleted record only comes back
+    /// through an explicit re-insert).
+    case noResurrection = "no-resurrection"
+    /// Every device holds exactly what the cloud holds: the same records, alive or deleted, with the same values and
+    /// stamps (restricted to what each device's schema knows; unknown fields and record types kept unchanged).
+    case convergence
+    /// No acknowledged write is lost: every cloud save contains everything the version it replaces contained; a write
+    /// made after its device saw another write orders after it; the final state contains every acknowledged write.
+    case noLostWrites = "no-lost-writes"
+    /// The final state equals the reference model: the join of the acknowledged writes (highest causal length; per
+    /// attribute, the acknowledged write with the highest stamp in that incarnation, else the default). Local stores
+    /// equal the replay of their acknowledged operations.
+    case referenceModel = "reference-model"
+    /// Every reference with a delete rule points at a live record of the same store; nothing waits for a parent.
+    case referentialIntegrity = "referential-integrity"
+    /// Unique keys are resolved identically on every device (and, once deduplication exists and the scenario expects
+    /// it, at most one live record per key); local stores never hold a duplicate.
+    case uniqueKeys = "unique-keys"
+    /// Each store's history is monotonic and gap-free (tokens 1, 2, 3, … and never going back), and replaying its
+    /// inserts and deletes gives exactly the records the store holds.
+    case history
+    /// Nothing written to a local-only store ever reaches the cloud.
+    case localOnly = "local-only-stays-local"
+    /// No plaintext of an attribute marked for cloud encryption is anywhere in the cloud (checked when the scenario
+    /// expects a configured cipher).
+    case noPlaintext = "no-plaintext-in-cloud"
+    /// Reading the whole zone again (an expired change token) changes nothing: no upload, no row, stamp or history.
+    case idempotence
+
+    /// One line describing the invariant.
+    public var summary: String {
+        switch self {
+        case .unexpectedError: return "the library never throws an unexpected error"
+        case .crashConsistency: return "integrity_check passes; ledger agrees with rows after crashes"
+        case .liveness: return "converged within the liveness bound after heal"
+        case .noResurrection: return "deleted records come back only through a re-insert"
+        case .convergence: return "every device equals the cloud"
+        case .noLostWrites: return "no acknowledged write is lost; causally later writes win"
+        case .referenceModel: return "final state equals the join of acknowledged writes"
+        case .referentialIntegrity: return "references point at live records; nothing waits for a parent"
+        case .uniqueKeys: return "unique keys resolved identically everywhere"
+        case .history: return "history monotonic, gap-free, and explains the rows"
+        case .localOnly: return "local-only data never leaves its device"
+        case .noPlaintext: return "no plaintext of encrypted fields in the cloud"
+        case .idempotence: return "a full re-read changes nothing"
+        }
+    }
+}
+
+/// A failed invariant, with a message that never contains values of encrypted attributes.
+public struct InvariantViolation: Error, CustomStringConvertible, Sendable, Hashable {
+    public var invariant: Invariant
+    public var message: String
+
+    public init(_ invariant: Invariant, _ message: String) {
+        self.invariant = invariant
+        self.message = message
+    }
+
+    public var description: String { "\(invariant.rawValue): \(message)" }
+}
+
+/// Options of one simulation run.
+public struct SimulationOptions: Sendable, Hashable {
+    /// Deliberate bugs to switch on in every device (see ``Canary``).
+    public var canaries: Set<Canary> = []
+    /// Overrides the scenario's number of chaos steps.
+    public var steps: Int?
+    /// Records the NDJSON trace (otherwise only the verdict is computed: faster).
+    public var recordsTrace = true
+
+    public init(canaries: Set<Canary> = [], steps: Int? = nil, recordsTrace: Bool = true) {
+        self.canaries = canaries
+        self.steps = steps
+        self.recordsTrace = recordsTrace
+    }
+
+    /// Canary names, sorted.
+    var canaryNames: [String] { canaries.map(\.rawValue).sorted() }
+}
+
+/// Counters of one run.
+public struct SimulationStats: Sendable, Hashable {
+    /// Workload operations executed on devices (each one local save attempt).
+    public var workloadOperations = 0
+    /// Workload saves that committed.
+    public var acknowledgedSaves = 0
+    /// Workload saves refused by validation (e.g. a unique key already present on the device).
+    public var rejectedSaves = 0
+    /// Requests the devices' sync engines emitted.
+    public var syncRequests = 0
+    /// Responses (and abandoned requests) the devices' sync engines handled.
+    public var syncResponses = 0
+    /// Records the devices built from their stores for uploads.
+    public var recordsUploaded = 0
+    /// Records the devices merged into their stores (fetched, or returned by a save conflict).
+    public var recordsMerged = 0
+    /// Requests the cloud performed.
+    public var cloudRequests = 0
+    /// Records the cloud saved.
+    public var cloudSaves = 0
+    public var crashes = 0
+    public var faults = 0
+    /// Virtual time the run covered, in milliseconds.
+    public var virtualMilliseconds: Int64 = 0
+    /// Checks skipped because the scenario does not expect the feature they need (e.g. a configured cipher).
+    public var skippedChecks: [String] = []
+
+    /// Device operations: record-level work a device does on its store — a workload operation, a record built for an
+    /// upload, or a record merged from the cloud.
+    public var deviceOperations: Int { workloadOperations + recordsUploaded + recordsMerged }
+}
+
+/// The outcome of one run.
+public struct SimulationResult: Sendable {
+    public var scenario: String
+    public var seed: UInt64?
+    /// Every choice the run drew; replaying it reproduces the run.
+    public var tape: ChoiceTape
+    /// Chaos steps executed.
+    public var steps: Int
+    /// The first failed invariant, or `nil` when every invariant held.
+    public var violation: InvariantViolation?
+    /// The NDJSON trace (empty when not recorded).
+    public var trace: [String]
+    public var stats: SimulationStats
+    /// One line per chaos step (the witness of a failure).
+    public var witness: [String]
+
+    /// `"pass"` or `"fail"`.
+    public var verdict: String { violation == nil ? "pass" : "fail" }
+    /// BLAKE2b-256 of the trace bytes (nil when no trace was recorded).
+    public var traceDigest: String? { trace.isEmpty ? nil : TraceFormat.digest(trace) }
+    /// The trace as file contents.
+    public var traceText: String { trace.map { $0 + "\n" }.joined() }
+}
+
+// MARK: - World
+
+/// A crash the simulator injected through the environment's fault hook.
+struct SimulatedCrash: Error {
+    let point: String
+}
+
+/// Where a process will crash next (armed by a chaos step, fired by the fault hook).
+final class FaultSwitch: Sendable {
+    enum Armed: Int { case none, commit, importBatch }
+    private let armed = Mutex(Armed.none)
+
+    func arm(_ point: Armed) { armed.withLock { $0 = point } }
+    func disarm() { armed.withLock { $0 = .none } }
+
+    /// Throws ``SimulatedCrash`` when armed for `point` (once).
+    func fire(_ point: FaultPoint) throws {
+        let fired = armed.withLock { armed -> String? in
+            switch (armed, point) {
+            case (.commit, .beforeCommit):
+                armed = .none
+                return "before commit"
+            case (.importBatch, .beforeImport):
+                armed = .none
+                return "before import"
+            default:
+                return nil
+            }
+        }
+        if let fired { throw SimulatedCrash(point: fired) }
+    }
+}
+
+final class SimDevice {
+    let index: Int
+    let spec: Scenario.Device
+    let clock: ManualClock
+    /// Device clock minus true (virtual) time.
+    var offset: Int64
+    var offlineUntil: Int64 = -1
+    var partitionedUntil: Int64 = -1
+    var processes: [SimProcess] = []
+    /// The Replica schema of the device's app version.
+    let schema: Schema
+    let directory: URL
+
+    init(index: Int, spec: Scenario.Device, offset: Int64, schema: Schema, directory: URL) {
+        self.index = index
+        self.spec = spec
+        self.offset = offset
+        self.clock = ManualClock(milliseconds: SimulationRun.epoch + offset)
+        self.schema = schema
+        self.directory = directory
+    }
+
+    var name: String { spec.name }
+    func isOffline(_ now: Int64) -> Bool { now < offlineUntil }
+    func isPartitioned(_ now: Int64) -> Bool { now < partitionedUntil }
+}
+
+final class SimProcess {
+    unowned let device: SimDevice
+    let index: Int
+    /// The stores this process opens (the app: every store of the device; the extension: the app-group stores).
+    let stores: [Scenario.Store]
+    var environment: ReplicaEnvironment
+    let faults: FaultSwitch
+    var container: ModelContainer?
+    var context: ModelContext?
+    /// The current engine of each synced store (by store name).
+    var engines: [String: SimEngine] = [:]
+    var isUp = false
+    /// Restart delay drawn when an armed crash was set up.
+    var pendingRestartDelay: Int64 = 1
+
+    init(device: SimDevice, index: Int, stores: [Scenario.Store], environment: ReplicaEnvironment, faults: FaultSwitch) {
+        self.device = device
+        self.index = index
+        self.stores = stores
+        self.environment = environment
+        self.faults = faults
+    }
+
+    var label: String { index == 0 ? "\(device.name)/app" : "\(device.name)/ext" }
+}
+
+final class SimEngine {
+    let serial: Int
+    let store: String
+    let engine: SyncEngine
+    unowned let process: SimProcess
+    var queued = false
+    var wakeAt: Int64?
+    var pushPending = false
+    /// The request this engine waits for, as far as the simulator knows.
+    var outstanding: UInt64?
+    /// Recent fetch results, replayed as stale answers.
+    var recentFetches: [ZoneChangeBatch] = []
+
+    init(serial: Int, store: String, engine: SyncEngine, process: SimProcess) {
+        self.serial = serial
+        self.store = store
+        self.engine = engine
+        self.process = process
+    }
+}
+
+/// What happens to one request on its way.
+enum MessageFate: Int, CaseIterable {
+    case normal, dropRequest, dropResponse, duplicateRequest, duplicateResponse, delay, staleFetch
+
+    var name: String {
+        switch self {
+        case .normal: return "normal"
+        case .dropRequest: return "drop-request"
+        case .dropResponse: return "drop-response"
+        case .duplicateRequest: return "duplicate-request"
+        case .duplicateResponse: return "duplicate-response"
+        case .delay: return "delay"
+        case .staleFetch: return "stale-fetch"
+        }
+    }
+}
+
+/// A pre-drawn fate: its kind (0: benign) and a raw parameter (delays, retry-after, indices are taken modulo).
+struct FateSlot {
+    var kind: Int
+    var parameter: Int
+}
+
+struct Message {
+    let id: Int
+    let engine: Int
+    let device: Int
+    let process: Int
+    let store: String
+    let request: SyncRequest
+    var fate: MessageFate = .normal
+    var extraDelay: Int64 = 0
+    var staleIndex = 0
+}
+
+enum SimEvent {
+    case arrive(Message)
+    case respond(Message, Result<CloudOperationResult, CloudError>)
+    case timeout(Message)
+    case wake(Int)
+    case push(Int)
+    case restart(device: Int, process: Int)
+    case online(Int)
+    case partitionEnd(Int)
+}
+
+/// A min-heap of events ordered by (time, insertion order): deterministic.
+struct EventQueue {
+    private var heap: [(time: Int64, seq: Int, event: SimEvent)] = []
+    private var nextSeq = 0
+
+    var isEmpty: Bool { heap.isEmpty }
+    var count: Int { heap.count }
+    var nextTime: Int64? { heap.first?.time }
+    var peek: (time: Int64, event: SimEvent)? { heap.first.map { ($0.time, $0.event) } }
+
+    private func less(_ a: Int, _ b: Int) -> Bool {
+        heap[a].time != heap[b].time ? heap[a].time < heap[b].time : heap[a].seq < heap[b].seq
+    }
+
+    mutating func push(_ time: Int64, _ event: SimEvent) {
+        heap.append((time, nextSeq, event))
+        nextSeq += 1
+        var child = heap.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard less(child, parent) else { break }
+            heap.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    mutating func pop() -> (time: Int64, event: SimEvent)? {
+        guard !heap.isEmpty else { return nil }
+        heap.swapAt(0, heap.count - 1)
+        let top = heap.removeLast()
+        var parent = 0
+        while true {
+            let left = 2 * parent + 1, right = left + 1
+            var smallest = parent
+            if left < heap.count && less(left, smallest) { smallest = left }
+            if right < heap.count && less(right, smallest) { smallest = right }
+            if smallest == parent { break }
+            heap.swapAt(parent, smallest)
+            parent = smallest
+        }
+        return (top.time, top.event)
+    }
+}

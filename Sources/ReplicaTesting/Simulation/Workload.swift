@@ -1,0 +1,330 @@
+// Workload steps: device operations (insert, update, delete, re-insert, relationship edits, unique-key collisions,
+// encrypted edits) made through each process's ModelContext, and the reference model's record of what was
+// acknowledged.
+
+import Foundation
+import Replica
+
+enum WorkloadOperation: Int, CaseIterable {
+    case insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit
+
+    var name: String {
+        switch self {
+        case .insert: return "insert"
+        case .update: return "update"
+        case .delete: return "delete"
+        case .reinsert: return "reinsert"
+        case .relationshipEdit: return "relationship-edit"
+        case .uniqueCollision: return "unique-collision"
+        case .encryptedEdit: return "encrypted-edit"
+        }
+    }
+}
+
+extension Schema.Attribute {
+    var isEncrypted: Bool { options.contains(.allowsCloudEncryption) }
+    var isUnique: Bool { options.contains(.unique) }
+}
+
+extension SimulationRun {
+    /// The pool of record IDs that operations on `entity` in `store` pick from (synced stores share one pool
+    /// across devices; local stores have one per device).
+    func poolKey(_ store: Scenario.Store, _ entity: String, device: SimDevice) -> String {
+        store.isSynced ? "s|\(store.name)|\(entity)" : "l|\(device.index)|\(store.name)|\(entity)"
+    }
+
+    /// The (store, entity) pairs an operation can apply to on `process`.
+    private func targets(for operation: WorkloadOperation, on process: SimProcess) -> [(Scenario.Store, Schema.Entity)] {
+        var result: [(Scenario.Store, Schema.Entity)] = []
+        for store in process.stores {
+            for entity in entities(of: store, on: process.device) {
+                switch operation {
+                case .relationshipEdit: if entity.toOneRelationships.isEmpty { continue }
+                case .uniqueCollision: if !entity.attributes.contains(where: \.isUnique) { continue }
+                case .encryptedEdit: if !entity.attributes.contains(where: \.isEncrypted) { continue }
+                default: break
+                }
+                result.append((store, entity))
+            }
+        }
+        return result
+    }
+
+    func workloadStep() throws {
+        let device = devices[try dice.below(devices.count)]
+        let process = device.processes[try dice.below(device.processes.count)]
+        var operation = WorkloadOperation(rawValue: try dice.pick(scenario.workload.weights.map { UInt64($0) })) ?? .insert
+        var candidates = targets(for: operation, on: process)
+        if candidates.isEmpty {
+            operation = .insert
+            candidates = targets(for: .insert, on: process)
+        }
+        let (store, entity) = candidates[try dice.below(candidates.count)]
+        var outcome = Outcome(operation: operation, process: process, store: store, entity: entity)
+        defer { report(outcome) }
+        guard process.isUp, let context = process.context else {
+            outcome.result = "skipped: process down"
+            return
+        }
+        stats.workloadOperations += 1
+        let access = EntityShapeRegistry.shared.accessor(for: entity)
+        let pool = poolKey(store, entity.name, device: device)
+        switch operation {
+        case .insert, .uniqueCollision:
+            let values = try newRecordValues(entity, store: store, process: process, collide: operation == .uniqueCollision)
+            let id = access.insert(context, id: .unassigned, values: values)
+            outcome.record = id
+            if try save(&outcome, context: context) {
+                pools[pool, default: []].append(id)
+                aliases[id] = store.isSynced ? "\(entity.name)#\(pools[pool]!.count - 1)" : "\(entity.name)@\(device.name)#\(pools[pool]!.count - 1)"
+                try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(entity.fieldNames.indices), before: nil)
+                wakeEngines(outcome)
+            }
+        case .reinsert:
+            guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
+            outcome.record = id
+            guard try access.values(context, id: id) == nil else { outcome.result = "still alive here"; return }
+            let values = try newRecordValues(entity, store: store, process: process, collide: false)
+            _ = access.insert(context, id: id, values: values)
+            if try save(&outcome, context: context) {
+                try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(entity.fieldNames.indices), before: nil)
+                wakeEngines(outcome)
+            }
+        case .delete:
+            guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
+            outcome.record = id
+            guard try access.values(context, id: id) != nil else { outcome.result = "not here"; return }
+            context.delete(PersistentIdentifier(entityName: entity.name, id: id))
+            if try save(&outcome, context: context) {
+                try acknowledge(&outcome, kind: .delete, id: id, values: [], changed: [], before: nil)
+                wakeEngines(outcome)
+            }
+        case .update, .encryptedEdit, .relationshipEdit:
+            guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
+            outcome.record = id
+            guard let before = try access.values(context, id: id) else { outcome.result = "not here"; return }
+            var values = before
+            let fieldNames = entity.fieldNames
+            if operation == .relationshipEdit {
+                let relationships = entity.toOneRelationships
+                let relationship = relationships[try dice.below(relationships.count)]
+                let index = fieldNames.firstIndex(of: relationship.name)!
+                values[index] = try parentReference(relationship, store: store, process: process)
+            } else {
+                let eligible = entity.attributes.enumerated().filter { operation == .encryptedEdit ? $0.element.isEncrypted : true }
+                let count = 1 + (try dice.below(min(scenario.workload.maxFieldsPerUpdate, eligible.count)))
+                for _ in 0..<count {
+                    let (index, attribute) = eligible[try dice.below(eligible.count)]
+                    values[index] = try newValue(attribute, store: store, collide: false)
+                }
+            }
+            let changed = values.indices.filter { values[$0] != before[$0] }
+            guard !changed.isEmpty else { outcome.result = "no change"; return }
+            outcome.fields = changed.map { fieldNames[$0] }
+            access.update(context, id: id, values: values)
+            if try save(&outcome, context: context) {
+                try acknowledge(&outcome, kind: .update, id: id, values: values, changed: changed, before: before)
+                wakeEngines(outcome)
+            }
+        }
+    }
+
+    struct Outcome {
+        var operation: WorkloadOperation
+        var process: SimProcess
+        var store: Scenario.Store
+        var entity: Schema.Entity
+        var record: UUID?
+        var fields: [String] = []
+        var result = "ok"
+    }
+
+    private func report(_ outcome: Outcome) {
+        let record = outcome.record.map(alias) ?? outcome.entity.name
+        let fields = outcome.fields.isEmpty ? "" : " [\(outcome.fields.joined(separator: ", "))]"
+        note("\(outcome.operation.name) \(record)\(fields) on \(outcome.process.label) (\(outcome.store.name)): \(outcome.result)")
+        trace.event(now, "step") { line in
+            line.add("n", step)
+            line.add("action", outcome.operation.name)
+            line.add("process", outcome.process.label)
+            line.add("store", outcome.store.name)
+            line.add("entity", outcome.entity.name)
+            line.add("record", outcome.record.map(alias))
+            if !outcome.fields.isEmpty { line.add("fields", outcome.fields) }
+            line.add("result", outcome.result)
+        }
+    }
+
+    /// Saves; returns whether the save committed (acknowledged).
+    private func save(_ outcome: inout Outcome, context: ModelContext) throws -> Bool {
+        let process = outcome.process
+        do {
+            try context.save()
+        } catch let simulated as SimulatedCrash {
+            outcome.result = "crash \(simulated.point)"
+            context.rollback()
+            crash(process, reason: simulated.point, restartAfter: process.pendingRestartDelay)
+            return false
+        } catch let error as ReplicaError {
+            context.rollback()
+            switch error {
+            case let .modelValidationFailure(failures):
+                stats.rejectedSaves += 1
+                outcome.result = "rejected: " + failures.map { failure -> String in
+                    switch failure {
+                    case .uniqueConstraintViolation: return "unique key taken"
+                    case .duplicateIdentifier: return "duplicate ID"
+                    case .deleteDenied: return "delete denied"
+                    case .missingRequiredRelationship: return "missing relationship"
+                    case .unrepresentableValue: return "unrepresentable value"
+                    }
+                }.joined(separator: ", ")
+                return false
+            case .recordNotFound:
+                stats.rejectedSaves += 1
+                outcome.result = "rejected: record gone"
+                return false
+            default:
+                throw InvariantViolation(.unexpectedError, "\(process.label) save of \(outcome.operation.name) threw \(error)")
+            }
+        } catch {
+            context.rollback()
+            throw InvariantViolation(.unexpectedError, "\(process.label) save of \(outcome.operation.name) threw \(error)")
+        }
+        stats.acknowledgedSaves += 1
+        return true
+    }
+
+    /// After a save: the store's engines on the device (both processes of an app-group store) have work.
+    private func wakeEngines(_ outcome: Outcome) {
+        for sibling in outcome.process.device.processes where sibling.isUp {
+            if let engine = sibling.engines[outcome.store.name] { enqueuePump(engine) }
+        }
+    }
+
+    /// Records an acknowledged write in the reference model (and checks its stamps against what the device had seen).
+    private func acknowledge(_ outcome: inout Outcome, kind: AckWrite.Kind, id: UUID, values: [SQLiteValue], changed: [Int],
+                             before: [SQLiteValue]?) throws {
+        let store = outcome.store
+        let entity = outcome.entity
+        let device = outcome.process.device
+        let names = entity.fieldNames
+        if !store.isSynced {
+            let key = "\(device.index)/\(store.name)"
+            var model = reference.localStores[key] ?? LocalStoreModel()
+            switch kind {
+            case .insert: model.insert(entity: entity.name, id: id, values: values)
+            case .update: model.update(entity: entity.name, id: id, values: values)
+            case .delete: model.delete(entity: entity.name, id: id, schema: device.schema)
+            }
+            reference.localStores[key] = model
+            for index in changed where !values[index].isNull {
+                if case .text = values[index] { reference.localOnlyValues.insert(values[index]) }
+                if case .blob = values[index] { reference.localOnlyValues.insert(values[index]) }
+            }
+            return
+        }
+        guard let engine = outcome.process.engines[store.name] else { return }
+        guard let state = try engine.engine.replicationState(of: id) else {
+            throw InvariantViolation(.noLostWrites, "\(outcome.process.label): the acknowledged \(kind.rawValue) of \(alias(id)) has no ledger entry")
+        }
+        // A device's own operations on a record never go back: an insert of a record it deleted orders after the delete.
+        let storeKey = "\(device.index)/\(store.name)"
+        if let previous = reference.ownCausalLength[storeKey]?[id],
+           state.causalLength < previous || (kind == .insert && state.causalLength <= previous) {
+            throw InvariantViolation(.noLostWrites, "\(outcome.process.label): the acknowledged \(kind.rawValue) of \(alias(id)) got causal length "
+                + "\(state.causalLength), not after the \(previous) of this store's own earlier write: it would lose to it")
+        }
+        reference.ownCausalLength[storeKey, default: [:]][id] = max(state.causalLength, reference.ownCausalLength[storeKey]?[id] ?? 0)
+        if kind == .delete {
+            guard !state.isAlive else {
+                throw InvariantViolation(.noLostWrites, "\(outcome.process.label): the acknowledged delete of \(alias(id)) left it alive in the ledger")
+            }
+            reference.record(zone: store.name, id: id, write: AckWrite(kind: .delete, causalLength: state.causalLength, fields: [],
+                                                                       step: step, device: device.name))
+            return
+        }
+        var fields: [(name: String, stamp: FieldStamp, value: SQLiteValue, isAttribute: Bool)] = []
+        for index in changed {
+            let name = names[index]
+            guard let stamp = state.stamps[name] else {
+                throw InvariantViolation(.noLostWrites, "\(outcome.process.label): the acknowledged \(kind.rawValue) of \(alias(id)).\(name) got no stamp")
+            }
+            // Only attribute values identify their write (a reference value is just the parent's ID).
+            let isAttribute = entity.attribute(named: name) != nil
+            if isAttribute, let before, let seen = reference.writerStamp(zone: store.name, id: id, field: name, value: before[index]), stamp <= seen {
+                throw InvariantViolation(.noLostWrites, "\(outcome.process.label) wrote \(alias(id)).\(name) after seeing an earlier write of it, "
+                    + "but its stamp orders before that write (\(stamp) <= \(seen)): the newer write would lose")
+            }
+            fields.append((name, stamp, values[index], isAttribute))
+            if let attribute = entity.attribute(named: name), attribute.isEncrypted, !values[index].isNull {
+                reference.encryptedPlaintexts[store.name, default: []].append(values[index])
+            }
+        }
+        reference.record(zone: store.name, id: id, write: AckWrite(kind: kind, causalLength: state.causalLength, fields: fields,
+                                                                   step: step, device: device.name))
+    }
+
+    // MARK: Values
+
+    /// A record of the pool: choice 0 is the newest, and recent records are picked more often (users keep editing
+    /// what they just created).
+    private func pickRecord(_ pool: String) throws -> UUID? {
+        guard let ids = pools[pool], !ids.isEmpty else { return nil }
+        return ids[ids.count - 1 - (try dice.skewed(ids.count - 1, small: 2, probability: 0.5))]
+    }
+
+    /// Values for a new record: every attribute gets a fresh value, every to-one relationship maybe a live parent.
+    private func newRecordValues(_ entity: Schema.Entity, store: Scenario.Store, process: SimProcess, collide: Bool) throws -> [SQLiteValue] {
+        var values: [SQLiteValue] = []
+        for attribute in entity.attributes { values.append(try newValue(attribute, store: store, collide: collide)) }
+        for relationship in entity.toOneRelationships {
+            values.append(try dice.chance(0.8) ? try parentReference(relationship, store: store, process: process) : .null)
+        }
+        return values
+    }
+
+    /// A reference to a record of the relationship's destination that is alive on the process's device, or null.
+    private func parentReference(_ relationship: Schema.Relationship, store: Scenario.Store, process: SimProcess) throws -> SQLiteValue {
+        guard let context = process.context, let destination = process.device.schema.entity(named: relationship.destination),
+              let id = try pickRecord(poolKey(store, destination.name, device: process.device)) else { return .null }
+        let access = EntityShapeRegistry.shared.accessor(for: destination)
+        return try access.values(context, id: id) != nil ? id.sqliteValue : .null
+    }
+
+    /// A value no other write of the run produces (except booleans and nulls), so values identify their writes.
+    private func newValue(_ attribute: Schema.Attribute, store: Scenario.Store, collide: Bool) throws -> SQLiteValue {
+        if attribute.isOptional, scenario.workload.nullPercent > 0, try dice.chance(Double(scenario.workload.nullPercent) / 100) {
+            return .null
+        }
+        valueSerial += 1
+        let n = valueSerial
+        switch attribute.type {
+        case .string:
+            if attribute.isUnique {
+                if collide { return .text("\(store.name)-key\(try dice.below(scenario.workload.uniqueKeys))@collide.example") }
+                return .text("u\(n)@example.com")
+            }
+            if attribute.isEncrypted { return .text("secret-\(n);") }
+            return .text(store.isSynced ? "v\(n);" : "local-\(n);")
+        case .integer:
+            return .integer(Int64(1_000 + n))
+        case .double:
+            return .real(Double(n) + 0.5)
+        case .date:
+            return .real(Double(1_767_225_600 + n))
+        case .bool:
+            return .integer(Int64(n % 2))
+        case .data:
+            let unit = Array("blob-\(n);".utf8)
+            let size = attribute.options.contains(.externalStorage) ? 512 : 24
+            return .blob(Data((0..<size).map { unit[$0 % unit.count] }))
+        case .uuid:
+            return .blob(Data(repeating: UInt8(truncatingIfNeeded: n), count: 16))
+        case .url:
+            return .text("https://example.com/\(n)")
+        case .composite:
+            return .text("{\"n\":\(n)}")
+        }
+    }
+}

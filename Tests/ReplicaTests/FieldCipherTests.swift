@@ -1,0 +1,230 @@
+import CSodium
+import Foundation
+import Testing
+@testable import Replica
+
+/// The field cipher on its own: format, associated-data binding, tampering, key versions, key providers.
+@Suite("Field cipher")
+struct FieldCipherTests {
+    static let zone = "notes"
+    static let recordID = UUID(uuidString: "01900000-0000-7000-8000-0000000000a1")!
+    static let otherID = UUID(uuidString: "01900000-0000-7000-8000-0000000000a2")!
+    static let stamp = FieldStamp(incarnation: 1, clock: HLC(physical: 1_767_225_600_000, logical: 3,
+                                                             replica: UUID(uuidString: "01900000-0000-7000-8000-0000000000ff")!))
+
+    static func key(_ byte: UInt8) -> [UInt8] { [UInt8](repeating: byte, count: 32) }
+
+    static func cipher(zone: String = zone, keys: [(UInt32, UInt8)] = [(1, 7)], seed: UInt64 = 1) throws -> FieldCipher {
+        let cipher = try FieldCipher(zone: zone, encryptedFields: ["Diary": ["secret", "photo"]], random: SeededRandomSource(seed: seed))
+        for (version, byte) in keys { try key(byte).withUnsafeBytes { try cipher.setKey(version: version, $0) } }
+        return cipher
+    }
+
+    static func record(id: UUID = recordID, secret: SQLiteValue = .text("my secret"), photo: SQLiteValue = .blob(Data([1, 2, 3])),
+                       stamp: FieldStamp = stamp) -> CloudRecord {
+        CloudRecord(recordID: id, recordType: "Diary", causalLength: 1, created: stamp, fields: [
+            "title": CloudField(value: .text("plain title"), stamp: stamp),
+            "secret": CloudField(value: secret, stamp: stamp, isEncrypted: true),
+            "photo": CloudField(value: photo, stamp: stamp, isEncrypted: true),
+        ])
+    }
+
+    static func failure(_ body: () throws -> Void) -> FieldEncryptionError.DecryptionFailure? {
+        do {
+            try body()
+            return nil
+        } catch let FieldEncryptionError.undecryptable(_, _, _, _, failure) {
+            return failure
+        } catch {
+            Issue.record("unexpected error \(error)")
+            return nil
+        }
+    }
+
+    @Test("every storage class round-trips; the sealed value has the documented layout; stamps and plain fields are unchanged")
+    func roundTripAndFormat() throws {
+        let cipher = try Self.cipher()
+        let values: [SQLiteValue] = [.null, .integer(0), .integer(-42), .integer(.max), .real(-1.5), .real(.infinity), .text(""),
+                                     .text("héllo wörld ✓"), .blob(Data()), .blob(Data((0..<200).map { UInt8($0) }))]
+        for value in values {
+            let sealed = try cipher.sealed(Self.record(secret: value))
+            #expect(sealed.fields["title"] == Self.record().fields["title"])
+            let field = try #require(sealed.fields["secret"])
+            #expect(field.isEncrypted && field.stamp == Self.stamp)
+            guard case let .blob(bytes) = field.value else { Issue.record("not a blob"); continue }
+            let plaintextCount: Int = switch value {
+            case .null: 0
+            case .integer, .real: 8
+            case let .text(s): s.utf8.count
+            case let .blob(d): d.count
+            }
+            #expect(bytes.count == 1 + 4 + 24 + 1 + plaintextCount + 16)
+            #expect(Array(bytes.prefix(5)) == [1, 0, 0, 0, 1])
+            let opened = try cipher.opened(sealed)
+            #expect(opened.fields["secret"] == CloudField(value: value, stamp: Self.stamp, isEncrypted: true))
+            #expect(opened == Self.record(secret: value))
+        }
+    }
+
+    @Test("nonces come from the environment's random source: fresh per value, identical for the same seed")
+    func noncesFromRandomSource() throws {
+        let a = try Self.cipher(seed: 9), b = try Self.cipher(seed: 9)
+        let first = try a.sealed(Self.record()), again = try a.sealed(Self.record())
+        #expect(first != again)
+        #expect(try b.sealed(Self.record()) == first)
+    }
+
+    @Test("a flipped bit anywhere in a sealed value is rejected")
+    func flippedBits() throws {
+        let cipher = try Self.cipher()
+        let sealed = try cipher.sealed(Self.record())
+        guard case let .blob(bytes)? = sealed.fields["secret"]?.value else { Issue.record("not sealed"); return }
+        for index in bytes.indices {
+            for bit in 0..<8 {
+                var tampered = sealed
+                var copy = bytes
+                copy[index] ^= 1 << bit
+                tampered.fields["secret"]!.value = .blob(copy)
+                let failure = Self.failure { _ = try cipher.opened(tampered) }
+                // Header bits may turn into another format or key version; every other bit fails authentication.
+                switch index {
+                case 0: #expect(failure == .unsupportedFormat)
+                case 1...4: #expect(failure == .unknownKeyVersion)
+                default: #expect(failure == .authenticationFailed)
+                }
+            }
+        }
+        // Truncated, or not a blob at all.
+        var short = sealed
+        short.fields["secret"]!.value = .blob(bytes.prefix(40))
+        #expect(Self.failure { _ = try cipher.opened(short) } == .malformed)
+        var text = sealed
+        text.fields["secret"]!.value = .text("nope")
+        #expect(Self.failure { _ = try cipher.opened(text) } == .malformed)
+    }
+
+    @Test("a ciphertext moved to another field, record, record type, zone or a newer stamp is rejected")
+    func associatedDataBinding() throws {
+        let cipher = try Self.cipher()
+        let sealed = try cipher.sealed(Self.record())
+        let secret = try #require(sealed.fields["secret"])
+        // Another field of the same record.
+        var swapped = sealed
+        swapped.fields["photo"] = CloudField(value: secret.value, stamp: Self.stamp, isEncrypted: true)
+        #expect(Self.failure { _ = try cipher.opened(swapped) } == .authenticationFailed)
+        // The same field of another record.
+        var other = try cipher.sealed(Self.record(id: Self.otherID))
+        other.fields["secret"] = secret
+        #expect(Self.failure { _ = try cipher.opened(other) } == .authenticationFailed)
+        // Another record type with the same field name.
+        var retyped = sealed
+        retyped.recordType = "Journal"
+        #expect(Self.failure { _ = try cipher.opened(retyped) } == .authenticationFailed)
+        // Another zone, same key.
+        let elsewhere = try Self.cipher(zone: "other")
+        #expect(Self.failure { _ = try elsewhere.opened(sealed) } == .authenticationFailed)
+        // An old ciphertext replayed under a newer stamp (rollback).
+        var replayed = sealed
+        var newer = Self.stamp
+        newer.clock.physical += 1
+        replayed.fields["secret"]!.stamp = newer
+        #expect(Self.failure { _ = try cipher.opened(replayed) } == .authenticationFailed)
+        // A wrong key.
+        let wrong = try Self.cipher(keys: [(1, 8)])
+        #expect(Self.failure { _ = try wrong.opened(sealed) } == .authenticationFailed)
+    }
+
+    @Test("an encrypted attribute arriving in plaintext is rejected, not trusted")
+    func plaintextRejected() throws {
+        let cipher = try Self.cipher()
+        var stripped = try cipher.sealed(Self.record())
+        stripped.fields["secret"] = CloudField(value: .text("injected"), stamp: Self.stamp, isEncrypted: false)
+        #expect(Self.failure { _ = try cipher.opened(stripped) } == .notSealed)
+    }
+
+    @Test("key versions: new values use the highest, older ones still open, unknown ones are reported")
+    func keyVersions() throws {
+        let cipher = try Self.cipher()
+        let old = try cipher.sealed(Self.record())
+        for version: UInt32 in 2...9 { try Self.key(UInt8(version)).withUnsafeBytes { try cipher.setKey(version: version, $0) } }
+        #expect(cipher.keyVersions == Array(1...9))
+        #expect(cipher.currentKeyVersion == 9)
+        let new = try cipher.sealed(Self.record())
+        guard case let .blob(bytes)? = new.fields["secret"]?.value else { Issue.record("not sealed"); return }
+        #expect(Array(bytes[1...4]) == [0, 0, 0, 9])
+        #expect(try cipher.opened(old) == Self.record())
+        #expect(try cipher.opened(new) == Self.record())
+        let results = cipher.open([old, new])
+        #expect(results.map { (try? $0.get())?.oldestKeyVersion } == [1, 9])
+        let onlyOne = try Self.cipher(keys: [(1, 7)])
+        #expect(Self.failure { _ = try onlyOne.opened(new) } == .unknownKeyVersion)
+        cipher.removeAllKeys()
+        #expect(cipher.currentKeyVersion == nil)
+        #expect(throws: FieldEncryptionError.noKey(zone: "notes")) { _ = try cipher.sealed(Self.record()) }
+    }
+
+    @Test("fields of a newer schema flagged encrypted are sealed too, and an already sealed one is sent unchanged")
+    func unknownEncryptedFields() throws {
+        let cipher = try Self.cipher()
+        var record = Self.record()
+        record.fields["diary"] = CloudField(value: .text("unknown secret"), stamp: Self.stamp, isEncrypted: true)
+        let sealed = try cipher.sealed(record)
+        guard case .blob? = sealed.fields["diary"]?.value else { Issue.record("unknown field not sealed"); return }
+        #expect(try cipher.opened(sealed) == record)
+        // Sealing an already sealed unknown field (kept from before this device had the key) leaves it as it is.
+        var resent = try cipher.opened(sealed)
+        resent.fields["diary"] = sealed.fields["diary"]
+        #expect(try cipher.sealed(resent).fields["diary"] == sealed.fields["diary"])
+    }
+
+    @Test("key providers: raw keys must be 32 bytes; passphrases derive with Argon2id from the zone's salt and limits")
+    func keyProviders() throws {
+        #expect(throws: FieldEncryptionError.invalidKey(reason: "a raw key must be 32 bytes")) { _ = try RawKeyProvider(key: [1, 2, 3]) }
+        #expect(throws: FieldEncryptionError.self) { _ = try PassphraseKeyProvider(passphrase: "") }
+        let provider = try PassphraseKeyProvider(passphrase: "correct horse", limits: .minimum)
+        let derivation = provider.makeKeyDerivation(random: SeededRandomSource(seed: 3))
+        #expect(derivation.algorithm == .argon2id13 && derivation.salt?.count == 16)
+        var a = [UInt8](repeating: 0, count: 32), b = a, c = a
+        try a.withUnsafeMutableBytes { try provider.deriveRootKey(for: derivation, zone: "z", into: $0) }
+        try b.withUnsafeMutableBytes { try provider.deriveRootKey(for: derivation, zone: "z", into: $0) }
+        // Same passphrase, salt and limits: the same key, equal to a direct crypto_pwhash call.
+        let salt = try #require(derivation.salt)
+        let direct = Array("correct horse".utf8).withUnsafeBufferPointer { p in
+            salt.withUnsafeBytes { s in
+                crypto_pwhash(&c, 32, UnsafeRawPointer(p.baseAddress!).assumingMemoryBound(to: CChar.self), UInt64(p.count),
+                              s.baseAddress!.assumingMemoryBound(to: UInt8.self), derivation.opsLimit!, Int(derivation.memLimit!),
+                              crypto_pwhash_alg_argon2id13())
+            }
+        }
+        #expect(direct == 0 && a == b && a == c && a != [UInt8](repeating: 0, count: 32))
+        // A hostile zone cannot ask for more than SENSITIVE limits, and a raw-key zone needs a raw key.
+        var hostile = derivation
+        hostile.memLimit = PasswordHashLimits.sensitive.memLimit * 2
+        #expect(throws: FieldEncryptionError.self) { try a.withUnsafeMutableBytes { try provider.deriveRootKey(for: hostile, zone: "z", into: $0) } }
+        #expect(throws: FieldEncryptionError.keyProviderMismatch(zone: "z", zoneDerivation: "raw")) {
+            try a.withUnsafeMutableBytes { try provider.deriveRootKey(for: KeyDerivation(algorithm: .raw), zone: "z", into: $0) }
+        }
+    }
+
+    @Test("descriptions of ciphers, providers, records and errors never show values, keys or passphrases")
+    func noLeaksInDescriptions() throws {
+        let cipher = try Self.cipher()
+        let secret = "never-print-this-secret-value"
+        let record = Self.record(secret: .text(secret))
+        let sealed = try cipher.sealed(record)
+        var tampered = sealed
+        tampered.fields["photo"] = sealed.fields["secret"]
+        var texts = [String(describing: cipher), String(describing: record), String(reflecting: record), String(describing: sealed),
+                     String(describing: try PassphraseKeyProvider(passphrase: secret, limits: .minimum)),
+                     String(describing: try RawKeyProvider(key: Self.key(7)))]
+        do { _ = try cipher.opened(tampered) } catch { texts += [String(describing: error), String(reflecting: error)] }
+        var dumped = ""
+        dump(record, to: &dumped)
+        texts.append(dumped)
+        for (index, text) in texts.enumerated() {
+            // Assert on a Bool so a failure never echoes the text itself into the test output.
+            let leaks = text.contains(secret) || text.contains("0707070707") || text.contains("7, 7, 7, 7")
+            #expect(!leaks, "description \(index) shows a secret")
+        }
+    }
+}
