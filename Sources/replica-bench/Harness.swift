@@ -83,6 +83,20 @@ struct Trial {
     var run: () throws -> Void
     var check: () throws -> Void = {}
     var cleanup: () -> Void = {}
+    /// For a side that measures itself (in a child process, or CPU seconds the simulator reports per seed): called
+    /// instead of timing `run`.
+    var measured: (() throws -> Measurement)?
+    /// A remark for the table's notes (the last repetition's is shown), e.g. where the time went.
+    var note: () -> String? = { nil }
+}
+
+/// What a self-measuring trial reports.
+struct Measurement {
+    var sample: Sample
+    /// Peak resident memory above the baseline taken just before the measured work, in MB.
+    var peakMB: Double?
+    /// Items processed (for `per_second`), when only the run knows them.
+    var items: Int?
 }
 
 /// What a workload must reach.
@@ -123,8 +137,10 @@ struct Workload {
     var raw: ((RunSize) throws -> Trial)?
     /// Set when the feature this workload measures is not in this build.
     var notBuilt: String?
-    /// Measure peak RSS of each side (costs two /proc reads per run).
+    /// Measure peak RSS of each side (costs two /proc reads per run; self-measuring trials report their own).
     var measuresMemory = false
+    /// Repetitions after the warm-up (full, quick), when the default (7, 5) would take too long.
+    var repetitions: (full: Int, quick: Int)?
 
     static func notYetBuilt(_ id: String, _ title: String, _ target: Target, _ reason: String) -> Workload {
         Workload(id: id, title: title, target: target, count: { _ in 0 }, notBuilt: reason)
@@ -141,6 +157,8 @@ struct BenchResult {
     var rawPeakMB: [Double] = []
     var clock: ClockKind
     var error: String?
+    /// The last repetition's remark (see ``Trial/note``).
+    var note: String?
 
     func median(_ xs: [Double]) -> Double? {
         guard !xs.isEmpty else { return nil }
@@ -195,7 +213,8 @@ func run(_ workload: Workload, options: Options, log: (String) -> Void) -> Bench
     let size = RunSize(quick: options.quick)
     var result = BenchResult(workload: workload, count: workload.count(size), clock: options.clock)
     guard workload.notBuilt == nil, let replicaSide = workload.replica else { return result }
-    let repetitions = options.repetitions ?? (options.quick ? 5 : 7)
+    let repetitions = options.repetitions
+        ?? workload.repetitions.map { options.quick ? $0.quick : $0.full } ?? (options.quick ? 5 : 7)
     do {
         for rep in 0..<(options.warmups + repetitions) {
             let warm = rep < options.warmups
@@ -208,13 +227,23 @@ func run(_ workload: Workload, options: Options, log: (String) -> Void) -> Bench
                 let trial = try side.make(size)
                 defer { trial.cleanup() }
                 var peakBefore = 0
-                if workload.measuresMemory {
+                if workload.measuresMemory && trial.measured == nil {
                     Memory.resetPeak()
                     peakBefore = Memory.residentBytes() ?? 0
                 }
-                let sample = side.isReplica ? try timedReplicaRegion(trial.run) : try timedRawRegion(trial.run)
-                let peak = workload.measuresMemory ? Double((Memory.peakBytes() ?? 0) - peakBefore) / 1_048_576 : 0
+                let sample: Sample
+                var peak = 0.0
+                if let measured = trial.measured {
+                    let measurement = try measured()
+                    sample = measurement.sample
+                    peak = measurement.peakMB ?? 0
+                    if side.isReplica, let items = measurement.items { result.count = items }
+                } else {
+                    sample = side.isReplica ? try timedReplicaRegion(trial.run) : try timedRawRegion(trial.run)
+                    if workload.measuresMemory { peak = Double((Memory.peakBytes() ?? 0) - peakBefore) / 1_048_576 }
+                }
                 try trial.check()
+                if side.isReplica, let note = trial.note() { result.note = note }
                 line += " \(side.isReplica ? "replica" : "raw") \(format(sample.value(options.clock), 4))s"
                 guard !warm else { continue }
                 if side.isReplica {
@@ -263,6 +292,11 @@ func tableLine(_ r: BenchResult) -> String {
         outcome = r.peakMB.map { format($0, 1) + " MB" } ?? ""
     }
     if let peak = r.peakMB, case .ratio = w.target { note += (note.isEmpty ? "" : "; ") + "peak RSS +\(format(peak, 1)) MB" }
+    if case .peakRSSAbove = w.target {
+        if let ratio = r.ratio { note += "time \(format(ratio, 2))x raw" }
+        if let rawPeak = r.median(r.rawPeakMB) { note += (note.isEmpty ? "" : "; ") + "raw peak +\(format(rawPeak, 1)) MB" }
+    }
+    if let extra = r.note { note += (note.isEmpty ? "" : "; ") + extra }
     return "| \(cell(w.id, 3)) | \(cell(w.title, 58)) | \(cell(size, 7)) | \(cell(replica, 9)) | \(cell(raw, 9)) | \(cell(outcome, 13)) | \(cell(w.target.description, 24)) | \(cell(r.met ? "yes" : "no", 4)) | \(note)"
 }
 
@@ -311,5 +345,6 @@ func jsonLine(_ r: BenchResult, options: Options) -> String {
     fields.append(("met", r.met ? "true" : "false"))
     if let reason = w.notBuilt { fields.append(("reason", string(reason))) }
     if let error = r.error { fields.append(("error", string(error))) }
+    if let note = r.note { fields.append(("note", string(note))) }
     return "{" + fields.map { "\"\($0.0)\": \($0.1)" }.joined(separator: ", ") + "}"
 }

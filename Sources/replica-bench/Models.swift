@@ -71,13 +71,19 @@ struct BenchRecord: PersistentModel, Equatable {
     /// A cheap order-sensitive checksum of what a fetch returned (both sides must agree).
     static func checksum(_ records: [BenchRecord]) -> Int {
         var h = records.count
-        for r in records {
-            h = h &* 31 &+ r.id.hashValue
-            h = h &* 31 &+ r.name.utf8.count &+ r.email.utf8.count &+ (r.note?.utf8.count ?? -1) &+ r.tag.utf8.count
-            h = h &* 31 &+ r.age &+ r.count &+ (r.active ? 1 : 0) &+ Int(r.score) &+ Int(r.created.timeIntervalSince1970)
-            h = h &* 31 &+ Int(r.ratio * 1e9)
-        }
+        for r in records { fold(&h, r) }
         return h
+    }
+
+    /// Folds one record into a running checksum (streaming reads check themselves with it).
+    @inline(__always)
+    static func fold(_ h: inout Int, _ r: BenchRecord) {
+        // The ID's bytes, not its hash value: hashing is seeded per process, and B10 compares two processes.
+        let (high, low) = withUnsafeBytes(of: r.id.uuid) { ($0.loadUnaligned(as: UInt64.self), $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }
+        h = h &* 31 &+ Int(truncatingIfNeeded: high ^ (low &* 0x9E37_79B9_7F4A_7C15))
+        h = h &* 31 &+ r.name.utf8.count &+ r.email.utf8.count &+ (r.note?.utf8.count ?? -1) &+ r.tag.utf8.count
+        h = h &* 31 &+ r.age &+ r.count &+ (r.active ? 1 : 0) &+ Int(r.score) &+ Int(r.created.timeIntervalSince1970)
+        h = h &* 31 &+ Int(r.ratio * 1e9)
     }
 }
 

@@ -3,6 +3,8 @@ import Foundation
 import Replica
 
 // B3 and B8: reads of a store built once per size (untimed) and shared by both sides and every repetition.
+// B3 goes through the public query path: `fetch(FetchDescriptor<BenchRecord>())` (every record, in ID order),
+// and the raw side runs the SQL text that query plan shows (`ModelContext.queryPlan(for:)`).
 
 // MARK: B3 — fetch into models
 
@@ -33,7 +35,7 @@ func replicaFetchTrial(_ n: Int) throws -> Trial {
     try warm(context!)
     var result: [BenchRecord] = []
     return Trial(run: {
-        result = try context!.fetch(BenchRecord.self)
+        result = try context!.fetch(FetchDescriptor<BenchRecord>())
     }, check: {
         try require(result.count == n, "B3: replica fetched \(result.count)")
         let sum = BenchRecord.checksum(result)
@@ -60,13 +62,27 @@ func columnUUID(_ s: OpaquePointer, _ i: Int32) -> UUID {
     return UUID(uuid: uuid)
 }
 
+/// The SQL `fetch(FetchDescriptor<BenchRecord>())` runs, from its query plan; it selects the ID and the ten
+/// attributes in field order and takes no parameters (checked).
+func fetchSQL(_ directory: URL) throws -> String {
+    var configuration = ModelConfiguration("bench", url: directory.appendingPathComponent("bench.store"))
+    configuration.tracksHistory = false
+    let container = try ModelContainer(for: Schema([BenchRecord.self]), configurations: [configuration],
+                                       environment: benchEnvironment(directory))
+    let plan = try ModelContext(container).queryPlan(for: FetchDescriptor<BenchRecord>())
+    try require(!plan.filtersInMemory && !plan.sortsInMemory && !plan.sql.contains("?"),
+                "B3: the plan is not one parameterless SQL query: \(plan)")
+    return plan.sql
+}
+
 /// Raw: the same SELECT, one `BenchRecord` per row straight from `sqlite3_column_*`.
 func rawFetchTrial(_ n: Int) throws -> Trial {
     let directory = try fetchStore(n)
     let raw = RawDB(path: storePath(directory))
+    let sql = try fetchSQL(directory)
     var result: [BenchRecord] = []
     return Trial(run: {
-        let s = raw.prepare(BenchSQL.selectAll(BenchSQL.table))
+        let s = raw.prepare(sql)
         while sqlite3_step(s) == SQLITE_ROW {
             result.append(BenchRecord(
                 id: columnUUID(s, 0), name: columnString(s, 1), email: columnString(s, 2),

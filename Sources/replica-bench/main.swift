@@ -16,7 +16,7 @@ exit(2)
 func usage() -> Never {
     print("""
         usage: replica-bench [--quick] [--json] [--only B1,B3,...] [--reps N] [--warmups N] [--clock cpu|wall]
-          --quick     reduced sizes (1/5) and 3 repetitions: under two minutes
+          --quick     reduced sizes (1/5) and fewer repetitions: under two minutes
           --json      one JSON object per workload per line (instead of the table)
           --only      run only these workload IDs
           --reps      repetitions after the warm-up (default 7, quick 5)
@@ -50,7 +50,7 @@ let workloads: [Workload] = [
              count: { $0.scaled(100_000) },
              replica: { size in try replicaInsertTrial(makeCodableRecords(size.scaled(100_000)), tracksHistory: false, name: "B2-replica") },
              raw: { size in try rawInsertTrial(makeRecords(size.scaled(100_000)), history: false, name: "B2-raw") }),
-    Workload(id: "B3", title: "fetch 200k rows into models (typed init(row:))", target: .ratio(1.3),
+    Workload(id: "B3", title: "fetch 200k rows into models (FetchDescriptor, init(row:))", target: .ratio(1.3),
              count: { $0.scaled(200_000) },
              replica: { size in try replicaFetchTrial(size.scaled(200_000)) },
              raw: { size in try rawFetchTrial(size.scaled(200_000)) }),
