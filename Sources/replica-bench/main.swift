@@ -26,6 +26,12 @@ func usage() -> Never {
     exit(1)
 }
 
+// A child process of B10 (see StreamWorkload.swift): `--child B10 replica|raw DIR N`.
+if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", CommandLine.arguments[2] == "B10",
+   let n = Int(CommandLine.arguments[5]) {
+    streamChild(side: CommandLine.arguments[3], directory: URL(fileURLWithPath: CommandLine.arguments[4]), n: n)
+}
+
 var options = Options()
 var arguments = CommandLine.arguments.dropFirst().makeIterator()
 while let argument = arguments.next() {
@@ -74,10 +80,15 @@ let workloads: [Workload] = [
              count: { $0.scaled(10_000) },
              replica: { size in try replicaMergeTrial(size.scaled(10_000)) },
              raw: { size in try rawMergeTrial(size.scaled(10_000)) }),
-    .notYetBuilt("B10", "enumerate 1M rows", .peakRSSAbove(50),
-                 "ModelContext.enumerate is not in this build (issue: queries)"),
-    .notYetBuilt("B11", "simulator, trips scenario", .perSecond(20_000, units: "device-ops/s"),
-                 "the simulator is not in this build (issue: simulator)"),
+    Workload(id: "B10", title: "enumerate 1M rows (child process per side)", target: .peakRSSAbove(50),
+             count: { $0.scaled(1_000_000) },
+             replica: { size in try streamTrial(size.scaled(1_000_000), side: "replica") },
+             raw: { size in try streamTrial(size.scaled(1_000_000), side: "raw") },
+             measuresMemory: true, repetitions: (full: 3, quick: 3)),
+    Workload(id: "B11", title: "simulator, trips scenario, one core", target: .perSecond(20_000, units: "device-ops/s"),
+             count: { _ in 0 },
+             replica: { size in try simulatorTrial(seeds: size.scaled(200)) }, raw: nil,
+             repetitions: (full: 3, quick: 1)),
     Workload(id: "B12", title: "property engine, 3 devices × 50 steps", target: .perSecond(100, units: "cases/s"),
              count: { $0.scaled(100, quickDivisor: 4) },
              replica: { size in propertyTrial(size.scaled(100, quickDivisor: 4)) }, raw: nil),
