@@ -1,5 +1,6 @@
-// The hand-written text forms of the sync ledger must produce exactly the bytes JSONEncoder and the hex formatting
-// produced before, and read them (and anything else JSONDecoder accepts) back.
+// The hand-written forms of the sync ledger: the hex stamps must be exactly the bytes the hex formatting produced
+// before; the `stamps` column's compact form must round-trip every map exactly; the JSON form stores wrote before it
+// (and anything else JSONDecoder accepts) must still read back.
 import Foundation
 import Testing
 @testable import Replica
@@ -51,12 +52,10 @@ struct LedgerCodingTests {
         #expect(FieldStamp(String(repeating: "0", count: 63)) == nil)
     }
 
-    @Test("the stamps column is byte-for-byte what JSONEncoder wrote, and reads back")
-    func stampsColumn() throws {
+    @Test("the JSON stamps column that stores wrote before the compact form still reads back")
+    func legacyStampsColumn() throws {
         for dictionary in Self.stamps(seed: 2) {
-            let json = SyncLedger.encodeStamps(dictionary)
-            #expect(json == Self.slowJSON(dictionary))
-            #expect(SyncLedger.decodeStamps(json) == dictionary)
+            #expect(SyncLedger.decodeStamps(Self.slowJSON(dictionary)) == dictionary)
         }
         // What the fast parser does not handle still reads through JSONDecoder.
         let stamp = FieldStamp(incarnation: 1, clock: HLC(physical: 5, logical: 0, replica: .unassigned))
@@ -65,6 +64,88 @@ struct LedgerCodingTests {
         #expect(SyncLedger.decodeStamps("{}") == [:])
         #expect(SyncLedger.decodeStamps("{\"title\":\"\(stamp)\"") == nil)
         #expect(SyncLedger.decodeStamps("not json") == nil)
-        #expect(SyncLedger.decodeStamps(nil) == nil)
+        #expect(SyncLedger.decodeStamps(nil as String?) == nil)
+    }
+
+    static func decodeCompact(_ data: Data) -> [String: FieldStamp]? {
+        data.withUnsafeBytes { SyncLedger.decodeStamps($0) }
+    }
+
+    @Test("the compact stamps column round-trips every map, odd names and extreme values included")
+    func compactStampsColumn() throws {
+        for dictionary in Self.stamps(seed: 3) {
+            let data = SyncLedger.encodeStamps(dictionary)
+            #expect(data.first == SyncLedger.stampsFormatVersion)
+            #expect(Self.decodeCompact(data) == dictionary)
+            // Equal maps give equal bytes, however the dictionary was built.
+            var rebuilt: [String: FieldStamp] = [:]
+            for key in dictionary.keys.sorted().reversed() { rebuilt[key] = dictionary[key] }
+            #expect(SyncLedger.encodeStamps(rebuilt) == data)
+        }
+        // An empty map is a version byte and two zero counts.
+        #expect(SyncLedger.encodeStamps([:]) == Data([1, 0, 0]))
+        #expect(Self.decodeCompact(Data([1, 0, 0])) == [:])
+        // Values the hex form cannot hold (negative, beyond 48-bit milliseconds or a 16-bit counter) round-trip exactly.
+        let extremes: [FieldStamp] = [
+            FieldStamp(incarnation: .max, clock: HLC(physical: .max, logical: .max, replica: UUID(uuidString: "FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF")!)),
+            FieldStamp(incarnation: .min, clock: HLC(physical: .min, logical: .min, replica: .unassigned)),
+            FieldStamp(incarnation: -1, clock: HLC(physical: 1 << 48, logical: 1 << 16, replica: UUID(uuidString: "01900000-0000-7000-8000-00000000beef")!)),
+            FieldStamp(incarnation: 0, clock: HLC(physical: 0, logical: 0, replica: .unassigned)),
+        ]
+        // Odd names: empty, non-ASCII, quotes, backslashes, control characters, NUL, long enough for multi-byte lengths.
+        let names = ["", "é", "日本語", "q\"uote", "back\\slash", "tab\there", "nul\u{0}in", String(repeating: "long", count: 100), "🙂", "a", "A"]
+        var odd: [String: FieldStamp] = [:]
+        for (offset, name) in names.enumerated() { odd[name] = extremes[offset % extremes.count] }
+        let data = SyncLedger.encodeStamps(odd)
+        #expect(Self.decodeCompact(data) == odd)
+        // Distinct stamps are written once each.
+        let shared = Dictionary(uniqueKeysWithValues: (0..<50).map { ("field\($0)", extremes[0]) })
+        #expect(SyncLedger.encodeStamps(shared).count < 1 + 1 + 36 + 1 + 50 * 9)
+        #expect(Self.decodeCompact(SyncLedger.encodeStamps(shared)) == shared)
+    }
+
+    @Test("the positional encoder writes the same bytes as the dictionary encoder")
+    func positionalEncoding() throws {
+        let names = ["title", "body", "rating", "Zeta", "é", "a_b", "a"]
+        let order = names.indices.sorted { names[$0].utf8.lexicographicallyPrecedes(names[$1].utf8) }
+        for dictionary in Self.stamps(seed: 4) {
+            // Stamps for a subset of `names`, by position.
+            let values = Array(dictionary.values)
+            var positional = [FieldStamp?](repeating: nil, count: names.count)
+            var equivalent: [String: FieldStamp] = [:]
+            for (offset, stamp) in values.enumerated() where offset < names.count && offset % 2 == 0 {
+                positional[offset] = stamp
+                equivalent[names[offset]] = stamp
+            }
+            #expect(SyncLedger.encodeStamps(names: names, order: order, stamps: positional) == SyncLedger.encodeStamps(equivalent))
+        }
+    }
+
+    @Test("malformed compact stamps are rejected, never trusted")
+    func malformedCompactStamps() throws {
+        let stamp = FieldStamp(incarnation: 1, clock: HLC(physical: 5, logical: 2, replica: UUID(uuidString: "01900000-0000-7000-8000-00000000beef")!))
+        let good = SyncLedger.encodeStamps(["title": stamp, "body": stamp])
+        #expect(Self.decodeCompact(good) == ["title": stamp, "body": stamp])
+        // Every truncation fails, and so does a trailing byte.
+        for length in 0..<good.count { #expect(Self.decodeCompact(good.prefix(length)) == nil) }
+        #expect(Self.decodeCompact(good + [0]) == nil)
+        // An unknown version.
+        var version = good
+        version[0] = 2
+        #expect(Self.decodeCompact(version) == nil)
+        // A stamp index out of range (the last byte is the last field's index).
+        var index = good
+        index[index.count - 1] = 1
+        #expect(Self.decodeCompact(index) == nil)
+        // A field named twice.
+        var twice = SyncLedger.encodeStamps(["aaaa": stamp, "bbbb": stamp])
+        let b = twice.firstIndex(of: UInt8(ascii: "b"))!
+        for offset in 0..<4 { twice[b + offset] = UInt8(ascii: "a") }
+        #expect(Self.decodeCompact(twice) == nil)
+        // Counts far beyond the bytes there are, and a varint beyond 64 bits.
+        #expect(Self.decodeCompact(Data([1, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F])) == nil)
+        #expect(Self.decodeCompact(Data([1, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F])) == nil)
+        #expect(Self.decodeCompact(Data([1, 0] + [UInt8](repeating: 0xFF, count: 10) + [0x7F])) == nil)
+        #expect(Self.decodeCompact(Data()) == nil)
     }
 }

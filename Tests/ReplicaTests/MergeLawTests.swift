@@ -49,7 +49,17 @@ struct MergeLawTests {
     static func state(of device: Device) throws -> String {
         let rows = try device.notes().map { "\($0.id) \($0.title) \($0.body ?? "nil") \($0.rating)" }
         let ledger = try device.engine.db.rows("SELECT id, causal_length, created, stamps, unknown, tombstone FROM replica_sync_record ORDER BY id")
-        return rows.joined(separator: "\n") + "\n" + ledger.map { "\($0.map { v -> String in if case let .text(s) = v { s } else { "\(v)" } })" }.joined(separator: "\n")
+        // Every value in full (the `stamps` column is a blob): SQLiteValue's own description hides contents.
+        func render(_ value: SQLiteValue) -> String {
+            switch value {
+            case let .text(text): text
+            case let .blob(bytes): bytes.map { String(format: "%02x", $0) }.joined()
+            case let .integer(number): "\(number)"
+            case let .real(number): "\(number)"
+            case .null: "null"
+            }
+        }
+        return rows.joined(separator: "\n") + "\n" + ledger.map { "\($0.map(render))" }.joined(separator: "\n")
     }
 
     static func merge(_ records: [CloudRecord], into device: Device) throws {

@@ -238,13 +238,23 @@ final class Store: Sendable {
             return
         }
         for entity in entities {
+            // Live records of this entity and the fields their current incarnation has stamps for (the `stamps`
+            // column is read in either of its forms, so this works on stores written before the compact form).
+            var stamped: [(id: UUID, fields: Set<String>)] = []
+            let select = try Statement(connection: db, sql: "SELECT id, stamps FROM replica_sync_record WHERE entity = ? AND causal_length % 2 = 1")
+            try select.bind(.text(entity.name), at: 0)
+            while try select.step() {
+                guard let id = select.uuid(0) else { continue }
+                stamped.append((id, Set((SyncLedger.readStamps(select, 1) ?? [:]).keys)))
+            }
             for attribute in entity.attributes {
                 let value = attribute.defaultValue ?? .null
-                _ = try db.rows("""
-                    UPDATE \(quoted(entity.name)) SET \(quoted(attribute.name)) = ? WHERE \(quoted(attribute.name)) IS NOT ?
-                      AND "id" IN (SELECT id FROM replica_sync_record
-                                   WHERE entity = ? AND causal_length % 2 = 1 AND json_type(stamps, ?) IS NULL)
-                    """, [value, value, .text(entity.name), .text("$.\"\(attribute.name)\"")], cache: false)
+                let update = try Statement(connection: db, sql: """
+                    UPDATE \(quoted(entity.name)) SET \(quoted(attribute.name)) = ? WHERE \(quoted(attribute.name)) IS NOT ? AND "id" = ?
+                    """)
+                for record in stamped where !record.fields.contains(attribute.name) {
+                    try update.run([value, value, record.id.sqliteValue])
+                }
             }
         }
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('synced_defaults', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -324,6 +334,19 @@ struct EntityStatements: Sendable {
     let selectByID: String
     let delete: String
     let exists: String
+    /// ``selectByID`` as a statement key (read once per merged record).
+    let selectByIDKey: StatementKey
+    /// The entity's stored fields in storage order (``Schema/Entity/fieldNames``, computed once).
+    let fieldNames: [String]
+    /// Field positions in the order of their names' UTF-8 bytes: the order of the ledger's compact `stamps` form.
+    let fieldsInStampOrder: [Int]
+    /// Position of each stored field, by name.
+    let fieldIndex: [String: Int]
+    /// The value of each field when no write of the current incarnation is known (the attribute's declared default,
+    /// else NULL), in storage order.
+    let defaults: [SQLiteValue]
+    /// The attribute each field stores, in storage order (`nil` for to-one relationships).
+    let attributes: [Schema.Attribute?]
 
     init(_ entity: Schema.Entity) {
         table = quoted(entity.name)
@@ -335,5 +358,12 @@ struct EntityStatements: Sendable {
         selectByID = "SELECT \(columnList) FROM \(table) WHERE \"id\" = ?"
         delete = "DELETE FROM \(table) WHERE \"id\" = ?"
         exists = "SELECT 1 FROM \(table) WHERE \"id\" = ?"
+        selectByIDKey = StatementKey(selectByID)
+        let names = entity.fieldNames
+        fieldNames = names
+        fieldsInStampOrder = names.indices.sorted { names[$0].utf8.lexicographicallyPrecedes(names[$1].utf8) }
+        fieldIndex = Dictionary(names.enumerated().map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
+        attributes = names.indices.map { $0 < entity.attributes.count ? entity.attributes[$0] : nil }
+        defaults = attributes.map { $0?.defaultValue ?? .null }
     }
 }

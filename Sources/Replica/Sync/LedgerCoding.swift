@@ -1,10 +1,25 @@
 import Foundation
 
-// Text forms of the sync bookkeeping that is read and written for every record a save or an import touches: field
-// stamps (hex) and the ledger's `stamps` column (a JSON object, field name → stamp). Written and parsed by hand:
-// JSONEncoder/JSONDecoder and String(radix:) cost more than the SQLite work of a merge. The bytes are exactly what
-// JSONEncoder (sorted keys, slashes unescaped) and the hex formatting produce, so the stored format is unchanged; any
-// input the fast parsers do not recognise goes through JSONDecoder / the general parser as before.
+// Forms of the sync bookkeeping that is read and written for every record a save or an import touches: field stamps
+// as fixed-width hex (the `created` column, the conflict log, CloudRecord JSON) and the ledger's `stamps` column.
+// Written and parsed by hand: JSONEncoder/JSONDecoder and String(radix:) cost more than the SQLite work of a merge.
+//
+// The `stamps` column has two forms, told apart per row by SQLite's storage class (columns are dynamically typed):
+//
+// - TEXT (stores written before the compact form): a JSON object, field name → 64-hex-digit stamp, keys sorted —
+//   about 1 kB for a record of ten fields. Still read; any row written again is written in the compact form.
+// - BLOB (the compact form, ``SyncLedger/encodeStamps(_:)``), every integer big-endian:
+//
+//       u8        format version (1)
+//       varint    S, the number of distinct stamps
+//       S × 36 B  each stamp once: incarnation (Int64), HLC physical ms (Int64), HLC logical (Int32), replica UUID (16 B)
+//       varint    F, the number of fields
+//       F ×       varint name length, name (UTF-8), varint index of the field's stamp (< S)
+//
+//   Fields are in the order of their names' UTF-8 bytes and stamps in order of first use, so equal maps give equal
+//   bytes. Varints are unsigned LEB128 (7 bits a byte, low group first), at most 10 bytes. Every Int64/Int32 value
+//   round-trips exactly (the hex form holds only 48-bit milliseconds and a 16-bit counter). A typical record
+//   (ten fields, one stamp) takes about 110 bytes.
 
 /// Writes `value` as `width` lowercase hex digits (the caller checks that it fits).
 @inline(__always)
@@ -88,58 +103,171 @@ extension FieldStamp {
 }
 
 extension SyncLedger {
-    /// The `stamps` column: `{"name":"<64 hex>",...}` with keys in sorted order — the bytes JSONEncoder writes.
-    static func encodeStamps(_ stamps: [String: FieldStamp]) -> String {
-        var fields = Array(stamps)
-        fields.sort { $0.key < $1.key }
-        var size = 2
-        for (key, stamp) in fields {
-            // Names are identifiers; anything JSON would escape (or a stamp out of range) takes the general path.
-            guard stamp.fitsHex, key.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x80 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") })
-            else { return encode(stamps) }
-            size += key.utf8.count + 64 + 6
+    /// The version byte that starts the compact `stamps` form.
+    static let stampsFormatVersion: UInt8 = 1
+
+    /// Bytes of one stamp in the compact form.
+    private static let stampBytes = 36
+
+    /// The `stamps` column in the compact form (see the top of this file).
+    static func encodeStamps(_ stamps: [String: FieldStamp]) -> Data {
+        var names: [String] = []
+        var values: [FieldStamp?] = []
+        names.reserveCapacity(stamps.count)
+        values.reserveCapacity(stamps.count)
+        for (name, stamp) in stamps {
+            names.append(name)
+            values.append(stamp)
         }
-        if !fields.isEmpty { size -= 1 }
-        return String(unsafeUninitializedCapacity: size) { buffer in
-            let base = buffer.baseAddress!
-            var i = 0
-            base[i] = UInt8(ascii: "{")
-            i += 1
-            var previous: (stamp: FieldStamp, at: Int)?
-            for n in fields.indices {
-                if n > 0 {
-                    base[i] = UInt8(ascii: ",")
-                    i += 1
+        var order = Array(names.indices)
+        if order.count > 1 { order.sort { precedes(names[$0], names[$1]) } }
+        return encodeStamps(names: names, order: order, stamps: values)
+    }
+
+    /// Whether `a`'s UTF-8 bytes precede `b`'s (the field order of the compact form).
+    @inline(__always)
+    static func precedes(_ a: String, _ b: String) -> Bool {
+        var a = a, b = b
+        return a.withUTF8 { x in
+            b.withUTF8 { y in
+                let common = min(x.count, y.count)
+                if common > 0 {
+                    let order = memcmp(x.baseAddress!, y.baseAddress!, common)
+                    if order != 0 { return order < 0 }
                 }
-                base[i] = UInt8(ascii: "\"")
-                i += 1
-                var key = fields[n].key
-                i += key.withUTF8 { bytes in
-                    (base + i).update(from: bytes.baseAddress!, count: bytes.count)
-                    return bytes.count
-                }
-                base[i] = UInt8(ascii: "\"")
-                base[i + 1] = UInt8(ascii: ":")
-                base[i + 2] = UInt8(ascii: "\"")
-                i += 3
-                let stamp = fields[n].value
-                if let previous, previous.stamp == stamp {
-                    // Usually every field carries the same stamp (an insert): copy the digits already written.
-                    (base + i).update(from: base + previous.at, count: 64)
-                } else {
-                    stamp.writeHex(into: buffer, at: i)
-                }
-                previous = (stamp, i)
-                i += 64
-                base[i] = UInt8(ascii: "\"")
-                i += 1
+                return x.count < y.count
             }
-            base[i] = UInt8(ascii: "}")
-            return i + 1
         }
     }
 
-    /// Reads a `stamps` column; `nil` when it is absent or unreadable.
+    /// The compact `stamps` form of the stamped fields among `names` (the stamp of `names[i]` is `stamps[i]`, `nil`
+    /// for a field without one), where `order` lists the positions of `names` in the order of their UTF-8 bytes
+    /// (``EntityStatements/fieldsInStampOrder``): the bytes ``encodeStamps(_:)`` writes for the equivalent dictionary,
+    /// without building or sorting one.
+    static func encodeStamps(names: [String], order: [Int], stamps: [FieldStamp?]) -> Data {
+        // Distinct stamps in order of first use (a record usually has one or two, so a linear search is fastest),
+        // and each field's index among them (-1: no stamp).
+        var distinct: [FieldStamp] = []
+        var indices = [Int](repeating: -1, count: stamps.count)
+        var fieldCount = 0
+        var size = 1
+        for position in order {
+            guard let stamp = stamps[position] else { continue }
+            var index = 0
+            while index < distinct.count && distinct[index] != stamp { index += 1 }
+            if index == distinct.count { distinct.append(stamp) }
+            indices[position] = index
+            fieldCount += 1
+            let length = names[position].utf8.count
+            size += varintSize(UInt64(length)) + length + varintSize(UInt64(index))
+        }
+        size += varintSize(UInt64(distinct.count)) + distinct.count * stampBytes + varintSize(UInt64(fieldCount))
+        var data = Data(count: size)
+        data.withUnsafeMutableBytes { raw in
+            var i = 0
+            raw[i] = stampsFormatVersion
+            i += 1
+            writeVarint(UInt64(distinct.count), raw, &i)
+            for stamp in distinct {
+                raw.storeBytes(of: UInt64(bitPattern: stamp.incarnation).bigEndian, toByteOffset: i, as: UInt64.self)
+                raw.storeBytes(of: UInt64(bitPattern: stamp.clock.physical).bigEndian, toByteOffset: i + 8, as: UInt64.self)
+                raw.storeBytes(of: UInt32(bitPattern: stamp.clock.logical).bigEndian, toByteOffset: i + 16, as: UInt32.self)
+                let (high, low) = stamp.clock.replica.orderedHalves
+                raw.storeBytes(of: high.bigEndian, toByteOffset: i + 20, as: UInt64.self)
+                raw.storeBytes(of: low.bigEndian, toByteOffset: i + 28, as: UInt64.self)
+                i += stampBytes
+            }
+            writeVarint(UInt64(fieldCount), raw, &i)
+            for position in order where indices[position] >= 0 {
+                let utf8 = names[position].utf8
+                writeVarint(UInt64(utf8.count), raw, &i)
+                // Contiguous for native strings (no copy); `copyBytes` handles any other.
+                let copied = utf8.withContiguousStorageIfAvailable { bytes -> Bool in
+                    if !bytes.isEmpty { (raw.baseAddress! + i).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+                    return true
+                }
+                if copied == nil {
+                    _ = UnsafeMutableRawBufferPointer(rebasing: raw[i..<(i + utf8.count)]).copyBytes(from: utf8)
+                }
+                i += utf8.count
+                writeVarint(UInt64(indices[position]), raw, &i)
+            }
+            precondition(i == size)
+        }
+        return data
+    }
+
+    /// Reads the compact `stamps` form from `bytes`; `nil` when they are not a well-formed instance of it (an
+    /// unknown version, a stamp index out of range, a repeated field name, bytes left over, ...).
+    static func decodeStamps(_ bytes: UnsafeRawBufferPointer) -> [String: FieldStamp]? {
+        var i = 0
+        guard bytes.count >= 1, bytes[0] == stampsFormatVersion else { return nil }
+        i = 1
+        guard let stampCount = readVarint(bytes, &i), stampCount <= UInt64((bytes.count - i) / stampBytes) else { return nil }
+        var distinct: [FieldStamp] = []
+        distinct.reserveCapacity(Int(stampCount))
+        for _ in 0..<Int(stampCount) {
+            let incarnation = Int64(bitPattern: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self)))
+            let physical = Int64(bitPattern: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: i + 8, as: UInt64.self)))
+            let logical = Int32(bitPattern: UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: i + 16, as: UInt32.self)))
+            var uuid = UUID.unassigned.uuid
+            withUnsafeMutableBytes(of: &uuid) { $0.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[(i + 20)..<(i + 36)])) }
+            distinct.append(FieldStamp(incarnation: incarnation, clock: HLC(physical: physical, logical: logical, replica: UUID(uuid: uuid))))
+            i += stampBytes
+        }
+        // Each field takes at least two bytes (a length and an index).
+        guard let fieldCount = readVarint(bytes, &i), fieldCount <= UInt64((bytes.count - i) / 2) else { return nil }
+        var result: [String: FieldStamp] = [:]
+        result.reserveCapacity(Int(fieldCount))
+        for _ in 0..<Int(fieldCount) {
+            guard let length = readVarint(bytes, &i), length <= UInt64(bytes.count - i) else { return nil }
+            let end = i + Int(length)
+            let name = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[i..<end]).assumingMemoryBound(to: UInt8.self), as: UTF8.self)
+            i = end
+            guard let index = readVarint(bytes, &i), index < UInt64(distinct.count),
+                  result.updateValue(distinct[Int(index)], forKey: name) == nil else { return nil }
+        }
+        return i == bytes.count ? result : nil
+    }
+
+    /// Bytes of `value` as an unsigned LEB128 varint.
+    @inline(__always)
+    private static func varintSize(_ value: UInt64) -> Int {
+        var size = 1
+        var v = value >> 7
+        while v != 0 { size += 1; v >>= 7 }
+        return size
+    }
+
+    @inline(__always)
+    private static func writeVarint(_ value: UInt64, _ raw: UnsafeMutableRawBufferPointer, _ i: inout Int) {
+        var v = value
+        while v >= 0x80 {
+            raw[i] = UInt8(truncatingIfNeeded: v) | 0x80
+            v >>= 7
+            i += 1
+        }
+        raw[i] = UInt8(v)
+        i += 1
+    }
+
+    /// Reads a varint at `i` (advancing it); `nil` past the end or beyond 64 bits.
+    @inline(__always)
+    private static func readVarint(_ bytes: UnsafeRawBufferPointer, _ i: inout Int) -> UInt64? {
+        var value: UInt64 = 0
+        var shift: UInt64 = 0
+        while i < bytes.count {
+            let byte = bytes[i]
+            i += 1
+            guard shift < 64, shift < 63 || byte <= 1 else { return nil }
+            value |= UInt64(byte & 0x7F) << shift
+            if byte < 0x80 { return value }
+            shift += 7
+        }
+        return nil
+    }
+
+    /// Reads a `stamps` column in the old TEXT form (JSON); `nil` when it is absent or unreadable.
     static func decodeStamps(_ json: String?) -> [String: FieldStamp]? {
         guard var json else { return nil }
         let fast = json.withUTF8 { bytes -> [String: FieldStamp]? in

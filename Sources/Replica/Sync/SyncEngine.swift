@@ -457,8 +457,10 @@ public final class SyncEngine {
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
         var changes = StoreChanges()
         var tombstoned: [PersistentIdentifier] = []
+        let batch = try SyncLedger.MergeBatch(db)
         for record in records {
-            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries)
+            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries,
+                                               batch: batch)
             changes.add(outcome)
             if let id = outcome.tombstoned { tombstoned.append(id) }
         }

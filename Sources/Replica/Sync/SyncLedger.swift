@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 
 /// The sync bookkeeping of one synced store: per-record replication state (causal length, field stamps, unknown
@@ -13,7 +14,7 @@ enum SyncLedger {
             entity TEXT NOT NULL,
             causal_length INTEGER NOT NULL,
             created TEXT NOT NULL,
-            stamps TEXT NOT NULL,
+            stamps BLOB NOT NULL,
             unknown TEXT,
             tombstone TEXT,
             redirect BLOB,
@@ -114,17 +115,34 @@ enum SyncLedger {
     static func load(_ id: UUID, _ db: Connection) throws -> RecordState? {
         let statement = try db.cachedStatement(loadSQL)
         defer { statement.reset() }
-        try statement.bind(id.sqliteValue, at: 0)
+        try statement.bind(id, at: 0)
         guard try statement.step() else { return nil }
         return RecordState(
             id: id, entity: statement.string(0), causalLength: statement.int64(1),
-            created: FieldStamp(statement.string(2)) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
-            stamps: decodeStamps(statement.isNull(3) ? nil : statement.string(3)) ?? [:],
+            created: readStamp(statement, 2) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
+            stamps: readStamps(statement, 3) ?? [:],
             unknown: decode([String: CloudField].self, statement.isNull(4) ? nil : statement.string(4)) ?? [:],
             tombstone: decode([String: CloudField].self, statement.isNull(5) ? nil : statement.string(5)) ?? [:],
             redirect: statement.isNull(6) ? nil : UUID(bytes: statement.data(6)),
             changeTag: statement.isNull(7) ? nil : statement.string(7),
             localVersion: statement.int64(8), pending: statement.int64(9) != 0)
+    }
+
+    /// The field stamp (64 hex digits) in the text column at `index` of the current row, parsed in place.
+    static func readStamp(_ statement: Statement, _ index: Int32) -> FieldStamp? {
+        guard sqlite3_column_type(statement.handle, index) == SQLITE_TEXT, sqlite3_column_bytes(statement.handle, index) == 64,
+              let text = sqlite3_column_text(statement.handle, index) else { return statement.isNull(index) ? nil : FieldStamp(statement.string(index)) }
+        return FieldStamp.parse(UnsafeBufferPointer(start: text, count: 64), at: 0)
+    }
+
+    /// The `stamps` column at `index` of the current row, in whichever form it was written (see LedgerCoding.swift):
+    /// a BLOB in the compact form, or TEXT (JSON) from a store written before it. `nil` when NULL or unreadable.
+    static func readStamps(_ statement: Statement, _ index: Int32) -> [String: FieldStamp]? {
+        switch sqlite3_column_type(statement.handle, index) {
+        case SQLITE_BLOB: return decodeStamps(statement.blob(index))
+        case SQLITE_TEXT: return decodeStamps(statement.string(index))
+        default: return nil
+        }
     }
 
     private static let storeSQL = StatementKey("""
@@ -140,9 +158,14 @@ enum SyncLedger {
         """)
 
     static func store(_ state: RecordState, _ db: Connection) throws {
+        try store(state, db, stamps: encodeStamps(state.stamps))
+    }
+
+    /// ``store(_:_:)`` with the `stamps` column already encoded (it then ignores `state.stamps`).
+    static func store(_ state: RecordState, _ db: Connection, stamps: Data) throws {
         try db.run(storeSQL, [
                 state.id.sqliteValue, .text(state.entity), .integer(state.causalLength), .text(state.created.description),
-                .text(encodeStamps(state.stamps)), state.unknown.isEmpty ? .null : .text(encode(state.unknown)),
+                .blob(stamps), state.unknown.isEmpty ? .null : .text(encode(state.unknown)),
                 state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), state.redirect?.sqliteValue ?? .null,
                 state.changeTag.map(SQLiteValue.text) ?? .null, .integer(state.localVersion), .integer(state.pending ? 1 : 0),
                 .text(state.pending ? "pending" : "synced"),
@@ -288,30 +311,55 @@ enum SyncLedger {
     /// field by its stamp (absent fields keep their local value), unknown fields and record types kept. Writes the
     /// data row and the bookkeeping; returns what changed for history. Idempotent, commutative and associative.
     static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
-                      canaries: Set<Canary> = []) throws -> MergeOutcome {
+                      canaries: Set<Canary> = [], batch: MergeBatch? = nil) throws -> MergeOutcome {
         var remote = remote
-        // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6).
-        if let reason = try rejectionReason(remote, store: store, db: db) {
+        let entityIndex = store.entityIndex[remote.recordType]
+        // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6). The
+        // common case (every check passes) is decided without sorting names or formatting reasons; the local state
+        // read for the ownership check is the local side of the merge.
+        var local: RecordState?
+        var reason: String?
+        var remoteFields = entityIndex.map { fieldsByPosition(remote, store.statements[$0]) } ?? []
+        // A record ID beyond every ID in the ledger and in the entity's table is in neither: nothing to read.
+        let isNew = try entityIndex.map { try batch?.isNew(remote.recordID, entityIndex: $0, store: store, db: db) ?? false } ?? false
+        if let entityIndex, fits(remote, remoteFields, store.statements[entityIndex]) {
+            local = isNew ? nil : try load(remote.recordID, db)
+            if let local, local.entity != remote.recordType { reason = "the record ID belongs to a local \(local.entity)" }
+        } else {
+            reason = try rejectionReason(remote, store: store, db: db)
+        }
+        if let reason {
             try reject(remote, reason: reason, db)
+            batch?.mayHoldRejected = true
             return MergeOutcome(change: nil)
         }
-        try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [remote.recordID.sqliteValue, .text(remote.recordType)])
+        if batch?.mayHoldRejected ?? true {
+            try db.run(deleteRejectedSQL, [remote.recordID.sqliteValue, .text(remote.recordType)])
+        }
         // Advance the local clock past every stamp seen.
         var newest = remote.created.clock
         for field in remote.fields.values where field.stamp.clock > newest { newest = field.stamp.clock }
         hlc = hlc.receive(newest, wall: wall, replica: store.identity)
 
-        guard let entity = store.entity(named: remote.recordType), let statements = store.statements(for: remote.recordType) else {
+        guard let entityIndex else {
             try keepUnknownRecord(remote, db)
             return MergeOutcome(change: nil)
         }
-        let local = try load(remote.recordID, db)
+        let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
         // Looked up even without ledger state: a row can predate it (saved while the store was local-only, or by a
         // process that opened the file without sync), and its values are the local side of the merge.
-        let localRow: [SQLiteValue]? = try db.rows(statements.selectByID, [remote.recordID.sqliteValue]).first
+        let localRow: [SQLiteValue]? = isNew ? nil : try {
+            let select = try db.cachedStatement(statements.selectByIDKey)
+            defer { select.reset() }
+            try select.bind(remote.recordID, at: 0)
+            guard try select.step() else { return nil }
+            return (0..<select.columnCount).map { select.value($0) }
+        }()
+        let fieldNames = statements.fieldNames
         if canaries.contains(.absentAsNull), remote.isAlive {
             let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
-            for name in entity.fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
+            for name in fieldNames where remote.fields[name] == nil { remote.fields[name] = CloudField(value: .null, stamp: newest) }
+            remoteFields = fieldsByPosition(remote, statements)
         }
 
         var causalLength = max(local?.causalLength ?? 0, remote.causalLength)
@@ -327,10 +375,9 @@ enum SyncLedger {
         }
         if created.incarnation < incarnation { created.incarnation = incarnation }
 
-        // Field registers.
-        let fieldNames = entity.fieldNames
-        var stamps: [String: FieldStamp] = [:]
-        stamps.reserveCapacity(fieldNames.count)
+        // Field registers: the winning stamp of each field (storage order), `nil` where no write of the current
+        // incarnation is known.
+        var winners = [FieldStamp?](repeating: nil, count: fieldNames.count)
         var values: [SQLiteValue] = []
         values.reserveCapacity(fieldNames.count)
         var localNewer = false
@@ -340,7 +387,7 @@ enum SyncLedger {
         for (index, name) in fieldNames.enumerated() {
             let localStamp = local?.stamps[name]
             let localValue = localRow?[index + 1]
-            let remoteField = remote.fields[name]
+            let remoteField = remoteFields[index]
             if remoteField != nil { knownRemoteFields += 1 }
             var winnerStamp: FieldStamp?
             var winnerValue: SQLiteValue?
@@ -357,18 +404,17 @@ enum SyncLedger {
                 if localStamp.incarnation == incarnation { localNewer = true }
             }
             if let winnerStamp, winnerStamp.incarnation == incarnation, let winnerValue {
-                stamps[name] = winnerStamp
+                winners[index] = winnerStamp
                 values.append(winnerValue)
             } else {
-                values.append(defaultValue(of: name, in: entity))
+                values.append(statements.defaults[index])
             }
         }
         // Unknown fields: union by stamp, current incarnation only.
         var unknown: [String: CloudField] = [:]
         for (name, field) in (local?.unknown ?? [:]) where field.stamp.incarnation == incarnation { unknown[name] = field }
         if knownRemoteFields < remote.fields.count {
-            let known = Set(fieldNames)
-            for (name, field) in remote.fields where !known.contains(name) && field.stamp.incarnation == incarnation {
+            for (name, field) in remote.fields where statements.fieldIndex[name] == nil && field.stamp.incarnation == incarnation {
                 if let existing = unknown[name], existing.stamp > field.stamp { localNewer = true; continue }
                 unknown[name] = field
             }
@@ -408,23 +454,34 @@ enum SyncLedger {
         // A deleted record carries only its causal length, creation stamp and tombstone values: field stamps of the
         // dead incarnation can never matter again (a re-insert starts a new incarnation).
         if !alive {
-            stamps = [:]
+            for index in winners.indices { winners[index] = nil }
             unknown = [:]
         }
+        /// Whether the merged stamps differ from the local ones (compared without building a dictionary).
+        func stampsDiffer(from local: RecordState) -> Bool {
+            var count = 0
+            for (index, winner) in winners.enumerated() {
+                guard let winner else { continue }
+                count += 1
+                if local.stamps[fieldNames[index]] != winner { return true }
+            }
+            return count != local.stamps.count
+        }
+        let changedLocally = local.map {
+            $0.causalLength != causalLength || $0.created != created || stampsDiffer(from: $0) || $0.unknown != unknown || $0.tombstone != tombstone
+        } ?? true
         state.causalLength = causalLength
         state.created = created
-        state.stamps = stamps
+        state.stamps = [:]
         state.unknown = unknown
         state.tombstone = tombstone
         state.redirect = remote.redirect ?? local?.redirect
         if let tag = remote.changeTag { state.changeTag = tag }
-        let changedLocally = local.map {
-            $0.causalLength != causalLength || $0.created != created || $0.stamps != stamps || $0.unknown != unknown || $0.tombstone != tombstone
-        } ?? true
         // A merge that changes what this device would upload invalidates any upload already in flight.
         if changedLocally && localNewer { state.localVersion += 1 }
         state.pending = localNewer
-        try self.store(state, db)
+        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners))
+        batch?.ledgerHolds(remote.recordID)
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
         }
@@ -445,6 +502,7 @@ enum SyncLedger {
             let insert = try db.cachedStatement(statements.insertKey)
             defer { insert.reset() }
             try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
+            batch?.tableHolds(remote.recordID, entityIndex: entityIndex)
             return MergeOutcome(change: .inserted(snapshot))
         }
         guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
@@ -452,6 +510,92 @@ enum SyncLedger {
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
         return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
+    }
+
+    private static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
+
+    /// What the merges of one batch share: knowledge that saves each merge a statement. Create one per batch, inside
+    /// the transaction that merges it.
+    final class MergeBatch {
+        /// Whether `replica_sync_rejected` may hold entries (when it does not, merges skip deleting the entry their
+        /// record supersedes). Set again by every rejection.
+        var mayHoldRejected: Bool
+
+        /// The largest record ID in the ledger (`nil`: none), once read; kept up to date by the batch's merges.
+        private var ledgerMax: UUID??
+        /// The largest record ID in each entity's table (by entity index), once read; kept up to date likewise.
+        private var tableMax: [Int: UUID?] = [:]
+
+        init(_ db: Connection) throws {
+            mayHoldRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
+        }
+
+        /// Whether `id` is certainly in neither the ledger nor the table of the entity at `entityIndex`: it sorts
+        /// after the largest ID of both (IDs are 16-byte blobs, ordered bytewise). Imports of new records, whose IDs
+        /// are time-ordered, skip two lookups that would find nothing; any other ID is looked up as usual.
+        func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
+            if ledgerMax == nil { ledgerMax = .some(try Self.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+            if tableMax[entityIndex] == nil {
+                tableMax[entityIndex] = .some(try Self.largestID("SELECT max(\"id\") FROM \(store.statements[entityIndex].table)", db))
+            }
+            for bound in [ledgerMax!, tableMax[entityIndex]!] {
+                if let bound, !bound.bytesPrecede(id) { return false }
+            }
+            return true
+        }
+
+        /// Records that the ledger now holds `id`.
+        func ledgerHolds(_ id: UUID) {
+            if case let .some(bound) = ledgerMax, bound.map({ $0.bytesPrecede(id) }) ?? true { ledgerMax = .some(id) }
+        }
+
+        /// Records that the table of the entity at `entityIndex` now holds `id`.
+        func tableHolds(_ id: UUID, entityIndex: Int) {
+            if case let .some(bound) = tableMax[entityIndex], bound.map({ $0.bytesPrecede(id) }) ?? true { tableMax[entityIndex] = .some(id) }
+        }
+
+        /// A bound on the IDs `sql` (a `max(id)` query) finds: no 16-byte ID there sorts after it. `nil` when the
+        /// column holds no blob (its largest value is of another storage class, and SQLite orders every blob after
+        /// those). The largest blob itself when it is 16 bytes long; otherwise its first 16 bytes, zero-padded (a
+        /// shorter blob precedes its padding; every 16-byte blob before a longer one is at most its prefix).
+        private static func largestID(_ sql: String, _ db: Connection) throws -> UUID? {
+            guard case let .blob(bytes)? = try db.scalar(sql) else { return nil }
+            var padded = [UInt8](bytes.prefix(16))
+            padded += [UInt8](repeating: 0, count: 16 - padded.count)
+            return UUID(bytes: Data(padded))
+        }
+    }
+
+    /// Whether `remote`, a record of the entity of `statements`, passes every check of ``rejectionReason(_:store:db:)``
+    /// that needs no database (then only its ownership check remains). Decides the common case without sorting field
+    /// names or formatting reasons; when it returns `false`, ``rejectionReason(_:store:db:)`` finds the reason.
+    private static func fits(_ remote: CloudRecord, _ remoteFields: [CloudField?], _ statements: EntityStatements) -> Bool {
+        guard (1...maxCausalLength).contains(remote.causalLength) else { return false }
+        func fits(_ stamp: FieldStamp) -> Bool {
+            (0...remote.causalLength).contains(stamp.incarnation) && (0..<(Int64(1) << 48)).contains(stamp.clock.physical)
+                && (0...HLC.maxLogical).contains(stamp.clock.logical)
+        }
+        guard fits(remote.created) else { return false }
+        for field in remote.fields.values where !fits(field.stamp) { return false }
+        for (index, field) in remoteFields.enumerated() {
+            guard let field else { continue }
+            if let attribute = statements.attributes[index] {
+                if case let .real(v) = field.value, v.isNaN { return false }
+                if !SchemaValidator.value(field.value, fits: attribute) { return false }
+            } else if !field.value.isNull {
+                guard case let .blob(bytes) = field.value, bytes.count == 16 else { return false }
+            }
+        }
+        return true
+    }
+
+    /// The fields of `remote` the entity of `statements` stores, by storage position (`nil`: absent).
+    private static func fieldsByPosition(_ remote: CloudRecord, _ statements: EntityStatements) -> [CloudField?] {
+        var result = [CloudField?](repeating: nil, count: statements.fieldNames.count)
+        for (name, field) in remote.fields {
+            if let index = statements.fieldIndex[name] { result[index] = field }
+        }
+        return result
     }
 
     // MARK: Records that cannot be applied
@@ -512,11 +656,6 @@ enum SyncLedger {
             local.changeTag = tag
             try store(local, db)
         }
-    }
-
-    /// The value a field takes when no write of the current incarnation is known: its declared default, else NULL.
-    static func defaultValue(of field: String, in entity: Schema.Entity) -> SQLiteValue {
-        entity.attribute(named: field)?.defaultValue ?? .null
     }
 
     /// Keeps a record whose type this schema does not know, so a newer app version's data survives here.
