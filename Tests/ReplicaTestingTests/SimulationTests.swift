@@ -226,33 +226,4 @@ struct SimulationRegressionTests {
             }
         }
     }
-
-    @Test("the no-plaintext scan finds the plaintext of encrypted attributes (expected until field encryption lands)")
-    func plaintextScanIsLive() throws {
-        var scenario = try scenario("notes-files")
-        scenario.expect.cloudEncryption = true
-        let result = try Simulator.run(scenario, seed: 1, options: SimulationOptions(steps: 40, recordsTrace: false))
-        // TODO(encryption): once devices are configured with a field cipher, this passes; then set
-        // "expect": {"cloudEncryption": true} in notes-files.json (and everything.json) and delete this test.
-        withKnownIssue("no field cipher yet: encrypted attributes reach the cloud in plaintext") {
-            #expect(result.violation == nil, "\(result.violation?.description ?? "")")
-        }
-        #expect(result.violation == nil || result.violation?.invariant == .noPlaintext)
-    }
-
-    @Test("unique keys are not deduplicated yet (expected until deduplication lands)")
-    func dedupExpectation() throws {
-        var scenario = try scenario("people-unique")
-        scenario.expect.uniqueKeysDeduplicated = true
-        var failure: InvariantViolation?
-        for seed in UInt64(0)..<20 where failure == nil {
-            failure = try Simulator.run(scenario, seed: seed, options: SimulationOptions(recordsTrace: false)).violation
-        }
-        // TODO(dedup): once unique keys are deduplicated this passes; then set "uniqueKeysDeduplicated": true in
-        // people-unique.json and delete this test.
-        withKnownIssue("no deduplication yet: concurrent records keep the same unique key") {
-            #expect(failure == nil, "\(failure?.description ?? "")")
-        }
-        #expect(failure == nil || failure?.invariant == .uniqueKeys)
-    }
 }
