@@ -181,12 +181,10 @@ struct SimulationCanaryTests {
 
 @Suite("Simulator: regressions and known issues")
 struct SimulationRegressionTests {
-    /// Traces in Simulations/regressions/ of library bugs that are still open: replaying them must still fail (a
-    /// known issue); when a fix lands the known issue stops reproducing and this list must shrink.
-    static let open: [String: String] = [
-        "zone-reset-not-detected": "a reset zone re-created by someone else is only seen as an expired token: local-only records are never re-uploaded",
-        "backward-clock-jump-stalls-sync": "backoff deadlines and the upload lease are wall-clock instants: a backward jump stalls sync for its size",
-    ]
+    /// Traces in Simulations/regressions/ of library bugs that are still open, by the bug part of the file name: replaying
+    /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
+    /// shrink. Every bug the simulator found so far is fixed.
+    static let open: [String: String] = [:]
 
     static func regressionFiles() -> [String] {
         guard let directory = ScenarioCatalog.directory()?.appendingPathComponent("regressions"),
@@ -200,7 +198,7 @@ struct SimulationRegressionTests {
         let text = try String(contentsOf: url, encoding: .utf8)
         let header = try TraceFormat.header(of: text, file: file)
         let result = try Simulator.run(header.scenario, tape: header.tape.choices, seed: header.seed, options: SimulationOptions(recordsTrace: false))
-        let key = Self.open.keys.first { file.contains($0) }
+        let key = Self.open.keys.sorted().first { file.contains($0) }
         if let key {
             withKnownIssue("open bug: \(Self.open[key]!)") {
                 #expect(result.violation == nil, "\(result.violation?.description ?? "")")
@@ -210,11 +208,10 @@ struct SimulationRegressionTests {
         }
     }
 
-    @Test("the scenarios in Simulations/known-issues/ still fail (each reproduces an open bug)")
+    @Test("the scenarios in Simulations/known-issues/ (if any) still fail: each reproduces an open bug")
     func knownIssueScenarios() throws {
         let directory = try simulationsDirectory().appendingPathComponent("known-issues")
-        let names = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".json") }.sorted()
-        #expect(!names.isEmpty)
+        let names = ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []).filter { $0.hasSuffix(".json") }.sorted()
         for name in names {
             let scenario = try Scenario.load(path: directory.appendingPathComponent(name).path)
             var failed = false
