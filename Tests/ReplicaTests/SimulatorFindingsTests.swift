@@ -39,4 +39,142 @@ struct SimulatorFindingsTests {
             return
         }
     }
+
+    // MARK: Zone resets learned of through an expired change token (Simulations/regressions/zone-reset-not-detected--*)
+
+    /// Runs `engine` against `cloud` until it has nothing to do, skipping backoffs by moving `clock`.
+    private static func drive(_ engine: SyncEngine, _ cloud: InMemoryCloudDatabase, _ clock: ManualClock) throws {
+        engine.setNeedsFetch()
+        for _ in 0..<1_000 {
+            if let request = try engine.nextRequest() {
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            } else if let wake = engine.wakeTime {
+                clock.set(milliseconds: wake)
+            } else {
+                return
+            }
+        }
+        Issue.record("the engine did not settle")
+    }
+
+    @Test("a device that learns of a zone reset only as an expired change token re-uploads what only it holds (zone-reset seed 5)")
+    func resetSeenAsExpiredToken() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try Device("phone", seed: 1), tablet = try Device("tablet", seed: 2)
+        try tablet.sync(cloud)
+        phone.context.insert(SyncNote(title: "only on the phone"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        cloud.resetZone("notes")
+        // The tablet meets the missing zone first and re-creates it; the phone then only sees a token of another epoch.
+        try tablet.sync(cloud)
+        #expect(cloud.records(in: "notes").isEmpty)
+        let status = try phone.sync(cloud)
+        #expect(cloud.records(in: "notes").map { $0.fields["title"]?.value } == [.text("only on the phone")])
+        #expect(status.isUpToDate)
+        try tablet.sync(cloud)
+        #expect(try tablet.notes().map(\.title) == ["only on the phone"])
+    }
+
+    @Test("a freshly started engine that re-creates a reset zone re-uploads the store's records (zone-reset seed 6)")
+    func freshEngineRecreatesResetZone() throws {
+        let cloud = InMemoryCloudDatabase()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-findings-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        do {
+            let phone = try Device("phone", seed: 1, directory: directory)
+            phone.context.insert(SyncNote(title: "synced before the restart"))
+            try phone.context.save()
+            try phone.sync(cloud)
+        }
+        cloud.resetZone("notes")
+        // After a restart the engine starts with createZone, which silently re-creates the reset zone.
+        let restarted = try Device("phone", seed: 1, directory: directory)
+        let status = try restarted.sync(cloud)
+        #expect(cloud.records(in: "notes").map { $0.fields["title"]?.value } == [.text("synced before the restart")])
+        #expect(status.isUpToDate)
+    }
+
+    @Test("a zone reset (re-created by another device) in the middle of a paged full re-read re-uploads every record the new zone lacks")
+    func resetDuringPagedResync() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try Device("phone", seed: 1)
+        var options = SyncEngine.Options()
+        options.fetchLimit = 2
+        let engine = try SyncEngine(container: phone.container, storeName: "notes", options: options)
+        for i in 0..<5 { phone.context.insert(SyncNote(title: "note \(i)")) }
+        try phone.context.save()
+        try Self.drive(engine, cloud, phone.clock)
+        #expect(cloud.records(in: "notes").count == 5)
+        // The tokens expire: the phone re-reads the zone from the start, a page of two records at a time.
+        cloud.expireChangeTokens(in: "notes")
+        engine.setNeedsFetch()
+        var firstPageRead = false
+        for _ in 0..<20 where !firstPageRead {
+            let request = try #require(try engine.nextRequest())
+            if case .fetchZoneChanges(_, nil, _) = request.operation { firstPageRead = true }
+            try engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        #expect(firstPageRead)
+        // After the first page the zone is reset and another device re-creates it (empty).
+        cloud.resetZone("notes")
+        try cloud.createZone("notes")
+        try Self.drive(engine, cloud, phone.clock)
+        #expect(cloud.records(in: "notes").count == 5)
+        #expect(try engine.status().isUpToDate)
+    }
+
+    // MARK: Backward clock jumps (Simulations/regressions/backward-clock-jump-stalls-sync--*)
+
+    @Test("a retry-after followed by a backward clock jump waits no longer than the retry-after (clock-jumps seed 1)")
+    func backoffSurvivesBackwardClockJump() throws {
+        let laptop = try Device("laptop", seed: 1)
+        let request = try #require(try laptop.engine.nextRequest())
+        try laptop.engine.handle(request.id, .failure(.rateLimited(retryAfterMilliseconds: 100)))
+        #expect(try laptop.engine.nextRequest() == nil)
+        // The device clock jumps back 30 minutes (an NTP correction).
+        laptop.clock.advance(by: -1_800_000)
+        let now = laptop.clock.nowMilliseconds()
+        let wake = try #require(laptop.engine.wakeTime)
+        #expect(wake - now <= 100)
+        laptop.clock.advance(by: 100)
+        #expect(try laptop.engine.nextRequest() != nil)
+    }
+
+    @Test("a backoff deadline never lies further ahead than the delay asked for, whatever the clock does")
+    func exponentialBackoffSurvivesBackwardClockJump() throws {
+        let laptop = try Device("laptop", seed: 1)
+        let request = try #require(try laptop.engine.nextRequest())
+        try laptop.engine.handle(request.id, .failure(.networkUnavailable))
+        let first = try #require(laptop.engine.wakeTime) - laptop.clock.nowMilliseconds()
+        laptop.clock.advance(by: -600_000)
+        let after = try #require(laptop.engine.wakeTime) - laptop.clock.nowMilliseconds()
+        #expect(after <= first)
+        // Going forward again does not make the engine wait longer either.
+        laptop.clock.advance(by: 600_000)
+        #expect((laptop.engine.wakeTime ?? laptop.clock.nowMilliseconds()) - laptop.clock.nowMilliseconds() <= first)
+    }
+
+    @Test("an upload lease taken before a backward clock jump holds another engine back at most one lease duration")
+    func leaseSurvivesBackwardClockJump() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try Device("phone", seed: 1)
+        // The app's engine takes the lease, then its process dies without releasing it.
+        let app = phone.engine
+        let first = try #require(try app.nextRequest())
+        try app.handle(first.id, cloud.performNow(first.operation))
+        let options = SyncEngine.Options()
+        let widget = try SyncEngine(container: phone.container, storeName: "notes", options: options)
+        #expect(try widget.nextRequest() == nil)
+        phone.clock.advance(by: -1_800_000)
+        var waited: Int64 = 0
+        var request = try widget.nextRequest()
+        while request == nil, let wake = widget.wakeTime, waited <= options.leaseDurationMilliseconds {
+            waited += wake - phone.clock.nowMilliseconds()
+            phone.clock.set(milliseconds: wake)
+            request = try widget.nextRequest()
+        }
+        #expect(request != nil)
+        #expect(waited <= options.leaseDurationMilliseconds)
+    }
 }

@@ -26,4 +26,6 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// Sync imports change rows without recording a history transaction: other processes and history readers miss
     /// them.
     case importSkipsHistory = "import-skips-history"
+    /// Attributes marked for cloud encryption are uploaded without being sealed: their plaintext reaches the cloud.
+    case plaintextUploaded = "plaintext-uploaded"
 }

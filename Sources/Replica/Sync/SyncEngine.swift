@@ -87,7 +87,12 @@ public final class SyncEngine {
     private var needsFetch = true
     private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
     private var nextID: UInt64 = 1
+    /// The end of the current wait (backoff or another engine's lease), in environment milliseconds.
     private var backoffUntil: Int64 = 0
+    /// When the current wait began. A clock that goes back before it re-anchors the wait (see ``backoffDeadline()``).
+    private var backoffStart: Int64 = 0
+    /// The current wait is for another engine's upload lease (rather than a backoff).
+    private var waitingForLease = false
     private var consecutiveFailures = 0
     private var lastError: CloudError?
     /// The last fetch was refused for good (invalidRecord): the zone cannot be read for now.
@@ -134,7 +139,7 @@ public final class SyncEngine {
     /// - Throws: ``SQLiteError`` when the store cannot be read.
     public func nextRequest() throws -> SyncRequest? {
         if let blocked { throw blocked }
-        guard inFlight == nil, now >= backoffUntil else { return nil }
+        guard inFlight == nil, now >= backoffDeadline() else { return nil }
         guard try acquireLease() else { return nil }
         var versions: [UUID: Int64] = [:]
         let operation: CloudOperation
@@ -205,7 +210,40 @@ public final class SyncEngine {
     public func setNeedsFetch() { needsFetch = true }
 
     /// When a backoff ends, in environment milliseconds; `nil` when not backing off.
-    public var wakeTime: Int64? { backoffUntil > now ? backoffUntil : nil }
+    public var wakeTime: Int64? {
+        let deadline = backoffDeadline()
+        return deadline > now ? deadline : nil
+    }
+
+    /// Starts a wait of `duration` milliseconds from now (saturating).
+    private func wait(milliseconds duration: Int64, forLease: Bool = false) {
+        waitingForLease = forLease
+        let start = now
+        let (until, overflow) = start.addingReportingOverflow(max(0, duration))
+        backoffStart = start
+        backoffUntil = overflow ? .max : until
+    }
+
+    /// The end of the current wait. Deadlines are wall-clock instants, so when the clock has gone back since the wait
+    /// began (an NTP correction, a user changing the time) the wait is re-anchored at the current time with the
+    /// duration that was asked for: a backward jump never stretches a wait, whatever its size.
+    private func backoffDeadline() -> Int64 {
+        let current = now
+        if current >= backoffUntil {
+            // The wait is over for good: a later backward jump does not bring it back.
+            backoffStart = .min
+            waitingForLease = false
+        } else if current < backoffStart {
+            if waitingForLease {
+                // The lease is judged again at once (``acquireLease()`` clamps one that now ends too far ahead).
+                wait(milliseconds: 0)
+            } else {
+                let (duration, overflow) = backoffUntil.subtractingReportingOverflow(backoffStart)
+                wait(milliseconds: overflow ? .max : duration)
+            }
+        }
+        return backoffUntil
+    }
 
     /// `true` while a request is outstanding.
     public var isAwaitingResponse: Bool { inFlight != nil }
@@ -348,15 +386,27 @@ public final class SyncEngine {
                 case let .integer(expires) = row[1] else { return nil }
             return Lease(holder: id, expires: expires)
         }
-        if let lease = try current(), lease.holder == instanceID, lease.expires - now > options.leaseDurationMilliseconds / 2 {
+        let duration = max(0, options.leaseDurationMilliseconds)
+        /// Milliseconds until `lease` expires (saturating).
+        func remaining(_ lease: Lease) -> Int64 {
+            let (value, overflow) = lease.expires.subtractingReportingOverflow(now)
+            return overflow ? (lease.expires > 0 ? .max : .min) : value
+        }
+        // A lease never lasts longer than one duration from now: one that ends further ahead was taken before the
+        // clock went back (or by a clock far ahead), so it is renewed — or, held by another engine, clamped.
+        if let lease = try current(), lease.holder == instanceID, remaining(lease) > duration / 2, remaining(lease) <= duration {
             return true
         }
         return try db.transaction(.immediate) {
-            if let lease = try current(), lease.holder != instanceID, lease.expires > now {
-                backoffUntil = lease.expires
+            if var lease = try current(), lease.holder != instanceID, remaining(lease) > 0 {
+                if remaining(lease) > duration {
+                    lease.expires = now + duration
+                    try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(SyncLedger.encode(lease))])
+                }
+                wait(milliseconds: remaining(lease), forLease: true)
                 return false
             }
-            let lease = Lease(holder: instanceID, expires: now + options.leaseDurationMilliseconds)
+            let lease = Lease(holder: instanceID, expires: now + duration)
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                        [.text(SyncLedger.encode(lease))])
             return true
@@ -532,8 +582,13 @@ public final class SyncEngine {
         switch error {
         case .changeTokenExpired:
             // Full, idempotent resync: merging records already applied changes nothing. The zone may have been reset
-            // and re-created by another device, so its union schema is checked (and completed) again too.
-            try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+            // and re-created by another device, so its union schema is checked (and completed) again too. A full read
+            // that was under way starts over as a new generation: records it marked seen may be missing from a
+            // re-created zone, and only a complete read decides what goes back to the outbox.
+            try db.transaction(.immediate) {
+                try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+                try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
+            }
             needsFetch = true
             schemaChecked = false
             proposedSchema = nil
@@ -546,6 +601,7 @@ public final class SyncEngine {
             needsFetch = true
             try db.transaction(.immediate) {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+                try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
                 try encryptionZoneWasReset()
                 try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
                 try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
@@ -584,8 +640,7 @@ public final class SyncEngine {
             let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
             delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
         }
-        let (until, overflow) = now.addingReportingOverflow(max(0, delay))
-        backoffUntil = overflow ? .max : until
+        wait(milliseconds: delay)
     }
 
     // MARK: Token

@@ -278,7 +278,11 @@ extension SimulationRun {
             for relationship in entity.relationships where relationship.deleteRule == .cascade { cascadeTargets.insert(relationship.destination) }
         }
         for zone in zones {
-            for record in (cloudRecords[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
+            let records = cloudRecords[zone] ?? [:]
+            // Duplicates of unique keys: each loser became a tombstone that redirects to its winner (R15).
+            for record in records.values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) { reference.noteRedirect(zone: zone, record) }
+            let redirected = reference.absorbed[zone] ?? [:]
+            for record in records.values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
                 let id = record.recordID
                 let acks = reference.acks[zone]?[id] ?? []
                 guard let maximum = acks.map(\.causalLength).max() else {
@@ -286,19 +290,41 @@ extension SimulationRun {
                 }
                 let final = record.causalLength
                 if final != maximum {
-                    let cascaded = final == maximum + 1 && maximum % 2 == 1 && cascadeTargets.contains(record.recordType)
-                    if !cascaded {
+                    // The only changes no workload operation acknowledges: a delete rule that cascaded, and a duplicate
+                    // of a unique key resolved into a tombstone that redirects to the winner.
+                    let consequence = final == maximum + 1 && maximum % 2 == 1
+                        && (cascadeTargets.contains(record.recordType) || record.redirect != nil)
+                    if !consequence {
                         throw InvariantViolation(.referenceModel, "\(alias(id)) ended at causal length \(final); the acknowledged writes "
                             + "(\(describeAcks(zone, id))) give \(maximum)")
                     }
                     continue
                 }
                 guard record.isAlive, let entity = full.entity(named: record.recordType) else { continue }
+                // The winner of a duplicate absorbs the fields of every loser (transitively) by clock, re-stamped into
+                // its own incarnation: each loser contributes the writes of the incarnation it ended.
+                var losers: [(id: UUID, incarnation: Int64)] = []
+                var frontier = redirected[id] ?? []
+                var visited: Set<UUID> = [id]
+                while let next = frontier.first {
+                    frontier.removeFirst()
+                    losers.append(next)
+                    guard visited.insert(next.id).inserted else { continue }
+                    frontier += redirected[next.id] ?? []
+                }
                 for attribute in entity.attributes {
                     var winner: (stamp: FieldStamp, value: SQLiteValue, ack: AckWrite)?
                     for ack in acks {
                         for field in ack.fields where field.name == attribute.name && field.stamp.incarnation == final {
                             if winner.map({ field.stamp > $0.stamp }) ?? true { winner = (field.stamp, field.value, ack) }
+                        }
+                    }
+                    for loser in losers {
+                        for ack in reference.acks[zone]?[loser.id] ?? [] {
+                            for field in ack.fields where field.name == attribute.name && field.stamp.incarnation == loser.incarnation {
+                                let moved = FieldStamp(incarnation: final, clock: field.stamp.clock)
+                                if winner.map({ moved > $0.stamp }) ?? true { winner = (moved, field.value, ack) }
+                            }
                         }
                     }
                     let stored = record.fields[attribute.name].flatMap { $0.stamp.incarnation == final ? $0 : nil }

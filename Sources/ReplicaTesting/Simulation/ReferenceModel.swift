@@ -40,6 +40,18 @@ final class ReferenceModel {
     /// reached (its ledger must keep every one of these records, and its operations never go back).
     var ownCausalLength: [String: [UUID: Int64]] = [:]
 
+    /// Duplicates of unique keys the cloud ever saw resolved, per zone and winner: each loser with the incarnation it
+    /// ended (its fields were absorbed into the winner, which keeps them even if the loser is re-inserted later).
+    var absorbed: [String: [UUID: [(id: UUID, incarnation: Int64)]]] = [:]
+
+    /// Notes a saved tombstone that redirects to a winner.
+    func noteRedirect(zone: String, _ record: CloudRecord) {
+        guard !record.isAlive, let winner = record.redirect else { return }
+        let loser = (id: record.recordID, incarnation: record.causalLength - 1)
+        if absorbed[zone]?[winner]?.contains(where: { $0.id == loser.id && $0.incarnation == loser.incarnation }) == true { return }
+        absorbed[zone, default: [:]][winner, default: []].append(loser)
+    }
+
     struct WriterKey: Hashable {
         var id: UUID
         var field: String

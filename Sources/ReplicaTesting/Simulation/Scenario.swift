@@ -134,12 +134,13 @@ public struct Scenario: Codable, Hashable, Sendable {
 
     /// Which guarantees of features that may not be built yet the checks demand.
     public struct Expectations: Codable, Hashable, Sendable {
-        /// Synced unique keys are deduplicated (at most one live record per key everywhere). Off until the
-        /// deduplication feature lands; until then only "every device resolves keys identically" is checked.
-        public var uniqueKeysDeduplicated = false
-        /// Devices are configured with a field cipher, so no plaintext of an encrypted attribute may reach the
-        /// cloud. Off until field encryption lands (the scan is implemented and would fail today).
-        public var cloudEncryption = false
+        /// Synced unique keys are deduplicated: at most one live record per key everywhere (R15). When off, only
+        /// "every device resolves keys identically" is checked.
+        public var uniqueKeysDeduplicated = true
+        /// No plaintext of an encrypted attribute reaches the cloud: every cloud save and, at the end, every byte the
+        /// cloud holds are checked (the simulator gives every engine of a store with encrypted attributes the world's
+        /// field key).
+        public var cloudEncryption = true
         public init() {}
     }
 

@@ -51,6 +51,19 @@ final class SimulationRun {
     var rootCreated = false
     /// Synced store names (zones) that some device opens, in scenario order.
     let zones: [String]
+    /// Synced stores with attributes marked for cloud encryption (in the newest schema): their engines get the world's
+    /// field key (older devices too, so they can open and re-seal the fields they do not know).
+    let encryptedStores: Set<String>
+    /// Encrypted attribute names per record type (newest schema), for the no-plaintext check of every cloud save.
+    let encryptedAttributes: [String: Set<String>]
+    /// The raw field-encryption key every device of every world shares: 32 bytes from a seeded random source, so runs
+    /// stay a function of the scenario and the tape.
+    static let worldKey: [UInt8] = {
+        let random = SeededRandomSource(seed: 0x5EED_C1F3_0000_0007)
+        var key = [UInt8](repeating: 0, count: 32)
+        key.withUnsafeMutableBytes { random.fill($0) }
+        return key
+    }()
     /// Last history token seen per (device, store), for the monotonicity check.
     var lastHistoryToken: [String: Int64] = [:]
     /// Positions of the "another step?" choices (for truncation while shrinking).
@@ -73,6 +86,14 @@ final class SimulationRun {
         self.zones = scenario.stores.filter { store in
             store.isSynced && scenario.devices.contains { $0.stores.contains(store.name) }
         }.map(\.name)
+        let newest = scenario.schema.schema()
+        var encrypted: [String: Set<String>] = [:]
+        for entity in newest.entities {
+            let names = entity.attributes.filter { $0.options.contains(.allowsCloudEncryption) }.map(\.name)
+            if !names.isEmpty { encrypted[entity.name] = Set(names) }
+        }
+        self.encryptedAttributes = encrypted
+        self.encryptedStores = Set(scenario.stores.filter { store in store.isSynced && store.entities.contains { encrypted[$0] != nil } }.map(\.name))
     }
 
     deinit {
@@ -217,7 +238,9 @@ final class SimulationRun {
         options.uploadBatchSize = 10
         options.fetchLimit = 10
         for store in process.stores where store.isSynced {
-            let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options)
+            let encryption = encryptedStores.contains(store.name) ? try FieldEncryption.rawKey(Self.worldKey) : nil
+            let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options,
+                                        encryption: encryption)
             let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process)
             nextEngineSerial += 1
             engines[simEngine.serial] = simEngine
@@ -899,6 +922,19 @@ extension SimulationRun {
     /// Saves records in the cloud, checking first that every version that replaces one is a superset of it (the
     /// cloud never loses an acknowledged write), and keeps the mirror.
     private func modify(_ records: [CloudRecord], zone: String, from message: Message?) throws -> Result<CloudOperationResult, CloudError> {
+        if scenario.expect.cloudEncryption {
+            // No plaintext of an encrypted attribute ever reaches the cloud, not even in a version replaced later.
+            for record in records {
+                for name in (encryptedAttributes[record.recordType] ?? []).sorted() {
+                    guard let field = record.fields[name] else { continue }
+                    let sealed: Bool = if case .blob = field.value { field.isEncrypted } else { false }
+                    if !sealed {
+                        let who = message.map { "\(devices[$0.device].name)/\($0.process == 0 ? "app" : "ext")" } ?? "the cloud"
+                        throw InvariantViolation(.noPlaintext, "\(who) uploaded \(alias(record.recordID)).\(name) to zone '\(zone)' unsealed")
+                    }
+                }
+            }
+        }
         for record in records {
             guard let old = mirror[zone]?[record.recordID], old.changeTag == record.changeTag else { continue }
             if let gap = dominanceGap(new: record, old: old) {
@@ -914,6 +950,7 @@ extension SimulationRun {
                     var stored = record
                     stored.changeTag = tag
                     mirror[zone, default: [:]][id] = stored
+                    reference.noteRedirect(zone: zone, stored)
                     saved += 1
                 }
             }
