@@ -492,7 +492,8 @@ enum SyncLedger {
         // A merge that changes what this device would upload invalidates any upload already in flight.
         if changedLocally && localNewer { state.localVersion += 1 }
         state.pending = localNewer
-        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners))
+        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
+                                                              oneStampTail: statements.oneStampTail))
         batch?.ledgerHolds(remote.recordID)
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
@@ -603,7 +604,11 @@ enum SyncLedger {
 
     /// The fields of `remote` the entity of `statements` stores, by storage position (`nil`: absent).
     private static func fieldsByPosition(_ remote: CloudRecord, _ statements: EntityStatements) -> [CloudField?] {
-        var result = [CloudField?](repeating: nil, count: statements.fieldNames.count)
+        let count = statements.fieldNames.count
+        var result = [CloudField?](unsafeUninitializedCapacity: count) { buffer, initialized in
+            buffer.initialize(repeating: nil)
+            initialized = count
+        }
         for (name, field) in remote.fields {
             if let index = statements.fieldIndex[name] { result[index] = field }
         }
