@@ -121,6 +121,35 @@ struct LedgerCodingTests {
         }
     }
 
+    @Test("the one-stamp shortcut writes the same bytes as the dictionary encoder, and only when one stamp covers every field")
+    func oneStampEncoding() throws {
+        let names = ["title", "body", "rating", "Zeta", "é", "a_b", "a", String(repeating: "long", count: 40)]
+        let order = names.indices.sorted { names[$0].utf8.lexicographicallyPrecedes(names[$1].utf8) }
+        let tail = SyncLedger.oneStampTail(names: names, order: order)
+        for dictionary in Self.stamps(seed: 5) {
+            for stamp in dictionary.values {
+                // Every field, one stamp: the shortcut.
+                let all = [FieldStamp?](repeating: stamp, count: names.count)
+                let every = Dictionary(uniqueKeysWithValues: names.map { ($0, stamp) })
+                let fast = SyncLedger.encodeStamps(names: names, order: order, stamps: all, oneStampTail: tail)
+                #expect(fast == SyncLedger.encodeStamps(every))
+                #expect(fast == SyncLedger.encodeStamps(names: names, order: order, stamps: all))
+                #expect(Self.decodeCompact(fast) == every)
+                // A field without a stamp, or with another one: the general encoder's bytes.
+                var partial = all
+                partial[3] = nil
+                var other = all
+                other[5] = FieldStamp(incarnation: stamp.incarnation &+ 1, clock: stamp.clock)
+                for stamps in [partial, other] {
+                    var equivalent: [String: FieldStamp] = [:]
+                    for (index, stamp) in stamps.enumerated() { if let stamp { equivalent[names[index]] = stamp } }
+                    #expect(SyncLedger.encodeStamps(names: names, order: order, stamps: stamps, oneStampTail: tail)
+                            == SyncLedger.encodeStamps(equivalent))
+                }
+            }
+        }
+    }
+
     @Test("malformed compact stamps are rejected, never trusted")
     func malformedCompactStamps() throws {
         let stamp = FieldStamp(incarnation: 1, clock: HLC(physical: 5, logical: 2, replica: UUID(uuidString: "01900000-0000-7000-8000-00000000beef")!))

@@ -99,6 +99,60 @@ final class Statement {
         }
     }
 
+    /// Binds the bytes of `text`, a literal (whose storage lives as long as the program), without a copy.
+    @inline(__always)
+    func bindStatic(_ text: StaticString, at index: Int32) throws {
+        try check(UnsafeRawPointer(text.utf8Start).withMemoryRebound(to: CChar.self, capacity: text.utf8CodeUnitCount) {
+            sqlite3_bind_text(handle, index + 1, $0, Int32(text.utf8CodeUnitCount), nil)
+        })
+    }
+
+    /// Binds `text` (NULL when `nil`) to the parameter at 0-based `index` without a copy and runs `body`, which must
+    /// step the statement: the binding is only valid inside it (the caller resets the statement afterwards).
+    @inline(__always)
+    func withStaticText<R>(_ text: String?, at index: Int32, _ body: () throws -> R) throws -> R {
+        guard var text else {
+            try check(sqlite3_bind_null(handle, index + 1))
+            return try body()
+        }
+        return try text.withUTF8 { bytes in
+            try bytes.withMemoryRebound(to: CChar.self) { chars in
+                // A non-nil pointer even for empty text: SQLite binds NULL for a nil pointer.
+                if let base = chars.baseAddress {
+                    try check(sqlite3_bind_text(handle, index + 1, base, Int32(chars.count), nil))
+                } else {
+                    try check(replica_sqlite3_bind_text_transient(handle, index + 1, "", 0))
+                }
+                return try body()
+            }
+        }
+    }
+
+    /// Binds `bytes` as a blob to the parameter at 0-based `index` without a copy and runs `body` (see
+    /// ``withStaticText(_:at:_:)``).
+    @inline(__always)
+    func withStaticBlob<R>(_ bytes: Data, at index: Int32, _ body: () throws -> R) throws -> R {
+        try bytes.withUnsafeBytes { buffer in
+            // A zero-length blob must still be a blob, not NULL.
+            if buffer.isEmpty { try check(sqlite3_bind_zeroblob(handle, index + 1, 0)) } else {
+                try check(sqlite3_bind_blob(handle, index + 1, buffer.baseAddress, Int32(buffer.count), nil))
+            }
+            return try body()
+        }
+    }
+
+    /// Binds the 64-digit text form of `stamp` to the parameter at 0-based `index` from a stack buffer, and runs
+    /// `body` (see ``withStaticText(_:at:_:)``).
+    @inline(__always)
+    func withStaticStamp<R>(_ stamp: FieldStamp, at index: Int32, _ body: () throws -> R) throws -> R {
+        guard stamp.fitsHex else { return try withStaticText(stamp.description, at: index, body) }
+        return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer in
+            stamp.writeHex(into: buffer, at: 0)
+            try check(buffer.withMemoryRebound(to: CChar.self) { sqlite3_bind_text(handle, index + 1, $0.baseAddress, 64, nil) })
+            return try body()
+        }
+    }
+
     /// Binds each value in order, starting at parameter 0 (see ``bindCopying(_:id:)``).
     func bind(_ values: [SQLiteValue]) throws {
         try bindCopying(values, id: nil)

@@ -340,6 +340,9 @@ struct EntityStatements: Sendable {
     let fieldNames: [String]
     /// Field positions in the order of their names' UTF-8 bytes: the order of the ledger's compact `stamps` form.
     let fieldsInStampOrder: [Int]
+    /// The compact `stamps` form's bytes after the stamp when one stamp covers every field (see
+    /// ``SyncLedger/oneStampTail(names:order:)``).
+    let oneStampTail: [UInt8]
     /// Position of each stored field, by name.
     let fieldIndex: [String: Int]
     /// The value of each field when no write of the current incarnation is known (the attribute's declared default,
@@ -362,6 +365,7 @@ struct EntityStatements: Sendable {
         let names = entity.fieldNames
         fieldNames = names
         fieldsInStampOrder = names.indices.sorted { names[$0].utf8.lexicographicallyPrecedes(names[$1].utf8) }
+        oneStampTail = SyncLedger.oneStampTail(names: names, order: fieldsInStampOrder)
         fieldIndex = Dictionary(names.enumerated().map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
         attributes = names.indices.map { $0 < entity.attributes.count ? entity.attributes[$0] : nil }
         defaults = attributes.map { $0?.defaultValue ?? .null }

@@ -144,7 +144,19 @@ extension SyncLedger {
     /// for a field without one), where `order` lists the positions of `names` in the order of their UTF-8 bytes
     /// (``EntityStatements/fieldsInStampOrder``): the bytes ``encodeStamps(_:)`` writes for the equivalent dictionary,
     /// without building or sorting one.
-    static func encodeStamps(names: [String], order: [Int], stamps: [FieldStamp?]) -> Data {
+    static func encodeStamps(names: [String], order: [Int], stamps: [FieldStamp?], oneStampTail: [UInt8]? = nil) -> Data {
+        // Every field stamped by one write (a record as one save uploaded it): the bytes after the stamp depend only
+        // on the names, written once per entity (``oneStampTail(names:order:)``).
+        if let oneStampTail, let first = stamps.first ?? nil, stamps.allSatisfy({ $0 == first }) {
+            var data = Data(count: 2 + stampBytes + oneStampTail.count)
+            data.withUnsafeMutableBytes { raw in
+                raw[0] = stampsFormatVersion
+                raw[1] = 1
+                writeStamp(first, raw, at: 2)
+                oneStampTail.withUnsafeBytes { (raw.baseAddress! + 2 + stampBytes).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+            }
+            return data
+        }
         // Distinct stamps in order of first use (a record usually has one or two, so a linear search is fastest),
         // and each field's index among them (-1: no stamp).
         var distinct: [FieldStamp] = []
@@ -169,12 +181,7 @@ extension SyncLedger {
             i += 1
             writeVarint(UInt64(distinct.count), raw, &i)
             for stamp in distinct {
-                raw.storeBytes(of: UInt64(bitPattern: stamp.incarnation).bigEndian, toByteOffset: i, as: UInt64.self)
-                raw.storeBytes(of: UInt64(bitPattern: stamp.clock.physical).bigEndian, toByteOffset: i + 8, as: UInt64.self)
-                raw.storeBytes(of: UInt32(bitPattern: stamp.clock.logical).bigEndian, toByteOffset: i + 16, as: UInt32.self)
-                let (high, low) = stamp.clock.replica.orderedHalves
-                raw.storeBytes(of: high.bigEndian, toByteOffset: i + 20, as: UInt64.self)
-                raw.storeBytes(of: low.bigEndian, toByteOffset: i + 28, as: UInt64.self)
+                writeStamp(stamp, raw, at: i)
                 i += stampBytes
             }
             writeVarint(UInt64(fieldCount), raw, &i)
@@ -195,6 +202,38 @@ extension SyncLedger {
             precondition(i == size)
         }
         return data
+    }
+
+    /// Writes one stamp's 36 bytes at `i`.
+    @inline(__always)
+    private static func writeStamp(_ stamp: FieldStamp, _ raw: UnsafeMutableRawBufferPointer, at i: Int) {
+        raw.storeBytes(of: UInt64(bitPattern: stamp.incarnation).bigEndian, toByteOffset: i, as: UInt64.self)
+        raw.storeBytes(of: UInt64(bitPattern: stamp.clock.physical).bigEndian, toByteOffset: i + 8, as: UInt64.self)
+        raw.storeBytes(of: UInt32(bitPattern: stamp.clock.logical).bigEndian, toByteOffset: i + 16, as: UInt32.self)
+        let (high, low) = stamp.clock.replica.orderedHalves
+        raw.storeBytes(of: high.bigEndian, toByteOffset: i + 20, as: UInt64.self)
+        raw.storeBytes(of: low.bigEndian, toByteOffset: i + 28, as: UInt64.self)
+    }
+
+    /// The bytes that follow the one distinct stamp in the compact form of a map stamping every one of `names` with
+    /// that stamp (`order` as in ``encodeStamps(names:order:stamps:oneStampTail:)``): the field count, then each name
+    /// with stamp index 0.
+    static func oneStampTail(names: [String], order: [Int]) -> [UInt8] {
+        var size = varintSize(UInt64(names.count))
+        for name in names { size += varintSize(UInt64(name.utf8.count)) + name.utf8.count + 1 }
+        var tail = [UInt8](repeating: 0, count: size)
+        tail.withUnsafeMutableBytes { raw in
+            var i = 0
+            writeVarint(UInt64(names.count), raw, &i)
+            for position in order {
+                let utf8 = Array(names[position].utf8)
+                writeVarint(UInt64(utf8.count), raw, &i)
+                for byte in utf8 { raw[i] = byte; i += 1 }
+                writeVarint(0, raw, &i)
+            }
+            precondition(i == size)
+        }
+        return tail
     }
 
     /// Reads the compact `stamps` form from `bytes`; `nil` when they are not a well-formed instance of it (an

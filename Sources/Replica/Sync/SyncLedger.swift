@@ -161,15 +161,27 @@ enum SyncLedger {
         try store(state, db, stamps: encodeStamps(state.stamps))
     }
 
-    /// ``store(_:_:)`` with the `stamps` column already encoded (it then ignores `state.stamps`).
+    /// ``store(_:_:)`` with the `stamps` column already encoded (it then ignores `state.stamps`). Binds each
+    /// parameter directly (no array of values; text and blobs without copies, valid until the statement has run):
+    /// this runs once per merged record.
     static func store(_ state: RecordState, _ db: Connection, stamps: Data) throws {
-        try db.run(storeSQL, [
-                state.id.sqliteValue, .text(state.entity), .integer(state.causalLength), .text(state.created.description),
-                .blob(stamps), state.unknown.isEmpty ? .null : .text(encode(state.unknown)),
-                state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), state.redirect?.sqliteValue ?? .null,
-                state.changeTag.map(SQLiteValue.text) ?? .null, .integer(state.localVersion), .integer(state.pending ? 1 : 0),
-                .text(state.pending ? "pending" : "synced"),
-            ])
+        let statement = try db.cachedStatement(storeSQL)
+        defer { statement.reset() }
+        try statement.bind(state.id, at: 0)
+        try statement.bind(state.causalLength, at: 2)
+        try statement.bind(state.unknown.isEmpty ? .null : .text(encode(state.unknown)), at: 5)
+        try statement.bind(state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), at: 6)
+        try statement.bind(state.redirect?.sqliteValue ?? .null, at: 7)
+        try statement.bind(state.localVersion, at: 9)
+        try statement.bind(state.pending ? 1 : 0, at: 10)
+        try statement.bindStatic(state.pending ? "pending" : "synced", at: 11)
+        try statement.withStaticText(state.entity, at: 1) {
+            try statement.withStaticText(state.changeTag, at: 8) {
+                try statement.withStaticStamp(state.created, at: 3) {
+                    try statement.withStaticBlob(stamps, at: 4) { while try statement.step() {} }
+                }
+            }
+        }
     }
 
     // MARK: Local changes
@@ -480,7 +492,8 @@ enum SyncLedger {
         // A merge that changes what this device would upload invalidates any upload already in flight.
         if changedLocally && localNewer { state.localVersion += 1 }
         state.pending = localNewer
-        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners))
+        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
+                                                              oneStampTail: statements.oneStampTail))
         batch?.ledgerHolds(remote.recordID)
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
@@ -591,7 +604,11 @@ enum SyncLedger {
 
     /// The fields of `remote` the entity of `statements` stores, by storage position (`nil`: absent).
     private static func fieldsByPosition(_ remote: CloudRecord, _ statements: EntityStatements) -> [CloudField?] {
-        var result = [CloudField?](repeating: nil, count: statements.fieldNames.count)
+        let count = statements.fieldNames.count
+        var result = [CloudField?](unsafeUninitializedCapacity: count) { buffer, initialized in
+            buffer.initialize(repeating: nil)
+            initialized = count
+        }
         for (name, field) in remote.fields {
             if let index = statements.fieldIndex[name] { result[index] = field }
         }
