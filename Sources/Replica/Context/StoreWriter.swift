@@ -62,24 +62,25 @@ struct StoreWriter {
         self.db = db
     }
 
-    mutating func apply(_ batch: [(PersistentIdentifier, ModelContext.PendingChange)]) throws {
-        for (id, change) in batch {
-            switch change {
-            case .delete, .replace: try deleteRecord(id)
-            case .insert, .update: break
+    /// Applies `batch` (a context's pending changes in registration order; `nil` entries are skipped).
+    mutating func apply(_ batch: [PendingChanges.Entry]) throws {
+        for index in batch.indices {
+            switch batch[index].change {
+            case .delete?, .replace?: try deleteRecord(batch[index].id)
+            case .insert?, .update?, nil: break
             }
         }
         // Records whose unique keys must be checked once everything is written.
         var written: [Snapshot] = []
         changes.inserted.reserveCapacity(batch.count)
-        for (id, change) in batch {
-            switch change {
-            case let .insert(snapshot), let .replace(snapshot):
+        for index in batch.indices {
+            switch batch[index].change {
+            case let .insert(snapshot)?, let .replace(snapshot)?:
                 if try insert(snapshot), insertContext?.hasUniquenessConstraints ?? true { written.append(snapshot) }
-            case let .update(snapshot, fields):
+            case let .update(snapshot, fields)?:
                 if let stored = try update(snapshot, fields: fields) { written.append(stored) }
-            case .delete:
-                _ = id
+            case .delete?, nil:
+                break
             }
         }
         try checkDeletedRelationships()
