@@ -140,16 +140,24 @@ struct StoreWriter {
     /// Whether the record ID of `snapshot` is already used in this synced store by a record of another entity, alive
     /// (in its table, perhaps inserted earlier in this save) or known to sync (a tombstone, a record received): sync
     /// tracks, uploads and merges records by ID alone, so one ID cannot name two records of a synced store.
+    /// Cost per inserted record: one indexed lookup per entity of the store, through prepared statements with the
+    /// ID bound from the statement's own buffer (no `Data`, no hashing of SQL text).
     private func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
-        if case let .text(owner)? = try db.scalar("SELECT entity FROM replica_sync_record WHERE id = ?", [snapshot.id.sqliteValue]),
-           owner != snapshot.entityName {
+        let ledger = try db.cachedStatement(Self.ledgerEntity)
+        defer { ledger.reset() }
+        if try ledger.withBound(id: snapshot.id, [], { try ledger.step() }),
+           case let .text(owner) = ledger.value(0), owner != snapshot.entityName {
             return true
         }
         for (index, other) in store.entities.enumerated() where other.name != snapshot.entityName {
-            if try db.scalar(store.statements[index].exists, [snapshot.id.sqliteValue]) != nil { return true }
+            let exists = try db.cachedStatement(store.statements[index].exists)
+            defer { exists.reset() }
+            if try exists.withBound(id: snapshot.id, [], { try exists.step() }) { return true }
         }
         return false
     }
+
+    private static let ledgerEntity = StatementKey("SELECT entity FROM replica_sync_record WHERE id = ?")
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.
     /// - Throws: ``ReplicaError/recordNotFound(_:)`` when the record does not exist.
