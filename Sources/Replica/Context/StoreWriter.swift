@@ -62,6 +62,11 @@ struct StoreWriter {
         self.db = db
     }
 
+    /// Applies `batch`, given as (ID, change) pairs in registration order.
+    mutating func apply(_ batch: [(PersistentIdentifier, ModelContext.PendingChange)]) throws {
+        try apply(batch.map { PendingChanges.Entry(id: $0.0, change: $0.1) })
+    }
+
     /// Applies `batch` (a context's pending changes in registration order; `nil` entries are skipped).
     mutating func apply(_ batch: [PendingChanges.Entry]) throws {
         for index in batch.indices {
