@@ -545,4 +545,30 @@ struct FieldLevelChangeTrackingTests {
         #expect(stored.front == "front by the other writer")
         #expect(stored.back == "back by me")
     }
+
+    @Test("after a large save, the inserted copies are the bases of change tracking (registered as one batch)",
+          arguments: [1, ReadRegistry.savedBatchMinimum, 500])
+    func largeSaveRegistersInsertedCopies(count: Int) throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-ftrack-\(UUID().uuidString)")
+        let container = try ModelContainer(for: Card.self, environment: .seeded(seed: 2, directory: directory))
+        let mine = ModelContext(container)
+        let cards = (0..<count).map { mine.insert(Card(front: "f\($0)", back: "b\($0)")) }
+        try mine.save()
+
+        let other = ModelContext(container)
+        var theirs = try #require(try other.model(Card.self, id: cards[count - 1].id))
+        theirs.front = "front by the other writer"
+        other.update(theirs)
+        try other.save()
+
+        // The copy `mine` inserted is stale: only the field changed here may be written.
+        var stale = cards[count - 1]
+        stale.back = "back by me"
+        mine.update(stale)
+        try mine.save()
+        let stored = try #require(try ModelContext(container).model(Card.self, id: cards[count - 1].id))
+        #expect(stored.front == "front by the other writer")
+        #expect(stored.back == "back by me")
+        #expect(try ModelContext(container).fetchCount(FetchDescriptor<Card>()) == count)
+    }
 }

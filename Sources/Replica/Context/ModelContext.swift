@@ -155,19 +155,18 @@ public final class ModelContext {
     ///   ``ReplicaError/partialSave(committed:failed:underlying:)``. On any error, pending changes are kept.
     public func save() throws {
         guard hasChanges else { return }
-        // Group changes by store, in registration order.
-        var byStore: [[(PersistentIdentifier, PendingChange)]] = Array(repeating: [], count: container.stores.count)
-        let singleStore = container.stores.count == 1
-        if singleStore { byStore[0].reserveCapacity(pending.count) }
-        for (id, change) in pending.entries {
-            guard let change else { continue }
-            if singleStore {
-                byStore[0].append((id, change))
-            } else if let index = container.storeIndexByEntity[id.entityName] {
-                byStore[index].append((id, change))
+        // Group changes by store, in registration order (one store: the pending list itself, not a copy).
+        var byStore: [[PendingChanges.Entry]]
+        if container.stores.count == 1 {
+            byStore = [pending.entries]
+        } else {
+            byStore = Array(repeating: [], count: container.stores.count)
+            for entry in pending.entries {
+                guard entry.change != nil, let index = container.storeIndexByEntity[entry.id.entityName] else { continue }
+                byStore[index].append(entry)
             }
         }
-        let affected = byStore.indices.filter { !byStore[$0].isEmpty }
+        let affected = byStore.indices.filter { byStore[$0].contains { $0.change != nil } }
         for index in affected where !container.stores[index].configuration.allowsSave {
             throw ReplicaError.readOnlyStore(configuration: container.stores[index].configuration.name)
         }
@@ -225,13 +224,10 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
-        for (id, change) in pending.entries {
-            switch change {
-            case let .insert(snapshot)?, let .replace(snapshot)?: reads.register(snapshot)
-            case .update?, .delete?: reads.forget(id)  // the next read registers the stored state again
-            case nil: break
-            }
-        }
+        // Inserted records (every pending insert and replace, as written) become the bases of change tracking;
+        // updated and deleted ones are forgotten: the next read registers the stored state again.
+        for changes in saved { reads.register(inserted: changes.inserted) }
+        pending.forEachUpdateOrDelete { reads.forget($0) }
         rollback()
         postDidSave(saved)
     }
@@ -250,9 +246,9 @@ public final class ModelContext {
     /// The pending changes of the given entities, in registration order. Fetches overlay them on stored rows
     /// (``FetchDescriptor/includePendingChanges``). Complexity: O(pending changes).
     func pendingChanges(entities: Set<String>) -> [(PersistentIdentifier, PendingChange)] {
-        pending.entries.compactMap { id, change in
-            guard let change, entities.contains(id.entityName) else { return nil }
-            return (id, change)
+        pending.entries.compactMap { entry in
+            guard let change = entry.change, entities.contains(entry.id.entityName) else { return nil }
+            return (entry.id, change)
         }
     }
 

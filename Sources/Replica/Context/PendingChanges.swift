@@ -6,7 +6,14 @@ import Foundation
 /// changes in order without looking any up, and growing the dictionary moves small entries. Removing a change leaves
 /// an empty slot (order is kept; a later change of the same ID goes to the end, as a new registration).
 struct PendingChanges {
-    private(set) var entries: [(id: PersistentIdentifier, change: ModelContext.PendingChange?)] = []
+    /// One registered ID and its change (`nil`: removed). A struct rather than a tuple: copying a tuple of this
+    /// shape goes through the runtime's generic value witnesses (about 300 instructions per copy).
+    struct Entry {
+        let id: PersistentIdentifier
+        var change: ModelContext.PendingChange?
+    }
+
+    private(set) var entries: [Entry] = []
     private var positions: [PersistentIdentifier: Int] = [:]
 
     var isEmpty: Bool { positions.isEmpty }
@@ -20,7 +27,7 @@ struct PendingChanges {
                 if newValue == nil { positions[id] = nil }
             } else if let newValue {
                 positions[id] = entries.count
-                entries.append((id, newValue))
+                entries.append(Entry(id: id, change: newValue))
             }
         }
     }
@@ -35,8 +42,18 @@ struct PendingChanges {
             entries[position].change = change
             return previous
         }
-        entries.append((id, change))
+        entries.append(Entry(id: id, change: change))
         return nil
+    }
+
+    /// Calls `body` with the ID of every pending update and delete, in registration order.
+    func forEachUpdateOrDelete(_ body: (PersistentIdentifier) -> Void) {
+        for index in entries.indices {
+            switch entries[index].change {
+            case .update?, .delete?: body(entries[index].id)
+            case .insert?, .replace?, nil: break
+            }
+        }
     }
 
     /// The IDs with a change, in registration order.

@@ -5,8 +5,8 @@ import Foundation
 ///
 /// Registering a fetch's result costs O(1): the batch shares the result array's storage, and the base of a record is
 /// computed only when ``ModelContext/update(_:)`` asks for it (an index of the batch is built on first use). Saved
-/// inserts register their snapshot, and saved updates and deletes forget the record, in the same recency order, so
-/// the base is always the newest copy the context handed out or wrote.
+/// inserts register their snapshots (a large save as one batch, like a fetch), and saved updates and deletes forget
+/// the record, in the same recency order, so the base is always the newest copy the context handed out or wrote.
 ///
 /// Bounded: batches beyond ``batchLimit`` or holding more than ``modelLimit`` models in all are dropped oldest first;
 /// a record whose copy was dropped has no base, and its update writes every field that differs from the stored row
@@ -32,6 +32,20 @@ final class ReadRegistry {
         entries[snapshot.persistentModelID] = (next(), snapshot)
     }
 
+    /// Saves of at least this many inserts register them as one batch (O(1)) rather than one entry each.
+    static let savedBatchMinimum = 64
+
+    /// Registers the records a save inserted (`snapshots`, distinct IDs) as the newest copies of their records.
+    /// A large save registers them as one batch in O(1) (its index is built on first use, like a fetch's);
+    /// a small one, one entry each, so that many small saves do not crowd out fetched batches.
+    func register(inserted snapshots: [Snapshot]) {
+        if snapshots.count < Self.savedBatchMinimum {
+            for snapshot in snapshots { register(snapshot) }
+            return
+        }
+        append(SnapshotBatch(sequence: next(), snapshots: snapshots))
+    }
+
     /// Forgets the copies of `id` handed out so far.
     func forget(_ id: PersistentIdentifier) {
         entries[id] = (next(), nil)
@@ -43,12 +57,16 @@ final class ReadRegistry {
     func register<Model: PersistentModel>(_ models: [Model]) -> Int {
         guard !models.isEmpty else { return 0 }
         let token = next()
-        batches.append(ModelBatch(sequence: token, models: models))
-        batchedModels += models.count
+        append(ModelBatch(sequence: token, models: models))
+        return token
+    }
+
+    private func append(_ batch: any ReadBatch) {
+        batches.append(batch)
+        batchedModels += batch.count
         while batches.count > Self.batchLimit || (batchedModels > Self.modelLimit && batches.count > 1) {
             batchedModels -= batches.removeFirst().count
         }
-        return token
     }
 
     /// Drops the batch registered under `token` (a streaming enumeration forgets each batch after its turn).
@@ -64,7 +82,7 @@ final class ReadRegistry {
         let after = entry?.sequence ?? 0
         for batch in batches.reversed() {
             if batch.sequence <= after { break }
-            if batch.entityName == id.entityName, let snapshot = batch.snapshot(of: id.id) { return snapshot }
+            if let snapshot = batch.snapshot(of: id) { return snapshot }
         }
         return entry?.snapshot
     }
@@ -73,9 +91,8 @@ final class ReadRegistry {
 /// One registered fetch result. Internal.
 private protocol ReadBatch: AnyObject {
     var sequence: Int { get }
-    var entityName: String { get }
     var count: Int { get }
-    func snapshot(of id: UUID) -> Snapshot?
+    func snapshot(of id: PersistentIdentifier) -> Snapshot?
 }
 
 private final class ModelBatch<Model: PersistentModel>: ReadBatch {
@@ -88,10 +105,11 @@ private final class ModelBatch<Model: PersistentModel>: ReadBatch {
         self.models = models
     }
 
-    var entityName: String { Model.entityName }
     var count: Int { models.count }
 
-    func snapshot(of id: UUID) -> Snapshot? {
+    func snapshot(of pid: PersistentIdentifier) -> Snapshot? {
+        guard pid.entityName == Model.entityName else { return nil }
+        let id = pid.id
         if index == nil {
             var built: [UUID: Int] = [:]
             built.reserveCapacity(models.count)
@@ -99,5 +117,30 @@ private final class ModelBatch<Model: PersistentModel>: ReadBatch {
             index = built
         }
         return index?[id].map { Model.entity.fieldSnapshot(of: models[$0]) }
+    }
+}
+
+/// The records one save inserted, as saved (of any entities).
+private final class SnapshotBatch: ReadBatch {
+    let sequence: Int
+    let snapshots: [Snapshot]
+    private var index: [UUID: Int]?
+
+    init(sequence: Int, snapshots: [Snapshot]) {
+        self.sequence = sequence
+        self.snapshots = snapshots
+    }
+
+    var count: Int { snapshots.count }
+
+    func snapshot(of id: PersistentIdentifier) -> Snapshot? {
+        if index == nil {
+            var built: [UUID: Int] = [:]
+            built.reserveCapacity(snapshots.count)
+            for (position, snapshot) in snapshots.enumerated() { built[snapshot.id] = position }
+            index = built
+        }
+        guard let position = index?[id.id], snapshots[position].entityName == id.entityName else { return nil }
+        return snapshots[position]
     }
 }

@@ -185,6 +185,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let fieldIndexByKeyPath: [PartialKeyPath<Model>: Int]
         let fieldIndexByName: [String: Int]
         let toManyMembers: [ToManyMember]
+        /// `!toManyMembers.isEmpty`, stored: reading the array of `ToManyMember` tuples in unspecialized generic
+        /// code looks up the tuple's and closures' type metadata on every access (about 1.5k instructions).
+        let hasToManyMembers: Bool
         let prefetchByName: [String: Prefetch]
         let query: EntityQueryInfo
         let codableEncoder: ((Model) -> [SQLiteValue])?
@@ -201,6 +204,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             for (index, name) in fieldNames.enumerated() { byName[name] = index }
             self.fieldIndexByName = byName
             self.toManyMembers = toManyMembers
+            self.hasToManyMembers = !toManyMembers.isEmpty
             self.prefetchByName = prefetchByName
             self.query = query
             if let codable = Model.self as? any CodablePersistentModel.Type {
@@ -296,7 +300,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     /// Complexity: O(fields + to-many members), no reflection.
     public func snapshot(of model: Model) -> Snapshot {
         let storage = storage
-        let toMany = storage.toManyMembers.isEmpty ? [] : storage.toManyMembers.map { $0.members(model) }
+        let toMany = storage.hasToManyMembers ? storage.toManyMembers.map { $0.members(model) } : []
         return Snapshot(entityName: storage.schemaEntity.name, id: model.id, values: fieldValues(of: model),
                         toManyMembers: toMany)
     }

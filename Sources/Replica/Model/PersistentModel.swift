@@ -83,7 +83,10 @@ public struct PersistentIdentifier: Hashable, Comparable, Sendable, Codable, Cus
     /// Hashes the record ID only: IDs are globally unique, so the entity name adds no information, and hashing 16
     /// bytes instead of both keeps the context's per-record dictionaries cheap. (Equality still compares both.)
     public func hash(into hasher: inout Hasher) {
-        hasher.combine(id)
+        // As two words: `UUID`'s own hash feeds its 16 bytes through `combine(bytes:)`, several times slower.
+        let (high, low) = withUnsafeBytes(of: id.uuid) { ($0.loadUnaligned(as: UInt64.self), $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)) }
+        hasher.combine(high)
+        hasher.combine(low)
     }
 }
 

@@ -237,7 +237,10 @@ final class Store: Sendable {
            previous == fingerprint {
             return
         }
-        for entity in entities {
+        // Only records the ledger knows can need a new default: a new store (every in-memory one) skips the
+        // per-entity reads and the UPDATEs, whose preparation costs more than the rest of opening it.
+        let knowsRecords = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_record)") == .integer(1)
+        for entity in entities where knowsRecords {
             // Live records of this entity and the fields their current incarnation has stamps for (the `stamps`
             // column is read in either of its forms, so this works on stores written before the compact form).
             var stamped: [(id: UUID, fields: Set<String>)] = []
