@@ -141,6 +141,23 @@ struct SimulatorFindingsTests {
         #expect(try laptop.engine.nextRequest() != nil)
     }
 
+    @Test("a backoff that has ended stays ended after a backward clock jump (clock-jumps seed 15)")
+    func endedBackoffStaysEndedAfterBackwardClockJump() throws {
+        let laptop = try Device("laptop", seed: 1)
+        let request = try #require(try laptop.engine.nextRequest())
+        try laptop.engine.handle(request.id, .failure(.rateLimited(retryAfterMilliseconds: 100)))
+        // The wait ends and the engine sees that it has (asking for its next request)...
+        laptop.clock.advance(by: 10_000)
+        let retry = try #require(try laptop.engine.nextRequest())
+        #expect(laptop.engine.wakeTime == nil)
+        // ...then the clock goes back 27 minutes: the old deadline lies ahead again, but the wait is over.
+        laptop.clock.advance(by: -1_652_829)
+        #expect(laptop.engine.wakeTime == nil)
+        try laptop.engine.handle(retry.id, .failure(.networkUnavailable))
+        let wake = try #require(laptop.engine.wakeTime) - laptop.clock.nowMilliseconds()
+        #expect(wake <= SyncEngine.Options().maxBackoffMilliseconds * 2)
+    }
+
     @Test("a backoff deadline never lies further ahead than the delay asked for, whatever the clock does")
     func exponentialBackoffSurvivesBackwardClockJump() throws {
         let laptop = try Device("laptop", seed: 1)

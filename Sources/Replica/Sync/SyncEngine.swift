@@ -230,7 +230,9 @@ public final class SyncEngine {
     private func backoffDeadline() -> Int64 {
         let current = now
         if current >= backoffUntil {
-            // The wait is over for good: a later backward jump does not bring it back.
+            // The wait is over for good: a later backward jump does not bring it back (the old deadline would lie
+            // ahead again, by the size of the jump).
+            backoffUntil = .min
             backoffStart = .min
             waitingForLease = false
         } else if current < backoffStart {
