@@ -177,4 +177,45 @@ struct SimulatorFindingsTests {
         #expect(request != nil)
         #expect(waited <= options.leaseDurationMilliseconds)
     }
+
+    // MARK: Duplicates absorbed with their own clocks (Simulations/regressions/dedup-absorb-restamped--*)
+
+    @Test("a winner absorbs an edit of its duplicate with the edit's own clock, not the clock of the device that merged it (people-unique seed 242)")
+    func absorbedEditKeepsItsClock() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        // The laptop creates the person first (the winner); the phone creates the same key a little later.
+        let winner = laptop.context.insert(DPerson(email: "ada@example.com", name: "laptop"))
+        try laptop.context.save()
+        phone.clock.advance(by: 1_000)
+        var loser = phone.context.insert(DPerson(email: "ada@example.com", name: "phone"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        // The laptop resolved the duplicate and uploaded the loser's tombstone; the phone has not seen it yet and
+        // edits its copy of the loser.
+        phone.clock.advance(by: 1_000)
+        loser.name = "phone, edited"
+        phone.context.update(loser)
+        try phone.context.save()
+        let edit = try #require(try phone.engine.replicationState(of: loser.id)?.stamps["name"])
+        // Much later the phone merges the tombstone: the edit travels into the winner with the clock it was made at.
+        phone.clock.advance(by: 60_000)
+        try phone.sync(cloud)
+        let absorbed = try #require(try phone.engine.replicationState(of: winner.id)?.stamps["name"])
+        #expect(absorbed.clock == edit.clock)
+        #expect(try phone.context.model(DPerson.self, id: winner.id)?.name == "phone, edited")
+        // The laptop edits the winner after the phone's edit (by their clocks) without having seen the phone's
+        // merge: that later edit wins everywhere.
+        laptop.clock.advance(by: 3_000)
+        var later = try #require(try laptop.context.model(DPerson.self, id: winner.id))
+        later.name = "laptop, edited later"
+        laptop.context.update(later)
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        #expect(try laptop.context.model(DPerson.self, id: winner.id)?.name == "laptop, edited later")
+        #expect(try phone.context.model(DPerson.self, id: winner.id)?.name == "laptop, edited later")
+    }
 }
