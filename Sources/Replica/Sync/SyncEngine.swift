@@ -512,7 +512,7 @@ public final class SyncEngine {
             let touched = changes.inserted + changes.updated.map(\.0)
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
         }
-        let consequences = try SyncLedger.resolveReferences(after: changes, tombstoned: tombstoned, store: store, db: db)
+        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated

@@ -543,14 +543,16 @@ enum SyncLedger {
     /// After merging remote records: the children of records that died follow those records' delete rules; live
     /// records whose references point at a deleted record follow that record's rule; references to records not here
     /// yet mark the record as waiting for its parent (it is kept, never deleted for it); records that arrived release
-    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change).
-    static func resolveReferences(after changes: StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change). A winner's
+    /// registers that absorb a losing duplicate's fields keep those fields' own clocks: that change is added to
+    /// `changes` (the merge's own changes, recorded in history but never re-stamped), not to the returned ones.
+    static func resolveReferences(after changes: inout StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
         var writer = StoreWriter(store: store, db: db)
         for id in tombstoned {
             if let winner = try liveRedirectTarget(of: id.id, db) {
                 // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
                 try writer.retargetReferences(from: id, to: winner)
-                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &writer.changes)
+                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &changes)
             } else {
                 try writer.applyDeleteRulesAfterRemoteDelete(of: id)
             }
