@@ -141,6 +141,21 @@ struct SimulatorFindingsTests {
         #expect(try laptop.engine.nextRequest() != nil)
     }
 
+    @Test("a backoff that is over stays over when the clock then jumps back (clock-jumps seed 140)")
+    func elapsedBackoffStaysOverAfterBackwardJump() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try Device("phone", seed: 1)
+        let request = try #require(try phone.engine.nextRequest())
+        try phone.engine.handle(request.id, .failure(.rateLimited(retryAfterMilliseconds: 100)))
+        phone.clock.advance(by: 100)
+        let retry = try #require(try phone.engine.nextRequest())
+        try phone.engine.handle(retry.id, cloud.performNow(retry.operation))
+        // The wait ended and the retry succeeded; then the clock jumps back 30 minutes.
+        phone.clock.advance(by: -1_800_000)
+        #expect(phone.engine.wakeTime == nil)
+        #expect(try phone.engine.nextRequest() != nil)
+    }
+
     @Test("a backoff deadline never lies further ahead than the delay asked for, whatever the clock does")
     func exponentialBackoffSurvivesBackwardClockJump() throws {
         let laptop = try Device("laptop", seed: 1)
