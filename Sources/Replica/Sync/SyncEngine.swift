@@ -88,9 +88,9 @@ public final class SyncEngine {
     private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
     private var nextID: UInt64 = 1
     /// The end of the current wait (backoff or another engine's lease), in environment milliseconds.
-    private var backoffUntil: Int64 = 0
+    private var backoffUntil: Int64 = .min
     /// When the current wait began. A clock that goes back before it re-anchors the wait (see ``backoffDeadline()``).
-    private var backoffStart: Int64 = 0
+    private var backoffStart: Int64 = .min
     /// The current wait is for another engine's upload lease (rather than a backoff).
     private var waitingForLease = false
     private var consecutiveFailures = 0
@@ -231,6 +231,7 @@ public final class SyncEngine {
         let current = now
         if current >= backoffUntil {
             // The wait is over for good: a later backward jump does not bring it back.
+            backoffUntil = .min
             backoffStart = .min
             waitingForLease = false
         } else if current < backoffStart {
