@@ -233,4 +233,40 @@ struct SimulatorFindingsTests {
         #expect(try laptop.context.model(DPerson.self, id: winner.id)?.name == "laptop, edited later")
         #expect(try phone.context.model(DPerson.self, id: winner.id)?.name == "laptop, edited later")
     }
+
+    @Test("a duplicate re-inserted elsewhere and then deleted is a plain delete: it does not redirect to its old winner (people-unique seeds 210, 298)")
+    func reinsertedLoserForgetsItsRedirect() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        let winner = laptop.context.insert(DPerson(email: "ada@example.com", name: "winner"))
+        try laptop.context.save()
+        phone.clock.advance(by: 1_000)
+        let loser = phone.context.insert(DPerson(email: "ada@example.com", name: "loser"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        #expect(try phone.context.model(DPerson.self, id: loser.id) == nil)
+        // The phone re-inserts the loser's ID with another key: a new incarnation, no longer a duplicate.
+        phone.clock.advance(by: 1_000)
+        phone.context.insert(DPerson(id: loser.id, email: "grace@example.com", name: "reborn"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        #expect(try laptop.context.model(DPerson.self, id: loser.id)?.email == "grace@example.com")
+        // The laptop deletes it: an ordinary delete, whose fields must not flow into the old winner.
+        laptop.clock.advance(by: 1_000)
+        laptop.context.delete(try #require(try laptop.context.model(DPerson.self, id: loser.id)))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser.id }?.redirect == nil)
+        for device in [laptop, phone] {
+            let person = try #require(try device.context.model(DPerson.self, id: winner.id))
+            #expect(person.email == "ada@example.com")
+            #expect(person.name != "reborn")
+        }
+    }
 }
