@@ -183,6 +183,7 @@ enum SyncLedger {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
             guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
             state.causalLength += 1
+            state.redirect = nil
             var tombstone: [String: CloudField] = [:]
             for (name, value) in record.preservedValues {
                 if let stamp = state.stamps[name] {
@@ -318,6 +319,15 @@ enum SyncLedger {
         default: created = remote.created
         }
         if created.incarnation < incarnation { created.incarnation = incarnation }
+        // A redirect belongs to the tombstone of a duplicate that lost: it holds only while that state wins. A live
+        // record (a re-insert) redirects nowhere, and neither does a later, ordinary delete of it.
+        let redirect: UUID?
+        switch (local, remote) {
+        case _ where causalLength % 2 == 1: redirect = nil
+        case let (l?, r) where l.causalLength > r.causalLength: redirect = l.redirect
+        case let (l?, r) where l.causalLength == r.causalLength: redirect = r.redirect ?? l.redirect
+        default: redirect = remote.causalLength == causalLength ? remote.redirect : nil
+        }
 
         // Field registers.
         let fieldNames = entity.fieldNames
@@ -371,7 +381,7 @@ enum SyncLedger {
             }
             // A duplicate that lost (a tombstone redirecting to the winner) carries every field, so that edits made
             // to it anywhere reach the winner: fold in what this device knew of the live record.
-            if (remote.redirect ?? local?.redirect) != nil, let local, local.isAlive, let localRow {
+            if redirect != nil, let local, local.isAlive, let localRow {
                 for (index, name) in fieldNames.enumerated() {
                     guard let stamp = local.stamps[name] else { continue }
                     let field = CloudField(value: localRow[index + 1], stamp: stamp,
@@ -401,7 +411,7 @@ enum SyncLedger {
         state.stamps = stamps
         state.unknown = unknown
         state.tombstone = tombstone
-        state.redirect = remote.redirect ?? local?.redirect
+        state.redirect = redirect
         if let tag = remote.changeTag { state.changeTag = tag }
         let changedLocally = local.map {
             $0.causalLength != causalLength || $0.created != created || $0.stamps != stamps || $0.unknown != unknown || $0.tombstone != tombstone
