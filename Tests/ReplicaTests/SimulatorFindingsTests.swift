@@ -158,6 +158,21 @@ struct SimulatorFindingsTests {
         #expect(wake <= SyncEngine.Options().maxBackoffMilliseconds * 2)
     }
 
+    @Test("a backoff that is over stays over when the clock then jumps back (clock-jumps seed 140)")
+    func elapsedBackoffStaysOverAfterBackwardJump() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try Device("phone", seed: 1)
+        let request = try #require(try phone.engine.nextRequest())
+        try phone.engine.handle(request.id, .failure(.rateLimited(retryAfterMilliseconds: 100)))
+        phone.clock.advance(by: 100)
+        let retry = try #require(try phone.engine.nextRequest())
+        try phone.engine.handle(retry.id, cloud.performNow(retry.operation))
+        // The wait ended and the retry succeeded; then the clock jumps back 30 minutes.
+        phone.clock.advance(by: -1_800_000)
+        #expect(phone.engine.wakeTime == nil)
+        #expect(try phone.engine.nextRequest() != nil)
+    }
+
     @Test("a backoff deadline never lies further ahead than the delay asked for, whatever the clock does")
     func exponentialBackoffSurvivesBackwardClockJump() throws {
         let laptop = try Device("laptop", seed: 1)
@@ -193,5 +208,82 @@ struct SimulatorFindingsTests {
         }
         #expect(request != nil)
         #expect(waited <= options.leaseDurationMilliseconds)
+    }
+
+    // MARK: Duplicates absorbed with their own clocks (Simulations/regressions/dedup-absorb-restamped--*)
+
+    @Test("a winner absorbs an edit of its duplicate with the edit's own clock, not the clock of the device that merged it (people-unique seed 242)")
+    func absorbedEditKeepsItsClock() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        // The laptop creates the person first (the winner); the phone creates the same key a little later.
+        let winner = laptop.context.insert(DPerson(email: "ada@example.com", name: "laptop"))
+        try laptop.context.save()
+        phone.clock.advance(by: 1_000)
+        var loser = phone.context.insert(DPerson(email: "ada@example.com", name: "phone"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        // The laptop resolved the duplicate and uploaded the loser's tombstone; the phone has not seen it yet and
+        // edits its copy of the loser.
+        phone.clock.advance(by: 1_000)
+        loser.name = "phone, edited"
+        phone.context.update(loser)
+        try phone.context.save()
+        let edit = try #require(try phone.engine.replicationState(of: loser.id)?.stamps["name"])
+        // Much later the phone merges the tombstone: the edit travels into the winner with the clock it was made at.
+        phone.clock.advance(by: 60_000)
+        try phone.sync(cloud)
+        let absorbed = try #require(try phone.engine.replicationState(of: winner.id)?.stamps["name"])
+        #expect(absorbed.clock == edit.clock)
+        #expect(try phone.context.model(DPerson.self, id: winner.id)?.name == "phone, edited")
+        // The laptop edits the winner after the phone's edit (by their clocks) without having seen the phone's
+        // merge: that later edit wins everywhere.
+        laptop.clock.advance(by: 3_000)
+        var later = try #require(try laptop.context.model(DPerson.self, id: winner.id))
+        later.name = "laptop, edited later"
+        laptop.context.update(later)
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        #expect(try laptop.context.model(DPerson.self, id: winner.id)?.name == "laptop, edited later")
+        #expect(try phone.context.model(DPerson.self, id: winner.id)?.name == "laptop, edited later")
+    }
+
+    @Test("a duplicate re-inserted elsewhere and then deleted is a plain delete: it does not redirect to its old winner (people-unique seeds 210, 298)")
+    func reinsertedLoserForgetsItsRedirect() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        let winner = laptop.context.insert(DPerson(email: "ada@example.com", name: "winner"))
+        try laptop.context.save()
+        phone.clock.advance(by: 1_000)
+        let loser = phone.context.insert(DPerson(email: "ada@example.com", name: "loser"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        #expect(try phone.context.model(DPerson.self, id: loser.id) == nil)
+        // The phone re-inserts the loser's ID with another key: a new incarnation, no longer a duplicate.
+        phone.clock.advance(by: 1_000)
+        phone.context.insert(DPerson(id: loser.id, email: "grace@example.com", name: "reborn"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        #expect(try laptop.context.model(DPerson.self, id: loser.id)?.email == "grace@example.com")
+        // The laptop deletes it: an ordinary delete, whose fields must not flow into the old winner.
+        laptop.clock.advance(by: 1_000)
+        laptop.context.delete(try #require(try laptop.context.model(DPerson.self, id: loser.id)))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        try laptop.sync(cloud)
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser.id }?.redirect == nil)
+        for device in [laptop, phone] {
+            let person = try #require(try device.context.model(DPerson.self, id: winner.id))
+            #expect(person.email == "ada@example.com")
+            #expect(person.name != "reborn")
+        }
     }
 }

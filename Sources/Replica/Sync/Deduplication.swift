@@ -7,7 +7,8 @@ import Foundation
 /// - Each loser becomes a tombstone that redirects to the winner and carries every field it had, with its stamp.
 /// - The winner's field registers absorb every loser's fields by clock (re-stamped into the winner's incarnation with
 ///   the original clock), so no newer edit is lost; later edits of a loser reach the winner the same way.
-/// - References to a loser are pointed at the winner (``SyncLedger/resolveReferences(after:tombstoned:store:db:)``).
+/// - References to a loser are pointed at the winner (``SyncLedger/resolveReferences(after:tombstoned:store:db:)``); the
+///   absorbed fields are never re-stamped by the device that merges them.
 ///
 /// Every step is a deterministic function of the records involved, so every device reaches the same state whatever
 /// order records arrive in.

@@ -88,9 +88,9 @@ public final class SyncEngine {
     private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
     private var nextID: UInt64 = 1
     /// The end of the current wait (backoff or another engine's lease), in environment milliseconds.
-    private var backoffUntil: Int64 = 0
+    private var backoffUntil: Int64 = .min
     /// When the current wait began. A clock that goes back before it re-anchors the wait (see ``backoffDeadline()``).
-    private var backoffStart: Int64 = 0
+    private var backoffStart: Int64 = .min
     /// The current wait is for another engine's upload lease (rather than a backoff).
     private var waitingForLease = false
     private var consecutiveFailures = 0
@@ -521,7 +521,7 @@ public final class SyncEngine {
             let touched = changes.inserted + changes.updated.map(\.0)
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
         }
-        let consequences = try SyncLedger.resolveReferences(after: changes, tombstoned: tombstoned, store: store, db: db)
+        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated

@@ -224,6 +224,7 @@ enum SyncLedger {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
             guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
             state.causalLength += 1
+            state.redirect = nil
             var tombstone: [String: CloudField] = [:]
             for (name, value) in record.preservedValues {
                 if let stamp = state.stamps[name] {
@@ -386,6 +387,15 @@ enum SyncLedger {
         default: created = remote.created
         }
         if created.incarnation < incarnation { created.incarnation = incarnation }
+        // A redirect belongs to the tombstone of a duplicate that lost: it holds only while that state wins. A live
+        // record (a re-insert) redirects nowhere, and neither does a later, ordinary delete of it.
+        let redirect: UUID?
+        switch (local, remote) {
+        case _ where causalLength % 2 == 1: redirect = nil
+        case let (l?, r) where l.causalLength > r.causalLength: redirect = l.redirect
+        case let (l?, r) where l.causalLength == r.causalLength: redirect = r.redirect ?? l.redirect
+        default: redirect = remote.causalLength == causalLength ? remote.redirect : nil
+        }
 
         // Field registers: the winning stamp of each field (storage order), `nil` where no write of the current
         // incarnation is known.
@@ -444,7 +454,7 @@ enum SyncLedger {
             }
             // A duplicate that lost (a tombstone redirecting to the winner) carries every field, so that edits made
             // to it anywhere reach the winner: fold in what this device knew of the live record.
-            if (remote.redirect ?? local?.redirect) != nil, let local, local.isAlive, let localRow {
+            if redirect != nil, let local, local.isAlive, let localRow {
                 for (index, name) in fieldNames.enumerated() {
                     guard let stamp = local.stamps[name] else { continue }
                     let field = CloudField(value: localRow[index + 1], stamp: stamp,
@@ -487,7 +497,7 @@ enum SyncLedger {
         state.stamps = [:]
         state.unknown = unknown
         state.tombstone = tombstone
-        state.redirect = remote.redirect ?? local?.redirect
+        state.redirect = redirect
         if let tag = remote.changeTag { state.changeTag = tag }
         // A merge that changes what this device would upload invalidates any upload already in flight.
         if changedLocally && localNewer { state.localVersion += 1 }
@@ -717,14 +727,16 @@ enum SyncLedger {
     /// After merging remote records: the children of records that died follow those records' delete rules; live
     /// records whose references point at a deleted record follow that record's rule; references to records not here
     /// yet mark the record as waiting for its parent (it is kept, never deleted for it); records that arrived release
-    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change).
-    static func resolveReferences(after changes: StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+    /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change). A winner's
+    /// registers that absorb a losing duplicate's fields keep those fields' own clocks: that change is added to
+    /// `changes` (the merge's own changes, recorded in history but never re-stamped), not to the returned ones.
+    static func resolveReferences(after changes: inout StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
         var writer = StoreWriter(store: store, db: db)
         for id in tombstoned {
             if let winner = try liveRedirectTarget(of: id.id, db) {
                 // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
                 try writer.retargetReferences(from: id, to: winner)
-                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &writer.changes)
+                try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &changes)
             } else {
                 try writer.applyDeleteRulesAfterRemoteDelete(of: id)
             }
