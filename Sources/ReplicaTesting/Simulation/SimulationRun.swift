@@ -27,6 +27,8 @@ final class SimulationRun {
     let cloud = InMemoryCloudDatabase()
     /// The cloud's current records as the simulator last saw them saved, per zone.
     var mirror: [String: [UUID: CloudRecord]] = [:]
+    /// Zone resets so far, per zone.
+    var zoneResets: [String: Int] = [:]
     var now: Int64 = 0
     var queue = EventQueue()
     var devices: [SimDevice] = []
@@ -442,6 +444,7 @@ final class SimulationRun {
         if reset {
             cloud.resetZone(zone)
             mirror[zone] = [:]
+            zoneResets[zone, default: 0] += 1
             schedulePushes(zone: zone, except: nil)
         } else {
             cloud.expireChangeTokens(in: zone)
@@ -711,6 +714,8 @@ extension SimulationRun {
             }
             let result = try performAtCloud(message)
             if message.fate == .dropResponse { return }
+            var message = message
+            if case let .modifyRecords(_, zone) = message.request.operation { message.zoneResets = zoneResets[zone] ?? 0 }
             let latency = Int64(scenario.timing.latencyMs)
             queue.push(now + latency, .respond(message, result))
             if message.fate == .duplicateResponse { queue.push(now + latency + message.extraDelay, .respond(message, result)) }
@@ -803,7 +808,9 @@ extension SimulationRun {
         } catch {
             throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': handling \(message.request.operation.name) threw \(error)")
         }
-        if case let .modifyRecords(records, zone) = message.request.operation {
+        // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
+        // of the reset later, and convergence checks that it uploads them again.)
+        if case let .modifyRecords(records, zone) = message.request.operation, message.zoneResets == zoneResets[zone] ?? 0 {
             try checkOutbox(engine, records: records, zone: zone)
         }
         enqueuePump(engine)

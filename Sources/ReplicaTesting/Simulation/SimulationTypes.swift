@@ -290,6 +290,8 @@ struct Message {
     var fate: MessageFate = .normal
     var extraDelay: Int64 = 0
     var staleIndex = 0
+    /// How many times the request's zone had been reset when the cloud performed it.
+    var zoneResets = 0
 }
 
 enum SimEvent {
