@@ -107,12 +107,15 @@ enum Target {
     case perSecond(Double, units: String)
     /// Peak RSS at most this many MB above the baseline before the workload.
     case peakRSSAbove(Double)
+    /// No target: a row measured for comparison with another (e.g. a stricter baseline).
+    case comparison
 
     var description: String {
         switch self {
         case let .ratio(r): return "ratio ≤ \(format(r, 2))"
         case let .perSecond(n, units): return "≥ \(Int(n)) \(units)"
         case let .peakRSSAbove(mb): return "peak RSS ≤ \(Int(mb)) MB above baseline"
+        case .comparison: return "(for comparison)"
         }
     }
 }
@@ -194,6 +197,7 @@ struct BenchResult {
         case let .ratio(limit): return ratio.map { $0 <= limit } ?? false
         case let .perSecond(n, _): return perSecond.map { $0 >= n } ?? false
         case let .peakRSSAbove(mb): return peakMB.map { $0 <= mb } ?? false
+        case .comparison: return false
         }
     }
 }
@@ -283,7 +287,7 @@ func tableLine(_ r: BenchResult) -> String {
     var outcome: String
     var note = ""
     switch w.target {
-    case .ratio:
+    case .ratio, .comparison:
         outcome = r.ratio.map { format($0, 2) + "x" } ?? ""
         if let (lo, hi) = r.ratioRange { note = "ratios \(format(lo, 2))–\(format(hi, 2))" }
     case .perSecond:
@@ -297,7 +301,9 @@ func tableLine(_ r: BenchResult) -> String {
         if let rawPeak = r.median(r.rawPeakMB) { note += (note.isEmpty ? "" : "; ") + "raw peak +\(format(rawPeak, 1)) MB" }
     }
     if let extra = r.note { note += (note.isEmpty ? "" : "; ") + extra }
-    return "| \(cell(w.id, 3)) | \(cell(w.title, 58)) | \(cell(size, 7)) | \(cell(replica, 9)) | \(cell(raw, 9)) | \(cell(outcome, 13)) | \(cell(w.target.description, 24)) | \(cell(r.met ? "yes" : "no", 4)) | \(note)"
+    let met: String
+    if case .comparison = w.target { met = "—" } else { met = r.met ? "yes" : "no" }
+    return "| \(cell(w.id, 3)) | \(cell(w.title, 58)) | \(cell(size, 7)) | \(cell(replica, 9)) | \(cell(raw, 9)) | \(cell(outcome, 13)) | \(cell(w.target.description, 24)) | \(cell(met, 4)) | \(note)"
 }
 
 func tableHeader(_ clock: ClockKind) -> String {
