@@ -92,4 +92,65 @@ struct CloudDatabaseTests {
         #expect(throws: CloudError.rateLimited(retryAfterMilliseconds: 10)) { try db.modifyRecords([Self.record(1)], in: "z") }
         #expect(try db.modifyRecords([Self.record(1)], in: "z").count == 1)
     }
+
+    @Test("a broken cloud file is a transient serviceUnavailable naming the problem, not zoneBusy; busy and full map to zoneBusy and quotaExceeded")
+    func sqliteFailuresMapToCloudErrors() throws {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("replica-cloud-\(UUID().uuidString).sqlite")
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: url.path + suffix) } }
+        let db = try SQLiteCloudDatabase(url: url)
+        try db.createZone("z")
+        _ = try db.modifyRecords([Self.record(1)], in: "z")
+        // Another process damages the file: the records table disappears.
+        let other = try Connection(location: .file(url))
+        try other.execute("DROP TABLE cloud_record")
+        var thrown: CloudError?
+        do { _ = try db.modifyRecords([Self.record(2)], in: "z") } catch { thrown = error }
+        guard case let .serviceUnavailable(reason)? = thrown else {
+            Issue.record("expected serviceUnavailable, got \(String(describing: thrown))")
+            return
+        }
+        #expect(reason.contains("no such table: cloud_record"))
+        #expect(!reason.contains("note 2"))
+        #expect(thrown?.isTransient == true)
+        // The mapping of the other SQLite failures.
+        #expect(SQLiteCloudDatabase.cloudError(for: SQLiteError(extendedResultCode: 5, message: "database is locked"))
+                == .zoneBusy(retryAfterMilliseconds: 100))
+        #expect(SQLiteCloudDatabase.cloudError(for: SQLiteError(extendedResultCode: 6, message: "database table is locked"))
+                == .zoneBusy(retryAfterMilliseconds: 100))
+        #expect(SQLiteCloudDatabase.cloudError(for: SQLiteError(extendedResultCode: 13, message: "database or disk is full"))
+                == .quotaExceeded)
+        if case .serviceUnavailable = SQLiteCloudDatabase.cloudError(for: SQLiteError(extendedResultCode: 11, message: "database disk image is malformed")) {
+        } else {
+            Issue.record("a corrupt file must map to serviceUnavailable")
+        }
+    }
+
+    @Test("an engine whose SQLite cloud file breaks keeps its changes queued, reports the error and uploads once the file is usable again")
+    func engineSurvivesBrokenCloudFile() async throws {
+        let directory = adversarialDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let cloudURL = directory.appendingPathComponent("cloud.sqlite")
+        let cloud = try SQLiteCloudDatabase(url: cloudURL)
+        let device = try Device("a", seed: 41, directory: directory.appendingPathComponent("a"))
+        try await drive(device, cloud)
+        device.context.insert(SyncNote(title: "first", rating: 1))
+        try device.context.save()
+        let other = try Connection(location: .file(cloudURL))
+        try other.execute("ALTER TABLE cloud_record RENAME TO cloud_record_moved")
+        // Each attempt fails; the engine backs off (the helper skips its waits) and keeps the note queued.
+        try await drive(device, cloud, maxRequests: 12)
+        let status = try device.engine.status()
+        #expect(status.pendingRecords == 1)
+        guard case .serviceUnavailable? = status.lastError else {
+            Issue.record("expected serviceUnavailable in the status, got \(String(describing: status.lastError))")
+            return
+        }
+        #expect(try device.context.fetch(FetchDescriptor<SyncNote>()).map(\.title) == ["first"])
+        // The file is repaired; the next retry uploads the note.
+        try other.execute("ALTER TABLE cloud_record_moved RENAME TO cloud_record")
+        try await drive(device, cloud)
+        #expect(try device.engine.status().pendingRecords == 0)
+        #expect(try device.engine.status().lastError == nil)
+        #expect(try cloud.records(in: "notes").count == 1)
+    }
 }

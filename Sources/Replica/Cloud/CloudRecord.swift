@@ -121,11 +121,16 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
     case networkUnavailable
     /// The server refused a record for good (e.g. it is malformed): it stays queued, marked rejected.
     case invalidRecord(reason: String)
+    /// The service cannot serve requests now for a reason of its own (CloudKit's `serviceUnavailable`; for
+    /// ``SQLiteCloudDatabase``, a cloud file that cannot be read or written: unreadable, corrupt, read-only, an I/O
+    /// error). Transient: the engine backs off and retries, keeping every local change queued; `reason` names the
+    /// problem (never a record's values).
+    case serviceUnavailable(reason: String)
 
     /// `true` for errors that clear by themselves: retry the same work later.
     public var isTransient: Bool {
         switch self {
-        case .rateLimited, .quotaExceeded, .zoneBusy, .networkUnavailable: return true
+        case .rateLimited, .quotaExceeded, .zoneBusy, .networkUnavailable, .serviceUnavailable: return true
         default: return false
         }
     }
@@ -148,6 +153,7 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
         case let .partialFailure(results): return "partial failure (\(results.count) results)"
         case .networkUnavailable: return "network unavailable"
         case let .invalidRecord(reason): return "invalid record: \(reason)"
+        case let .serviceUnavailable(reason): return "service unavailable: \(reason)"
         }
     }
 }

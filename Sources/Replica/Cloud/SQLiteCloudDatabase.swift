@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import Synchronization
 
@@ -41,15 +42,31 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         self.db = db
     }
 
-    /// Runs `body` in a write transaction; SQLite failures surface as `zoneBusy` (transient) to the engine.
+    /// Runs `body` in a write transaction; a failure of the file surfaces as the cloud error it amounts to
+    /// (``cloudError(for:)``).
     private func write<T: Sendable>(_ body: (Connection) throws -> T) throws(CloudError) -> T {
         do {
             return try lock.withLock { _ in try db.transaction(.immediate) { try body(db) } }
         } catch let error as CloudError {
             throw error
+        } catch let error as SQLiteError {
+            throw Self.cloudError(for: error)
         } catch {
-            throw CloudError.zoneBusy(retryAfterMilliseconds: 100)
+            throw CloudError.serviceUnavailable(reason: "cloud database file: \(type(of: error))")
         }
+    }
+
+    /// The cloud error a failure of the cloud file amounts to: another process holding the file's write lock
+    /// (`SQLITE_BUSY`, `SQLITE_LOCKED`, after the 5 s busy timeout) is ``CloudError/zoneBusy(retryAfterMilliseconds:)``;
+    /// a full disk (`SQLITE_FULL`) is ``CloudError/quotaExceeded``; anything else — a corrupt or foreign file, a
+    /// read-only file, an I/O error, a missing table — is ``CloudError/serviceUnavailable(reason:)`` naming SQLite's
+    /// result code and message (never bound values). All three are transient: the engine keeps its changes queued
+    /// and retries. Source: <https://www.sqlite.org/rescode.html>
+    static func cloudError(for error: SQLiteError) -> CloudError {
+        if error.isBusy { return .zoneBusy(retryAfterMilliseconds: 100) }
+        if error.resultCode == SQLITE_FULL { return .quotaExceeded }
+        return .serviceUnavailable(reason: "cloud database file: SQLite error \(error.extendedResultCode) "
+            + "(\(String(cString: sqlite3_errstr(error.extendedResultCode)))): \(error.message)")
     }
 
     private static func zone(_ name: String, _ db: Connection) throws -> (epoch: Int64, sequence: Int64, oldestValid: Int64)? {
