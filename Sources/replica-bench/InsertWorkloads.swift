@@ -84,6 +84,7 @@ func rawInsertTrial(_ records: [BenchRecord], history: Bool, name: String) throw
     let directory = trialDirectory(name)
     _ = try makeStore(directory, [BenchRecord.self], tracksHistory: history)
     let raw = RawDB(path: storePath(directory))
+    _ = benchIdentity  // initialized before timing (Replica's side reads its environment's identity before timing too)
     return Trial(run: {
         let begin = raw.prepare("BEGIN IMMEDIATE")
         let commit = raw.prepare("COMMIT")

@@ -233,3 +233,73 @@ func rawHistoryTrial(_ n: Int) throws -> Trial {
         result = []
     })
 }
+
+// MARK: B8T — the same tail at two total history lengths
+
+/// A store whose history holds `total` transactions of `changesPerTransaction` inserts each (one change row per
+/// transaction, in `HistoryLog`'s layout), written with SQL outside timing (saving 100k transactions one by one
+/// would dominate the run, and under callgrind take minutes); the token to read after leaves `tail` transactions.
+struct HistoryTailStore {
+    var directory: URL
+    var afterToken: HistoryToken
+    var total: Int
+    var tail: Int
+    var changes: Int
+}
+
+nonisolated(unsafe) private var historyTailStores: [Int: HistoryTailStore] = [:]
+
+let changesPerTailTransaction = 10
+
+func historyTailStore(total: Int, tail: Int) throws -> HistoryTailStore {
+    if let store = historyTailStores[total] { return store }
+    let directory = trialDirectory("B8T-data-\(total)")
+    let container = try makeStore(directory, [BenchRecord.self])
+    let context = ModelContext(container)
+    _ = try context.currentHistoryToken(of: "bench")
+    let raw = RawDB(path: storePath(directory))
+    raw.exec("BEGIN IMMEDIATE")
+    raw.exec("""
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(total))
+        INSERT INTO replica_history_transaction (timestamp, author, bundle_identifier, process_name, process_id)
+        SELECT 1700000000000 + i, NULL, '\(benchIdentity.bundleIdentifier)', '\(benchIdentity.processName)', \(benchIdentity.processID) FROM n
+        """)
+    // Distinct, deterministic 16-byte IDs: the token and the position as 8 decimal digits each.
+    raw.exec("""
+        WITH RECURSIVE k(j) AS (SELECT 0 UNION ALL SELECT j + 1 FROM k WHERE j < \(changesPerTailTransaction - 1))
+        INSERT INTO replica_history_change (token, seq, entity, kind, fields, ids, tombstone)
+        SELECT token, 0, 'BenchRecord', 0, NULL,
+               CAST((SELECT group_concat(printf('%08d%08d', token, j), '') FROM k) AS BLOB), NULL
+        FROM replica_history_transaction
+        """)
+    raw.exec("COMMIT")
+    let latest = try context.currentHistoryToken(of: "bench")
+    guard latest.value == Int64(total) else { throw CheckFailed("B8T: store has \(latest.value) transactions") }
+    let store = HistoryTailStore(directory: directory, afterToken: HistoryToken(storeIdentity: latest.storeIdentity, value: Int64(total - tail)),
+                                 total: total, tail: tail, changes: tail * changesPerTailTransaction)
+    historyTailStores[total] = store
+    return store
+}
+
+/// Replica's `fetchHistory(after:)` of the newest `tail` transactions of a store with `total` transactions. B8T's
+/// two sides are both this, at 100k and at 10k total transactions: their ratio is how the cost depends on the
+/// history before the token (1.0 for O(N) in the transactions returned).
+func historyTailTrial(total: Int, tail: Int) throws -> Trial {
+    let store = try historyTailStore(total: total, tail: tail)
+    let container = try makeStore(store.directory, [BenchRecord.self])
+    let context = ModelContext(container)
+    _ = try context.currentHistoryToken(of: "bench")
+    // One small read before timing (as B8's warm-up run does): the first fetch in a process pays one-time type
+    // metadata set-up, which should not land on whichever side runs first.
+    _ = try context.fetchHistory(HistoryDescriptor(after: HistoryToken(storeIdentity: store.afterToken.storeIdentity,
+                                                                        value: Int64(store.total - 1))))
+    var result: [HistoryTransaction] = []
+    return Trial(run: {
+        result = try context.fetchHistory(HistoryDescriptor(after: store.afterToken))
+    }, check: {
+        let count = result.reduce(0) { $0 + $1.changes.count }
+        try require(result.count == store.tail && count == store.changes,
+                    "B8T: read \(result.count) transactions, \(count) changes; expected \(store.tail), \(store.changes)")
+        result = []
+    }, note: { "\(store.tail) of \(store.total) transactions" })
+}

@@ -146,6 +146,48 @@ struct HistoryTests {
         #expect(tail.map(\.token.value) == [199, 200])
     }
 
+    @Test("the after-token queries fetchHistory runs are range searches of the token key, never scans")
+    func afterTokenQueryPlans() throws {
+        let (container, _) = try makeContainer(makeDirectory())
+        let context = ModelContext(container)
+        for i in 0..<50 {
+            context.author = i % 2 == 0 ? "app" : "widget"
+            context.insert(HTrip(name: "t\(i)"))
+            try context.save()
+        }
+        let db = try context.connection(for: 0)
+        try db.execute("ANALYZE")
+        let token = try context.currentHistoryToken(of: "trips")
+        let after = HistoryToken(storeIdentity: token.storeIdentity, value: 40)
+        func plan(_ sql: String, _ values: [SQLiteValue]) throws -> String {
+            try db.rows("EXPLAIN QUERY PLAN " + sql, values).map { row in if case let .text(s) = row[3] { s } else { "" } }
+                .joined(separator: " | ")
+        }
+        let descriptors = [
+            HistoryDescriptor(after: after),
+            HistoryDescriptor(after: after, reverse: true, fetchLimit: 3),
+            HistoryDescriptor(after: after, authors: ["app"]),
+            HistoryDescriptor(after: after, excludedAuthors: ["widget"]),
+            HistoryDescriptor(after: after, from: Date(timeIntervalSince1970: 0), to: Date(timeIntervalSince1970: 4e9)),
+            HistoryDescriptor(after: after, entityNames: ["Trip"]),
+            HistoryDescriptor(after: after, sortBy: .timestamp),
+            HistoryDescriptor(after: after, sortBy: .timestamp, reverse: true, fetchLimit: 2),
+        ]
+        for descriptor in descriptors {
+            let (sql, values) = HistoryLog.headerQuery(descriptor)
+            let detail = try plan(sql, values)
+            #expect(detail.hasPrefix("SEARCH t USING INTEGER PRIMARY KEY (rowid>?)"), "\(descriptor): \(detail)")
+            #expect(!detail.contains("SCAN"), "\(descriptor): \(detail)")
+            // The plan is the one fetchHistory runs: same results as a filter over everything.
+            let tail = try context.fetchHistory(descriptor)
+            #expect(tail.allSatisfy { $0.token.value > 40 })
+        }
+        let changes = try plan(HistoryLog.changesInRangeSQL, [.integer(41), .integer(50)])
+        #expect(changes.hasPrefix("SEARCH replica_history_change USING PRIMARY KEY (token>? AND token<?)"), "\(changes)")
+        #expect(!changes.contains("SCAN") && !changes.contains("TEMP B-TREE"), "\(changes)")
+        #expect(try context.fetchHistory(HistoryDescriptor(after: after, sortBy: .timestamp)).map(\.token.value) == Array(41...50))
+    }
+
     @Test("pruning: a token older than pruned history is expired; tokens stay monotonic after pruning")
     func pruning() throws {
         let (container, clock) = try makeContainer(makeDirectory())

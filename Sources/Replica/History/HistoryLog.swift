@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 
 /// Reads and writes one store's history tables. Internal.
@@ -42,6 +43,9 @@ enum HistoryLog {
 
     /// Appends one transaction for `changes` inside the caller's open write transaction; returns its token value,
     /// or `nil` when there was nothing to record.
+    ///
+    /// Cost per recorded change: a comparison with the previous change's (entity, kind, fields) and 16 bytes copied
+    /// into one buffer allocated per save; SQLite work is one row per run of like changes, not per change.
     static func record(_ changes: StoreChanges, author: String?, environment: ReplicaEnvironment, db: Connection) throws -> Int64? {
         guard !changes.isEmpty else { return nil }
         let identity = environment.processIdentity
@@ -53,41 +57,96 @@ enum HistoryLog {
         let token = transaction.int64(0)
         while try transaction.step() {}
 
-        let insertChange = try db.cachedStatement(insertChangeSQL)
-        var seq: Int64 = 0
-        func write(entity: String, kind: Kind, fields: String?, ids: Data, tombstone: String?) throws {
-            try insertChange.run([.integer(token), .integer(seq), .text(entity), .integer(kind.rawValue),
-                                  fields.map(SQLiteValue.text) ?? .null, .blob(ids), tombstone.map(SQLiteValue.text) ?? .null])
-            seq += 1
+        var rows = ChangeRows(token: token, statement: try db.cachedStatement(insertChangeSQL),
+                              capacity: changes.inserted.count + changes.updated.count + changes.deleted.count)
+        defer { rows.deallocate() }
+        // Consecutive changes with the same (entity, kind, fields) share one row.
+        for index in changes.inserted.indices {
+            try rows.add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
         }
-        // Group consecutive changes with the same (entity, kind, fields).
-        var group: (entity: String, kind: Kind, fields: String?)?
-        var ids = Data()
-        func flush() throws {
-            if let group, !ids.isEmpty { try write(entity: group.entity, kind: group.kind, fields: group.fields, ids: ids, tombstone: nil) }
-            ids.removeAll(keepingCapacity: true)
-        }
-        func add(_ entity: String, _ kind: Kind, _ fields: String?, _ id: UUID) throws {
-            if group?.entity != entity || group?.kind != kind || group?.fields != fields {
-                try flush()
-                group = (entity, kind, fields)
+        var lastFields: [String]? = nil
+        var joined: String? = nil
+        for index in changes.updated.indices {
+            let fields = changes.updated[index].1
+            if lastFields != fields {
+                lastFields = fields
+                joined = fields.joined(separator: ",")
             }
-            withUnsafeBytes(of: id.uuid) { ids.append(contentsOf: $0) }
+            try rows.add(changes.updated[index].0.entityName, .update, joined, changes.updated[index].0.id)
         }
-        for snapshot in changes.inserted { try add(snapshot.entityName, .insert, nil, snapshot.id) }
-        for (snapshot, fields) in changes.updated { try add(snapshot.entityName, .update, fields.joined(separator: ","), snapshot.id) }
         for record in changes.deleted {
             if record.preservedValues.isEmpty {
-                try add(record.id.entityName, .delete, nil, record.id.id)
+                try rows.add(record.id.entityName, .delete, nil, record.id.id)
             } else {
-                try flush()
-                group = nil
-                try write(entity: record.id.entityName, kind: .delete, fields: nil, ids: record.id.id.bytes,
-                          tombstone: encodeTombstone(record.preservedValues))
+                try rows.flush()
+                try withUnsafeBytes(of: record.id.id.uuid) { bytes in
+                    try rows.write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
+                                   tombstone: encodeTombstone(record.preservedValues))
+                }
             }
         }
-        try flush()
+        try rows.flush()
         return token
+    }
+
+    /// The change rows of one transaction being written: the current run of like changes and its packed IDs.
+    /// A local value (no closures, no boxed captures), so the per-change path needs no exclusivity checks or
+    /// reference counting beyond reading the snapshot.
+    private struct ChangeRows {
+        let token: Int64
+        let statement: Statement
+        var seq: Int64 = 0
+        var entity = ""
+        var kind = Kind.insert
+        var fields: String? = nil
+        /// The IDs of the current run, 16 bytes each; room for every change of the save.
+        let ids: UnsafeMutableRawPointer
+        let capacity: Int
+        var count = 0
+
+        init(token: Int64, statement: Statement, capacity: Int) {
+            self.token = token
+            self.statement = statement
+            self.capacity = max(capacity, 1)
+            ids = UnsafeMutableRawPointer.allocate(byteCount: self.capacity * 16, alignment: 16)
+        }
+
+        func deallocate() { ids.deallocate() }
+
+        @inline(__always)
+        mutating func add(_ entity: String, _ kind: Kind, _ fields: String?, _ id: UUID) throws {
+            if count == 0 || kind != self.kind || entity != self.entity || fields != self.fields {
+                try flush()
+                self.entity = entity
+                self.kind = kind
+                self.fields = fields
+            }
+            precondition(count < capacity)
+            (ids + count * 16).storeBytes(of: id.uuid, as: uuid_t.self)
+            count += 1
+        }
+
+        /// Writes the current run, if any.
+        mutating func flush() throws {
+            guard count > 0 else { return }
+            try write(entity: entity, kind: kind, fields: fields, ids: UnsafeRawBufferPointer(start: ids, count: count * 16), tombstone: nil)
+            count = 0
+        }
+
+        /// Writes one change row; `ids` is bound without a copy (the statement is reset, clearing it, before return).
+        mutating func write(entity: String, kind: Kind, fields: String?, ids: UnsafeRawBufferPointer, tombstone: String?) throws {
+            defer { statement.reset() }
+            try statement.bind(token, at: 0)
+            try statement.bind(seq, at: 1)
+            try statement.bind(entity, at: 2)
+            try statement.bind(kind.rawValue, at: 3)
+            try statement.bind(fields.map(SQLiteValue.text) ?? .null, at: 4)
+            let code = sqlite3_bind_blob(statement.handle, 6, ids.baseAddress, Int32(ids.count), nil)
+            if code != SQLITE_OK { throw SQLiteError(code: code, connection: sqlite3_db_handle(statement.handle), sql: statement.sql) }
+            try statement.bind(tombstone.map(SQLiteValue.text) ?? .null, at: 6)
+            while try statement.step() {}
+            seq += 1
+        }
     }
 
     /// The highest pruned token value (0 when nothing was pruned).
@@ -107,10 +166,20 @@ enum HistoryLog {
         return 0
     }
 
-    /// Reads the transactions `descriptor` selects from one store.
-    static func fetch(_ descriptor: HistoryDescriptor, storeName: String, identity: UUID, db: Connection) throws -> [HistoryTransaction] {
+    /// The changes of the transactions with tokens in a range (bound: first, last), in order: a range search of
+    /// the change table's primary key (token, seq).
+    static let changesInRangeSQL =
+        "SELECT token, entity, kind, fields, ids, tombstone FROM replica_history_change WHERE token BETWEEN ? AND ? ORDER BY token, seq"
+
+    /// The SQL and values that select the transaction headers `descriptor` asks for. After a token, it is a range
+    /// search of the INTEGER PRIMARY KEY (rowid) — O(N) in the transactions returned, whatever precedes the token
+    /// (a test checks the plan).
+    static func headerQuery(_ descriptor: HistoryDescriptor) -> (sql: String, values: [SQLiteValue]) {
         var conditions: [String] = []
         var values: [SQLiteValue] = []
+        // After a token, `+timestamp` keeps SQLite from choosing the timestamp index (to filter, or to avoid a
+        // sort) over the token range: the range comes first (O(N) rows), whatever precedes the token.
+        let timestamp = descriptor.afterToken == nil ? "timestamp" : "+timestamp"
         if let token = descriptor.afterToken {
             conditions.append("token > ?")
             values.append(.integer(token.value))
@@ -124,11 +193,11 @@ enum HistoryLog {
             values += excluded.map(SQLiteValue.text)
         }
         if let from = descriptor.fromDate {
-            conditions.append("timestamp >= ?")
+            conditions.append("\(timestamp) >= ?")
             values.append(.integer(Int64((from.timeIntervalSince1970 * 1000).rounded(.up))))
         }
         if let to = descriptor.toDate {
-            conditions.append("timestamp < ?")
+            conditions.append("\(timestamp) < ?")
             values.append(.integer(Int64((to.timeIntervalSince1970 * 1000).rounded(.up))))
         }
         if let entities = descriptor.entityNames {
@@ -136,7 +205,7 @@ enum HistoryLog {
             values += entities.map(SQLiteValue.text)
         }
         let direction = descriptor.reverse ? "DESC" : "ASC"
-        let order = descriptor.sortBy == .token ? "token \(direction)" : "timestamp \(direction), token \(direction)"
+        let order = descriptor.sortBy == .token ? "token \(direction)" : "\(timestamp) \(direction), token \(direction)"
         var sql = "SELECT token, timestamp, author, bundle_identifier, process_name, process_id FROM replica_history_transaction t"
         if !conditions.isEmpty { sql += " WHERE " + conditions.joined(separator: " AND ") }
         sql += " ORDER BY \(order)"
@@ -144,6 +213,12 @@ enum HistoryLog {
             sql += " LIMIT ?"
             values.append(.integer(Int64(max(0, limit))))
         }
+        return (sql, values)
+    }
+
+    /// Reads the transactions `descriptor` selects from one store.
+    static func fetch(_ descriptor: HistoryDescriptor, storeName: String, identity: UUID, db: Connection) throws -> [HistoryTransaction] {
+        let (sql, values) = headerQuery(descriptor)
         let headers = try db.rows(sql, values, cache: descriptor.authors == nil && descriptor.excludedAuthors == nil && descriptor.entityNames == nil)
         guard let minToken = headers.lazy.compactMap({ if case let .integer(t) = $0[0] { return t } else { return nil } }).min(),
               let maxToken = headers.lazy.compactMap({ if case let .integer(t) = $0[0] { return t } else { return nil } }).max()
@@ -153,8 +228,7 @@ enum HistoryLog {
         var changesByToken: [Int64: [HistoryChange]] = [:]
         changesByToken.reserveCapacity(headers.count)
         let wanted = descriptor.entityNames.map(Set.init)
-        let statement = try db.cachedStatement(
-            "SELECT token, entity, kind, fields, ids, tombstone FROM replica_history_change WHERE token BETWEEN ? AND ? ORDER BY token, seq")
+        let statement = try db.cachedStatement(changesInRangeSQL)
         defer { statement.reset() }
         try statement.bind([.integer(minToken), .integer(maxToken)])
         while try statement.step() {
