@@ -15,8 +15,10 @@ final class Store: Sendable {
     let location: Connection.Location
     /// The store's replica identity: one per store file, shared by every process that opens it.
     let identity: UUID
-    /// Keeps an in-memory database alive for the container's lifetime.
-    private let anchor: Mutex<Connection?>
+    /// Connections of an in-memory store that no context or sync engine holds: the one that created the store, then
+    /// those their owners gave back (``reuse(_:)``). While no owner holds a connection, one waits here, so the
+    /// in-memory database lives as long as the container.
+    private let idle: Mutex<[IdleConnection]>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
@@ -55,18 +57,21 @@ final class Store: Sendable {
 
         do {
             let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
+            var isNew = false
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`).
                 let cloned = try configuration.isStoredInMemoryOnly
                     && Self.cloneFreshSchema(Self.freshSchemaSQL(entities, synced: configuration.isSynced), into: connection)
-                identity = try Self.prepare(connection, entities: entities, synced: configuration.isSynced,
-                                            schemaReady: cloned, environment: environment)
+                (identity, isNew) = try Self.prepare(connection, entities: entities, synced: configuration.isSynced,
+                                                     schemaReady: cloned, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
-            anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
-            if configuration.allowsSave && configuration.isSynced {
-                try adoptUntrackedRecords(try openConnection(), environment: environment)
+            // The connection that created an in-memory store keeps it alive, and is the first one handed out.
+            idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
+            // A store created just now holds no records, so none can lack sync bookkeeping.
+            if configuration.allowsSave && configuration.isSynced && !isNew {
+                try adoptUntrackedRecords(connection, environment: environment)
             }
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
@@ -96,10 +101,31 @@ final class Store: Sendable {
         }
     }
 
-    /// Opens a new connection to this store, for one context.
+    /// A connection to this store, for one owner (a context or a sync engine): an idle one of an in-memory store
+    /// (see ``reuse(_:)``), else a new one. Opening a connection reads the whole schema and every statement it runs
+    /// is prepared again, which costs more than the rest of a short-lived store's work (property-test and simulator
+    /// cases open hundreds of in-memory stores).
     func openConnection() throws -> Connection {
-        try Connection(location: location, readOnly: !configuration.allowsSave)
+        if configuration.isStoredInMemoryOnly, let reused = idle.withLock({ $0.popLast() }) {
+            return reused.connection
+        }
+        return try Connection(location: location, readOnly: !configuration.allowsSave)
     }
+
+    /// Takes back a connection from an owner that is done with it (a context or sync engine going away), so that the
+    /// next ``openConnection()`` uses it, with its schema read and its statements prepared. Only for in-memory stores
+    /// (a file store's connection closes as before): the connection is reset first — unfinished statements reset,
+    /// an open transaction rolled back (as closing it would) — so the next owner finds it as a new one would be.
+    /// Keeps at most a few; past that the connection closes (the others keep the database alive).
+    func reuse(_ connection: Connection) {
+        guard configuration.isStoredInMemoryOnly, connection.location == location, connection.resetForReuse() else { return }
+        idle.withLock { idle in
+            if idle.count < Self.idleConnectionLimit { idle.append(IdleConnection(connection)) }
+        }
+    }
+
+    /// At most this many idle connections per in-memory store.
+    private static let idleConnectionLimit = 4
 
     /// The schema of a new store: Replica's tables (metadata, history, and for a synced store the sync bookkeeping),
     /// then each entity's table and indexes, then the link tables of many-to-many relationships.
@@ -171,14 +197,23 @@ final class Store: Sendable {
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity. With `schemaReady`, the
     /// database holds exactly the fresh schema already (a copy) and only the identity is created.
+    /// Returns the identity and whether the store was created now (it then holds no records).
     private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, schemaReady: Bool,
-                                environment: ReplicaEnvironment) throws -> UUID {
+                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool) {
         try db.transaction(.immediate) {
-            if schemaReady {
-                // Copied from the template: exactly the fresh schema.
-            } else if case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") {
-                // A new store: its whole schema at once.
-                try db.execute(freshSchemaSQL(entities, synced: synced))
+            if try schemaReady || db.scalar("SELECT count(*) FROM sqlite_master") == .integer(0) {
+                // A new store: its whole schema at once (or copied from the template: exactly the fresh schema), then
+                // its identity and, when synced, the fingerprint of its defaults, in one statement. It has no
+                // records, so no default needs applying (see `applyCurrentDefaults`).
+                if !schemaReady { try db.execute(freshSchemaSQL(entities, synced: synced)) }
+                let identity = environment.makeIdentifier()
+                if synced {
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?)",
+                                    [identity.sqliteValue, .text(defaultsFingerprint(entities))], cache: false)
+                } else {
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue], cache: false)
+                }
+                return (identity, true)
             } else {
                 try db.execute(metadataSQL)
                 try db.execute(HistoryLog.createSQL)
@@ -214,12 +249,21 @@ final class Store: Sendable {
             if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
-                return identity
+                return (identity, false)
             }
             let identity = environment.makeIdentifier()
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
-            return identity
+            return (identity, false)
         }
+    }
+
+    /// The declared defaults of every attribute, as remembered in `replica_metadata['synced_defaults']`.
+    private static func defaultsFingerprint(_ entities: [Schema.Entity]) -> String {
+        var defaults: [String: SQLiteValue] = [:]
+        for entity in entities {
+            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
+        }
+        return SyncLedger.encode(defaults)
     }
 
     /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
@@ -228,11 +272,7 @@ final class Store: Sendable {
     /// forever about records an older writer created. Runs only when the declared defaults changed (they are
     /// remembered in `replica_metadata['synced_defaults']`). Nothing is stamped or uploaded: no one wrote these fields.
     private static func applyCurrentDefaults(_ db: Connection, entities: [Schema.Entity]) throws {
-        var defaults: [String: SQLiteValue] = [:]
-        for entity in entities {
-            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
-        }
-        let fingerprint = SyncLedger.encode(defaults)
+        let fingerprint = defaultsFingerprint(entities)
         if case let .text(previous)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'synced_defaults'"),
            previous == fingerprint {
             return
@@ -312,6 +352,14 @@ final class Store: Sendable {
         entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
             + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
     }
+}
+
+/// A connection waiting in a store's pool. SQLite connections are opened in its multi-thread mode: one may move
+/// between threads as long as one thread uses it at a time, which handing it over through the pool's lock ensures
+/// (its owner gave it back and no longer uses it).
+private struct IdleConnection: @unchecked Sendable {
+    let connection: Connection
+    init(_ connection: Connection) { self.connection = connection }
 }
 
 /// A store file's tables do not have the layout the schema needs. Internal: reported as
