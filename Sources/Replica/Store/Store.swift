@@ -32,7 +32,8 @@ final class Store: Sendable {
         var index: [String: Int] = [:]
         for (i, entity) in entities.enumerated() { index[entity.name] = i }
         self.entityIndex = index
-        self.statements = entities.map(EntityStatements.init)
+        let layout = StoreLayout.shared(entities, synced: configuration.isSynced)
+        self.statements = layout.statements
         let name = configuration.name
         func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: name, reason: reason) }
 
@@ -60,10 +61,8 @@ final class Store: Sendable {
             var isNew = false
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`).
-                let cloned = try configuration.isStoredInMemoryOnly
-                    && Self.cloneFreshSchema(Self.freshSchemaSQL(entities, synced: configuration.isSynced), into: connection)
-                (identity, isNew) = try Self.prepare(connection, entities: entities, synced: configuration.isSynced,
-                                                     schemaReady: cloned, environment: environment)
+                let cloned = try configuration.isStoredInMemoryOnly && layout.cloneFreshSchema(into: connection)
+                (identity, isNew) = try Self.prepare(connection, layout: layout, schemaReady: cloned, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
@@ -144,10 +143,10 @@ final class Store: Sendable {
         return sql
     }
 
-    private static let metadataSQL = "CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT"
+    static let metadataSQL = "CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT"
 
     /// The indexes of an entity's table: one per to-one relationship and one per uniqueness constraint.
-    private static func indexSQL(_ entity: Schema.Entity) -> [String] {
+    static func indexSQL(_ entity: Schema.Entity) -> [String] {
         let table = quoted(entity.name)
         return entity.toOneRelationships.map {
             "CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_\($0.name)")) ON \(table) (\(quoted($0.name)))"
@@ -157,59 +156,23 @@ final class Store: Sendable {
         }
     }
 
-    /// A database holding a fresh schema. Used only while `templates` is locked.
-    private final class SchemaTemplate: @unchecked Sendable {
-        let connection: Connection
-        init(_ connection: Connection) { self.connection = connection }
-    }
-
-    /// Databases holding the fresh schema of each schema SQL text, one per process (memory only).
-    private static let templates = Mutex<[String: SchemaTemplate]>([:])
-
-    /// Copies the fresh schema `sql` into the new, empty database of `db` with SQLite's backup API, from a template
-    /// database made once per schema and process. Creating the tables and indexes of a store with DDL costs more than
-    /// all the other work of a short simulation or property-test case, which open hundreds of in-memory stores.
-    /// Returns `false` (and copies nothing) when `db` is not empty or the copy is not possible.
-    private static func cloneFreshSchema(_ sql: String, into db: Connection) throws -> Bool {
-        guard case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") else { return false }
-        return try templates.withLock { templates in
-            let template: SchemaTemplate
-            if let existing = templates[sql] {
-                template = existing
-            } else {
-                // Few distinct schemas per process in practice; past a bound, new ones are created with DDL.
-                guard templates.count < 64 else { return false }
-                let connection = try Connection(location: .memory(name: "replica-template-\(templates.count)"))
-                try connection.transaction(.immediate) { try connection.execute(sql) }
-                template = SchemaTemplate(connection)
-                templates[sql] = template
-            }
-            guard let backup = sqlite3_backup_init(db.handle, "main", template.connection.handle, "main") else { return false }
-            let stepped = sqlite3_backup_step(backup, -1)
-            let finished = sqlite3_backup_finish(backup)
-            if stepped != SQLITE_DONE || finished != SQLITE_OK {
-                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
-            }
-            return true
-        }
-    }
-
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity. With `schemaReady`, the
     /// database holds exactly the fresh schema already (a copy) and only the identity is created.
     /// Returns the identity and whether the store was created now (it then holds no records).
-    private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, schemaReady: Bool,
+    private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool,
                                 environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool) {
-        try db.transaction(.immediate) {
+        let entities = layout.entities, synced = layout.synced
+        return try db.transaction(.immediate) {
             if try schemaReady || db.scalar("SELECT count(*) FROM sqlite_master") == .integer(0) {
                 // A new store: its whole schema at once (or copied from the template: exactly the fresh schema), then
                 // its identity and, when synced, the fingerprint of its defaults, in one statement. It has no
                 // records, so no default needs applying (see `applyCurrentDefaults`).
-                if !schemaReady { try db.execute(freshSchemaSQL(entities, synced: synced)) }
+                if !schemaReady { try db.execute(layout.freshSchemaSQL) }
                 let identity = environment.makeIdentifier()
                 if synced {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?)",
-                                    [identity.sqliteValue, .text(defaultsFingerprint(entities))], cache: false)
+                                    [identity.sqliteValue, .text(layout.defaultsFingerprint)], cache: false)
                 } else {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue], cache: false)
                 }
@@ -258,7 +221,7 @@ final class Store: Sendable {
     }
 
     /// The declared defaults of every attribute, as remembered in `replica_metadata['synced_defaults']`.
-    private static func defaultsFingerprint(_ entities: [Schema.Entity]) -> String {
+    static func defaultsFingerprint(_ entities: [Schema.Entity]) -> String {
         var defaults: [String: SQLiteValue] = [:]
         for entity in entities {
             for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
@@ -348,10 +311,103 @@ final class Store: Sendable {
         }
     }
 
-    private static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
+    static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
         entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
             + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
     }
+}
+
+/// What Replica derives from the entities of a store, once per process: the SQL text of a new store's schema, of
+/// each entity's statements, the fingerprint of the declared defaults, and a template database holding the fresh
+/// schema. Immutable once made (the template is used under a lock); shared by every store with the same entities.
+final class StoreLayout: @unchecked Sendable {
+    let entities: [Schema.Entity]
+    let synced: Bool
+    /// ``Store/freshSchemaSQL(_:synced:)`` of the entities.
+    let freshSchemaSQL: String
+    /// One per entity, in order.
+    let statements: [EntityStatements]
+    /// The value of `replica_metadata['synced_defaults']` for these entities.
+    let defaultsFingerprint: String
+    /// An in-memory database holding the fresh schema, made on first use; guarded by its lock.
+    private let template = Mutex<TemplateState>(.notMade)
+
+    private init(_ entities: [Schema.Entity], synced: Bool) {
+        self.entities = entities
+        self.synced = synced
+        freshSchemaSQL = Store.freshSchemaSQL(entities, synced: synced)
+        statements = entities.map(EntityStatements.init)
+        defaultsFingerprint = Store.defaultsFingerprint(entities)
+    }
+
+    private struct Key: Hashable {
+        let entities: [Schema.Entity]
+        let synced: Bool
+    }
+
+    /// Layouts made so far; few distinct ones per process in practice. Past a bound, new ones are not kept.
+    private static let layouts = Mutex<[Key: StoreLayout]>([:])
+    private static let layoutLimit = 64
+    /// Template databases made so far (each a connection kept open for the process's lifetime), bounded likewise.
+    private static let templateCount = Atomic<Int>(0)
+
+    /// The layout of `entities`, made once per process.
+    static func shared(_ entities: [Schema.Entity], synced: Bool) -> StoreLayout {
+        let key = Key(entities: entities, synced: synced)
+        if let layout = layouts.withLock({ $0[key] }) { return layout }
+        let layout = StoreLayout(entities, synced: synced)
+        return layouts.withLock { layouts in
+            if let existing = layouts[key] { return existing }
+            if layouts.count < layoutLimit { layouts[key] = layout }
+            return layout
+        }
+    }
+
+    private enum TemplateState {
+        case notMade
+        case made(TemplateDatabase)
+        case unavailable
+    }
+
+    /// Copies the fresh schema into the new, empty database of `db` with SQLite's backup API, from the template
+    /// database (made on first use). Creating the tables and indexes of a store with DDL costs more than all the other
+    /// work of a short simulation or property-test case, which open hundreds of in-memory stores.
+    /// Returns `false` (and copies nothing) when `db` is not empty or the copy is not possible.
+    func cloneFreshSchema(into db: Connection) throws -> Bool {
+        guard case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") else { return false }
+        return try template.withLock { state in
+            let source: TemplateDatabase
+            switch state {
+            case let .made(existing):
+                source = existing
+            case .unavailable:
+                return false
+            case .notMade:
+                let serial = Self.templateCount.add(1, ordering: .relaxed).newValue
+                guard serial <= Self.layoutLimit else {
+                    state = .unavailable
+                    return false
+                }
+                let connection = try Connection(location: .memory(name: "replica-template-\(serial)"))
+                try connection.transaction(.immediate) { try connection.execute(freshSchemaSQL) }
+                source = TemplateDatabase(connection)
+                state = .made(source)
+            }
+            guard let backup = sqlite3_backup_init(db.handle, "main", source.connection.handle, "main") else { return false }
+            let stepped = sqlite3_backup_step(backup, -1)
+            let finished = sqlite3_backup_finish(backup)
+            if stepped != SQLITE_DONE || finished != SQLITE_OK {
+                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
+            }
+            return true
+        }
+    }
+}
+
+/// A database holding a fresh schema. Used only under its layout's lock.
+private final class TemplateDatabase: @unchecked Sendable {
+    let connection: Connection
+    init(_ connection: Connection) { self.connection = connection }
 }
 
 /// A connection waiting in a store's pool. SQLite connections are opened in its multi-thread mode: one may move
