@@ -126,7 +126,9 @@ func replicationCase(_ steps: [PropStep]) throws {
         }
     }
     for _ in 0..<3 { for device in devices { try device.sync(cloud) } }
-    let states = try devices.map { try ModelContext($0.container).fetch(PropNote.self) }
+    // Each device's state, read from its store through the device's own context (a fetch reads the rows SQLite
+    // holds; this context has no unsaved changes), rather than through a new context and connection per device.
+    let states = try devices.map { try $0.context.fetch(PropNote.self) }
     try Property.require(states[0] == states[1] && states[1] == states[2], "devices did not converge", kind: "convergence")
     for device in devices {
         try Property.require(try device.engine.status().isUpToDate, "a device is not up to date", kind: "liveness")

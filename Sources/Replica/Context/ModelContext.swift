@@ -48,6 +48,14 @@ public final class ModelContext {
         self.connections = Array(repeating: nil, count: container.stores.count)
     }
 
+    /// Gives the context's connections back to their stores, for the next context or sync engine (see
+    /// `Store.reuse(_:)`).
+    deinit {
+        for (index, connection) in connections.enumerated() {
+            if let connection { container.stores[index].reuse(connection) }
+        }
+    }
+
     // MARK: Registering changes
 
     /// Registers `model` for insertion at the next save and returns it with its ID assigned (a new time-ordered ID

@@ -50,8 +50,7 @@ final class Connection {
         case let .memory(name):
             // The name is a URI path: escape everything but unreserved characters, so that a `?`, `#` or `%` in it
             // cannot end the path early and open a file instead of the in-memory database.
-            let unreserved = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-            path = "file:/\(name.addingPercentEncoding(withAllowedCharacters: unreserved) ?? name)?vfs=memdb"
+            path = "file:/\(Self.uriPath(name))?vfs=memdb"
         }
         var db: OpaquePointer?
         let code = sqlite3_open_v2(path, &db, flags, nil)
@@ -70,6 +69,37 @@ final class Connection {
         }
         try execute("PRAGMA synchronous=NORMAL")
         try execute("PRAGMA foreign_keys=ON")
+    }
+
+    /// `name` with every character but the unreserved ones (RFC 3986) percent-encoded. Names Replica generates need
+    /// no escaping (letters, digits, `-`), so the common case only checks the bytes.
+    static func uriPath(_ name: String) -> String {
+        if name.utf8.allSatisfy({ isUnreservedURIByte($0) }) { return name }
+        return name.addingPercentEncoding(withAllowedCharacters: unreservedURICharacters) ?? name
+    }
+
+    private static func isUnreservedURIByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+             UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"): true
+        default: false
+        }
+    }
+
+    private static let unreservedURICharacters = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+    /// Prepares the connection for another owner (see `Store.reuse(_:)`): resets every statement that has not run to
+    /// completion and rolls back a transaction left open, as closing the connection would. Cached statements stay.
+    /// Returns `false` when the connection cannot be brought back to that state (it should then be closed).
+    func resetForReuse() -> Bool {
+        var statement = sqlite3_next_stmt(handle, nil)
+        while let current = statement {
+            if sqlite3_stmt_busy(current) != 0 { sqlite3_reset(current) }
+            statement = sqlite3_next_stmt(handle, current)
+        }
+        if isInTransaction { try? execute("ROLLBACK") }
+        transactionDepth = 0
+        return !isInTransaction
     }
 
     deinit {

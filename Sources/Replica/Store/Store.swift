@@ -15,8 +15,10 @@ final class Store: Sendable {
     let location: Connection.Location
     /// The store's replica identity: one per store file, shared by every process that opens it.
     let identity: UUID
-    /// Keeps an in-memory database alive for the container's lifetime.
-    private let anchor: Mutex<Connection?>
+    /// Connections of an in-memory store that no context or sync engine holds: the one that created the store, then
+    /// those their owners gave back (``reuse(_:)``). While no owner holds a connection, one waits here, so the
+    /// in-memory database lives as long as the container.
+    private let idle: Mutex<[IdleConnection]>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
@@ -30,7 +32,8 @@ final class Store: Sendable {
         var index: [String: Int] = [:]
         for (i, entity) in entities.enumerated() { index[entity.name] = i }
         self.entityIndex = index
-        self.statements = entities.map(EntityStatements.init)
+        let layout = StoreLayout.shared(entities, synced: configuration.isSynced)
+        self.statements = layout.statements
         let name = configuration.name
         func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: name, reason: reason) }
 
@@ -55,18 +58,19 @@ final class Store: Sendable {
 
         do {
             let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
+            var isNew = false
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`).
-                let cloned = try configuration.isStoredInMemoryOnly
-                    && Self.cloneFreshSchema(Self.freshSchemaSQL(entities, synced: configuration.isSynced), into: connection)
-                identity = try Self.prepare(connection, entities: entities, synced: configuration.isSynced,
-                                            schemaReady: cloned, environment: environment)
+                let cloned = try configuration.isStoredInMemoryOnly && layout.cloneFreshSchema(into: connection)
+                (identity, isNew) = try Self.prepare(connection, layout: layout, schemaReady: cloned, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
-            anchor = Mutex(configuration.isStoredInMemoryOnly ? connection : nil)
-            if configuration.allowsSave && configuration.isSynced {
-                try adoptUntrackedRecords(try openConnection(), environment: environment)
+            // The connection that created an in-memory store keeps it alive, and is the first one handed out.
+            idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
+            // A store created just now holds no records, so none can lack sync bookkeeping.
+            if configuration.allowsSave && configuration.isSynced && !isNew {
+                try adoptUntrackedRecords(connection, environment: environment)
             }
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
@@ -96,10 +100,31 @@ final class Store: Sendable {
         }
     }
 
-    /// Opens a new connection to this store, for one context.
+    /// A connection to this store, for one owner (a context or a sync engine): an idle one of an in-memory store
+    /// (see ``reuse(_:)``), else a new one. Opening a connection reads the whole schema and every statement it runs
+    /// is prepared again, which costs more than the rest of a short-lived store's work (property-test and simulator
+    /// cases open hundreds of in-memory stores).
     func openConnection() throws -> Connection {
-        try Connection(location: location, readOnly: !configuration.allowsSave)
+        if configuration.isStoredInMemoryOnly, let reused = idle.withLock({ $0.popLast() }) {
+            return reused.connection
+        }
+        return try Connection(location: location, readOnly: !configuration.allowsSave)
     }
+
+    /// Takes back a connection from an owner that is done with it (a context or sync engine going away), so that the
+    /// next ``openConnection()`` uses it, with its schema read and its statements prepared. Only for in-memory stores
+    /// (a file store's connection closes as before): the connection is reset first — unfinished statements reset,
+    /// an open transaction rolled back (as closing it would) — so the next owner finds it as a new one would be.
+    /// Keeps at most a few; past that the connection closes (the others keep the database alive).
+    func reuse(_ connection: Connection) {
+        guard configuration.isStoredInMemoryOnly, connection.location == location, connection.resetForReuse() else { return }
+        idle.withLock { idle in
+            if idle.count < Self.idleConnectionLimit { idle.append(IdleConnection(connection)) }
+        }
+    }
+
+    /// At most this many idle connections per in-memory store.
+    private static let idleConnectionLimit = 4
 
     /// The schema of a new store: Replica's tables (metadata, history, and for a synced store the sync bookkeeping),
     /// then each entity's table and indexes, then the link tables of many-to-many relationships.
@@ -118,10 +143,10 @@ final class Store: Sendable {
         return sql
     }
 
-    private static let metadataSQL = "CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT"
+    static let metadataSQL = "CREATE TABLE IF NOT EXISTS replica_metadata (key TEXT PRIMARY KEY NOT NULL, value ANY) STRICT"
 
     /// The indexes of an entity's table: one per to-one relationship and one per uniqueness constraint.
-    private static func indexSQL(_ entity: Schema.Entity) -> [String] {
+    static func indexSQL(_ entity: Schema.Entity) -> [String] {
         let table = quoted(entity.name)
         return entity.toOneRelationships.map {
             "CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_\($0.name)")) ON \(table) (\(quoted($0.name)))"
@@ -131,54 +156,27 @@ final class Store: Sendable {
         }
     }
 
-    /// A database holding a fresh schema. Used only while `templates` is locked.
-    private final class SchemaTemplate: @unchecked Sendable {
-        let connection: Connection
-        init(_ connection: Connection) { self.connection = connection }
-    }
-
-    /// Databases holding the fresh schema of each schema SQL text, one per process (memory only).
-    private static let templates = Mutex<[String: SchemaTemplate]>([:])
-
-    /// Copies the fresh schema `sql` into the new, empty database of `db` with SQLite's backup API, from a template
-    /// database made once per schema and process. Creating the tables and indexes of a store with DDL costs more than
-    /// all the other work of a short simulation or property-test case, which open hundreds of in-memory stores.
-    /// Returns `false` (and copies nothing) when `db` is not empty or the copy is not possible.
-    private static func cloneFreshSchema(_ sql: String, into db: Connection) throws -> Bool {
-        guard case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") else { return false }
-        return try templates.withLock { templates in
-            let template: SchemaTemplate
-            if let existing = templates[sql] {
-                template = existing
-            } else {
-                // Few distinct schemas per process in practice; past a bound, new ones are created with DDL.
-                guard templates.count < 64 else { return false }
-                let connection = try Connection(location: .memory(name: "replica-template-\(templates.count)"))
-                try connection.transaction(.immediate) { try connection.execute(sql) }
-                template = SchemaTemplate(connection)
-                templates[sql] = template
-            }
-            guard let backup = sqlite3_backup_init(db.handle, "main", template.connection.handle, "main") else { return false }
-            let stepped = sqlite3_backup_step(backup, -1)
-            let finished = sqlite3_backup_finish(backup)
-            if stepped != SQLITE_DONE || finished != SQLITE_OK {
-                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
-            }
-            return true
-        }
-    }
-
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity. With `schemaReady`, the
     /// database holds exactly the fresh schema already (a copy) and only the identity is created.
-    private static func prepare(_ db: Connection, entities: [Schema.Entity], synced: Bool, schemaReady: Bool,
-                                environment: ReplicaEnvironment) throws -> UUID {
-        try db.transaction(.immediate) {
-            if schemaReady {
-                // Copied from the template: exactly the fresh schema.
-            } else if case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") {
-                // A new store: its whole schema at once.
-                try db.execute(freshSchemaSQL(entities, synced: synced))
+    /// Returns the identity and whether the store was created now (it then holds no records).
+    private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool,
+                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool) {
+        let entities = layout.entities, synced = layout.synced
+        return try db.transaction(.immediate) {
+            if try schemaReady || db.scalar("SELECT count(*) FROM sqlite_master") == .integer(0) {
+                // A new store: its whole schema at once (or copied from the template: exactly the fresh schema), then
+                // its identity and, when synced, the fingerprint of its defaults, in one statement. It has no
+                // records, so no default needs applying (see `applyCurrentDefaults`).
+                if !schemaReady { try db.execute(layout.freshSchemaSQL) }
+                let identity = environment.makeIdentifier()
+                if synced {
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?)",
+                                    [identity.sqliteValue, .text(layout.defaultsFingerprint)], cache: false)
+                } else {
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue], cache: false)
+                }
+                return (identity, true)
             } else {
                 try db.execute(metadataSQL)
                 try db.execute(HistoryLog.createSQL)
@@ -214,12 +212,21 @@ final class Store: Sendable {
             if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
-                return identity
+                return (identity, false)
             }
             let identity = environment.makeIdentifier()
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
-            return identity
+            return (identity, false)
         }
+    }
+
+    /// The declared defaults of every attribute, as remembered in `replica_metadata['synced_defaults']`.
+    static func defaultsFingerprint(_ entities: [Schema.Entity]) -> String {
+        var defaults: [String: SQLiteValue] = [:]
+        for entity in entities {
+            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
+        }
+        return SyncLedger.encode(defaults)
     }
 
     /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
@@ -228,11 +235,7 @@ final class Store: Sendable {
     /// forever about records an older writer created. Runs only when the declared defaults changed (they are
     /// remembered in `replica_metadata['synced_defaults']`). Nothing is stamped or uploaded: no one wrote these fields.
     private static func applyCurrentDefaults(_ db: Connection, entities: [Schema.Entity]) throws {
-        var defaults: [String: SQLiteValue] = [:]
-        for entity in entities {
-            for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
-        }
-        let fingerprint = SyncLedger.encode(defaults)
+        let fingerprint = defaultsFingerprint(entities)
         if case let .text(previous)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'synced_defaults'"),
            previous == fingerprint {
             return
@@ -308,10 +311,111 @@ final class Store: Sendable {
         }
     }
 
-    private static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
+    static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
         entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
             + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
     }
+}
+
+/// What Replica derives from the entities of a store, once per process: the SQL text of a new store's schema, of
+/// each entity's statements, the fingerprint of the declared defaults, and a template database holding the fresh
+/// schema. Immutable once made (the template is used under a lock); shared by every store with the same entities.
+final class StoreLayout: @unchecked Sendable {
+    let entities: [Schema.Entity]
+    let synced: Bool
+    /// ``Store/freshSchemaSQL(_:synced:)`` of the entities.
+    let freshSchemaSQL: String
+    /// One per entity, in order.
+    let statements: [EntityStatements]
+    /// The value of `replica_metadata['synced_defaults']` for these entities.
+    let defaultsFingerprint: String
+    /// An in-memory database holding the fresh schema, made on first use; guarded by its lock.
+    private let template = Mutex<TemplateState>(.notMade)
+
+    private init(_ entities: [Schema.Entity], synced: Bool) {
+        self.entities = entities
+        self.synced = synced
+        freshSchemaSQL = Store.freshSchemaSQL(entities, synced: synced)
+        statements = entities.map(EntityStatements.init)
+        defaultsFingerprint = Store.defaultsFingerprint(entities)
+    }
+
+    private struct Key: Hashable {
+        let entities: [Schema.Entity]
+        let synced: Bool
+    }
+
+    /// Layouts made so far; few distinct ones per process in practice. Past a bound, new ones are not kept.
+    private static let layouts = Mutex<[Key: StoreLayout]>([:])
+    private static let layoutLimit = 64
+    /// Template databases made so far (each a connection kept open for the process's lifetime), bounded likewise.
+    private static let templateCount = Atomic<Int>(0)
+
+    /// The layout of `entities`, made once per process.
+    static func shared(_ entities: [Schema.Entity], synced: Bool) -> StoreLayout {
+        let key = Key(entities: entities, synced: synced)
+        if let layout = layouts.withLock({ $0[key] }) { return layout }
+        let layout = StoreLayout(entities, synced: synced)
+        return layouts.withLock { layouts in
+            if let existing = layouts[key] { return existing }
+            if layouts.count < layoutLimit { layouts[key] = layout }
+            return layout
+        }
+    }
+
+    private enum TemplateState {
+        case notMade
+        case made(TemplateDatabase)
+        case unavailable
+    }
+
+    /// Copies the fresh schema into the new, empty database of `db` with SQLite's backup API, from the template
+    /// database (made on first use). Creating the tables and indexes of a store with DDL costs more than all the other
+    /// work of a short simulation or property-test case, which open hundreds of in-memory stores.
+    /// Returns `false` (and copies nothing) when `db` is not empty or the copy is not possible.
+    func cloneFreshSchema(into db: Connection) throws -> Bool {
+        guard case .integer(0)? = try db.scalar("SELECT count(*) FROM sqlite_master") else { return false }
+        return try template.withLock { state in
+            let source: TemplateDatabase
+            switch state {
+            case let .made(existing):
+                source = existing
+            case .unavailable:
+                return false
+            case .notMade:
+                let serial = Self.templateCount.add(1, ordering: .relaxed).newValue
+                guard serial <= Self.layoutLimit else {
+                    state = .unavailable
+                    return false
+                }
+                let connection = try Connection(location: .memory(name: "replica-template-\(serial)"))
+                try connection.transaction(.immediate) { try connection.execute(freshSchemaSQL) }
+                source = TemplateDatabase(connection)
+                state = .made(source)
+            }
+            guard let backup = sqlite3_backup_init(db.handle, "main", source.connection.handle, "main") else { return false }
+            let stepped = sqlite3_backup_step(backup, -1)
+            let finished = sqlite3_backup_finish(backup)
+            if stepped != SQLITE_DONE || finished != SQLITE_OK {
+                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
+            }
+            return true
+        }
+    }
+}
+
+/// A database holding a fresh schema. Used only under its layout's lock.
+private final class TemplateDatabase: @unchecked Sendable {
+    let connection: Connection
+    init(_ connection: Connection) { self.connection = connection }
+}
+
+/// A connection waiting in a store's pool. SQLite connections are opened in its multi-thread mode: one may move
+/// between threads as long as one thread uses it at a time, which handing it over through the pool's lock ensures
+/// (its owner gave it back and no longer uses it).
+private struct IdleConnection: @unchecked Sendable {
+    let connection: Connection
+    init(_ connection: Connection) { self.connection = connection }
 }
 
 /// A store file's tables do not have the layout the schema needs. Internal: reported as

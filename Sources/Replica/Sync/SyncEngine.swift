@@ -128,7 +128,10 @@ public final class SyncEngine {
         self.encryption = try FieldEncryptionController.make(encryption, store: store, zone: self.zone, db: db, random: container.environment.random)
     }
 
-    deinit { releaseLease() }
+    deinit {
+        releaseLease()
+        store.reuse(db)
+    }
 
     private var now: Int64 { container.environment.clock.nowMilliseconds() }
 
