@@ -131,3 +131,24 @@ struct StoreConnectionReuseTests {
         #expect(Connection.uriPath("a?b#c%d e") == "a%3Fb%23c%25d%20e")
     }
 }
+
+@Suite("Store connection reuse: statements still held")
+struct StoreConnectionReuseHeldStatementTests {
+    @Test("a connection whose uncached statement is still held elsewhere is not handed to another owner")
+    func heldStatementBlocksReuse() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 3, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-reuse-\(UUID().uuidString)"))
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        let store = container.stores[0]
+        let first = try store.openConnection()
+        let held = try Statement(connection: first, sql: "SELECT 1")
+        store.reuse(first)
+        let next = try store.openConnection()
+        #expect(next !== first, "a statement of the returned connection is still alive: it must not be reused")
+        _ = held
+        // Once nothing outside the caches is held, a returned connection is reused again.
+        store.reuse(next)
+        #expect(try store.openConnection() === next)
+    }
+}

@@ -1,11 +1,20 @@
 import CSQLite
 import Foundation
+import Synchronization
 
 /// The SQL text of a statement run on a hot path, as a static constant: connections cache its prepared statement by
 /// the key's identity. Keys live for the whole process (declare them as `static let`).
 final class StatementKey: Sendable {
     let sql: String
     init(_ sql: String) { self.sql = sql }
+}
+
+/// The number of allocated statements of one connection (see ``Connection/liveStatements``).
+final class LiveStatementCount: Sendable {
+    private let count = Atomic<Int>(0)
+    var value: Int { count.load(ordering: .acquiring) }
+    func increment() { count.add(1, ordering: .relaxed) }
+    func decrement() { count.subtract(1, ordering: .releasing) }
 }
 
 /// One SQLite database connection. Internal.
@@ -31,6 +40,9 @@ final class Connection {
     let location: Location
     let isReadOnly: Bool
     private var cache: [String: Statement] = [:]
+    /// Statements of this connection that are still allocated, cached or not (a statement may be released on any
+    /// thread, so the count is atomic).
+    let liveStatements = LiveStatementCount()
     /// Statements of hot paths, cached by key identity (see ``StatementKey``).
     private var keyedCache: [ObjectIdentifier: Statement] = [:]
     /// Nesting depth of `transaction` calls; inner calls use savepoints.
@@ -92,6 +104,9 @@ final class Connection {
     /// completion and rolls back a transaction left open, as closing the connection would. Cached statements stay.
     /// Returns `false` when the connection cannot be brought back to that state (it should then be closed).
     func resetForReuse() -> Bool {
+        // A statement outside the caches is still held by someone (e.g. a `ModelRow` kept past its fetch): it would be
+        // finalized on its holder's thread while the next owner uses this connection on another. Not reusable.
+        guard liveStatements.value == cache.count + keyedCache.count else { return false }
         var statement = sqlite3_next_stmt(handle, nil)
         while let current = statement {
             if sqlite3_stmt_busy(current) != 0 { sqlite3_reset(current) }

@@ -9,6 +9,8 @@ final class Statement {
     let handle: OpaquePointer
     let sql: String
     private unowned let connection: Connection
+    /// The connection's count of allocated statements (kept by reference: a statement may outlive its connection).
+    private let liveCount: LiveStatementCount
 
     init(connection: Connection, sql: String) throws {
         var statement: OpaquePointer?
@@ -19,9 +21,12 @@ final class Statement {
         self.handle = statement
         self.sql = sql
         self.connection = connection
+        self.liveCount = connection.liveStatements
+        liveCount.increment()
     }
 
     deinit {
+        liveCount.decrement()
         sqlite3_finalize(handle)
         scratch?.deallocate()
         idBuffer?.deallocate()
