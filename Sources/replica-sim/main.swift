@@ -288,7 +288,7 @@ func replayCommand(_ arguments: Arguments) throws -> ExitCode {
         tapeOfSeed = fresh.tape.choices == header.tape.choices
         if tapeOfSeed == false {
             emit("note: this trace's tape (\(header.tape.choices.count) choices) is not the tape seed \(seed) draws (\(fresh.tape.choices.count) choices): "
-                + "it was shrunk or edited. replay re-executes the recorded tape, which fails \(outcome.divergence == nil ? "exactly as recorded" : "")"
+                + "it was shrunk or edited. replay re-executes the recorded tape, which fails\(outcome.divergence == nil ? " exactly as recorded" : "")"
                 + "; `run --seed \(seed)` executes the seed's own tape and \(fresh.violation == nil ? "passes" : "fails (\(fresh.violation!.invariant.rawValue))").")
         }
     }
