@@ -216,7 +216,8 @@ func exploreCommand(_ arguments: Arguments) throws -> ExitCode {
                 try? FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
                 let canary = options.canaries.isEmpty ? "" : "-" + options.canaries.map(\.rawValue).sorted().joined(separator: "+")
                 let file = folder.appendingPathComponent("\(scenario.name)\(canary)-seed\(outcome.seed)-\(violation.invariant.rawValue).ndjson")
-                if (try? shrunk.traceText.write(to: file, atomically: true, encoding: .utf8)) != nil { path = file.path }
+                // Never an empty file: a trace without lines could not be replayed or shrunk.
+                if !shrunk.trace.isEmpty, (try? shrunk.traceText.write(to: file, atomically: true, encoding: .utf8)) != nil { path = file.path }
             }
             failures.append((scenario.name, outcome, path))
         }
@@ -276,9 +277,25 @@ func replayCommand(_ arguments: Arguments) throws -> ExitCode {
         emit("replayed \(result.trace.count) lines: identical")
     }
     printFailure(result)
+    // A replay re-executes the tape recorded in the header, not a fresh run of the seed: a shrunk trace (or one
+    // recorded by another version) holds a different tape than the seed draws, so it can fail — deterministically —
+    // while `run --seed` passes. Say which it is when the replay fails.
+    var tapeOfSeed: Bool?
+    if result.violation != nil, let seed = result.seed {
+        let header = try TraceFormat.header(of: text, file: path)
+        let fresh = try Simulator.run(header.scenario, seed: seed,
+                                      options: SimulationOptions(canaries: Set(header.canaries.compactMap(Canary.init(rawValue:))), recordsTrace: false))
+        tapeOfSeed = fresh.tape.choices == header.tape.choices
+        if tapeOfSeed == false {
+            emit("note: this trace's tape (\(header.tape.choices.count) choices) is not the tape seed \(seed) draws (\(fresh.tape.choices.count) choices): "
+                + "it was shrunk or edited. replay re-executes the recorded tape, which fails\(outcome.divergence == nil ? " exactly as recorded" : "")"
+                + "; `run --seed \(seed)` executes the seed's own tape and \(fresh.violation == nil ? "passes" : "fails (\(fresh.violation!.invariant.rawValue))").")
+        }
+    }
     emit(finalLine(scenario: result.scenario, seedKey: "seed", seed: result.seed.map { String($0) } ?? "null", steps: result.steps,
                    verdict: result.verdict, invariant: result.violation?.invariant.rawValue) { line in
         line.add("trace_digest", result.traceDigest)
+        if let tapeOfSeed { line.add("tape_of_seed", tapeOfSeed) }
         line.add("deterministic", outcome.divergence == nil)
         if let divergence = outcome.divergence { line.add("divergent_line", divergence.line) } else { line.add("divergent_line", nil as String?) }
     })

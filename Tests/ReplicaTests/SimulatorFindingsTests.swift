@@ -286,4 +286,113 @@ struct SimulatorFindingsTests {
             #expect(person.name != "reborn")
         }
     }
+
+    // MARK: Ended incarnations of a duplicate (Simulations/regressions/dedup-reinserted-duplicate-edit-lost--*)
+
+    /// Three devices: the laptop creates the winner, the phone a duplicate of its key a little later, and the tablet
+    /// receives the duplicate (alive) before anyone resolves it. Returns the winner's and the loser's IDs.
+    private static func duplicateSeenByTablet(_ cloud: InMemoryCloudDatabase, laptop: Device, phone: Device, tablet: Device) throws -> (UUID, UUID) {
+        let winner = laptop.context.insert(DPerson(email: "ada@example.com", name: "winner"))
+        try laptop.context.save()
+        phone.clock.advance(by: 1_000)
+        let loser = phone.context.insert(DPerson(email: "ada@example.com", name: "loser"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try tablet.sync(cloud)
+        #expect(try tablet.context.model(DPerson.self, id: loser.id)?.name == "loser")
+        // The laptop resolves the duplicate: the loser becomes a tombstone that redirects to the winner.
+        try laptop.sync(cloud)
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser.id }?.redirect == winner.id)
+        return (winner.id, loser.id)
+    }
+
+    @Test("an offline edit of a duplicate reaches the winner even when the duplicate was re-inserted before the edit arrived (people-unique seed 210)")
+    func editOfReinsertedDuplicateReachesWinner() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        let tablet = try Device("tablet", seed: 3, models: models)
+        let (winner, loser) = try Self.duplicateSeenByTablet(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        // The laptop re-inserts the loser's ID with another key: a new incarnation (3), no longer a duplicate.
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser }?.endedRedirects == [EndedRedirect(incarnation: 1, winner: winner)])
+        // The tablet, offline all along, edits the duplicate it still holds (incarnation 1) after everything else.
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        // It then learns of the re-insert (incarnation 3) only: its edit of incarnation 1 still belongs to the winner.
+        for _ in 0..<2 { for device in [tablet, phone, laptop] { try device.sync(cloud) } }
+        for device in [laptop, phone, tablet] {
+            #expect(try device.context.model(DPerson.self, id: winner)?.name == "tablet edit", "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: winner)?.email == "ada@example.com", "\(device.name)")
+            let reborn = try #require(try device.context.model(DPerson.self, id: loser), "\(device.name)")
+            #expect(reborn.email == "grace@example.com" && reborn.name == "reborn", "\(device.name)")
+        }
+    }
+
+    @Test("an edit of a duplicate reaches the winner when its device learns of a concurrent plain delete before the resolution (people-unique seed 298)")
+    func editReachesWinnerThroughConcurrentPlainDelete() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        let tablet = try Device("tablet", seed: 3, models: models)
+        let (winner, loser) = try Self.duplicateSeenByTablet(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        // The tablet edits the duplicate after everything else (it has not seen the resolution).
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        // Concurrently the phone, which has not seen the resolution either, deletes the duplicate: a plain tombstone
+        // of the same causal length (2) as the laptop's redirecting one. The tablet learns of the plain delete first.
+        let redirecting = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        let plain = CloudRecord(recordID: loser, recordType: "Person", causalLength: 2, created: redirecting.created, fields: [:])
+        try phone.context.delete(#require(try phone.context.model(DPerson.self, id: loser)))
+        try phone.context.save()
+        #expect(try tablet.deliver([plain], cloud: cloud))
+        #expect(try tablet.context.model(DPerson.self, id: loser) == nil)
+        // Both tombstones of incarnation 1 join into the redirecting one, which claims every write of that incarnation.
+        for _ in 0..<2 { for device in [tablet, phone, laptop] { try device.sync(cloud) } }
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser }?.redirect == winner)
+        for device in [laptop, phone, tablet] {
+            #expect(try device.context.model(DPerson.self, id: winner)?.name == "tablet edit", "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: loser) == nil, "\(device.name)")
+        }
+    }
+
+    @Test("a live version of a duplicate and its redirecting tombstone give the winner the same writes in either arrival order")
+    func liveVersionAndTombstoneInEitherOrder() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let laptop = try Device("laptop", seed: 1, models: models), phone = try Device("phone", seed: 2, models: models)
+        let tablet = try Device("tablet", seed: 3, models: models)
+        let (winner, loser) = try Self.duplicateSeenByTablet(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        let tombstone = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        let winnerRecord = try #require(cloud.records(in: "notes").first { $0.recordID == winner })
+        // The tablet edits its live copy after the resolution (by clock); its upload would be the live version.
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        let live = try #require(try tablet.nextUpload(cloud).flatMap { request -> CloudRecord? in
+            guard case let .modifyRecords(records, _) = request.operation else { return nil }
+            return records.first { $0.recordID == loser }
+        })
+        #expect(live.isAlive && live.fields["name"]?.value == .text("tablet edit"))
+        // Two fresh devices receive the winner, the tombstone and the live version, in the two orders.
+        var names: [String] = []
+        for (seed, order) in [(UInt64(4), [winnerRecord, tombstone, live]), (UInt64(5), [winnerRecord, live, tombstone])] {
+            let fresh = try Device("fresh\(seed)", seed: seed, models: models)
+            for record in order { #expect(try fresh.deliver([record], cloud: InMemoryCloudDatabase())) }
+            names.append(try #require(try fresh.context.model(DPerson.self, id: winner)).name)
+            #expect(try fresh.context.model(DPerson.self, id: loser) == nil)
+        }
+        #expect(names == ["tablet edit", "tablet edit"])
+    }
 }

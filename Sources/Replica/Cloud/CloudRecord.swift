@@ -36,22 +36,68 @@ public struct CloudRecord: Hashable, Sendable, Codable {
     public var created: FieldStamp
     /// When this record is a duplicate that lost to another record with the same unique key: the winner's ID.
     public var redirect: UUID?
+    /// Earlier incarnations of this record that ended as a duplicate that lost (a tombstone redirecting to a winner)
+    /// and were later re-inserted, in incarnation order: a write made to such an incarnation anywhere still belongs
+    /// to its winner (R15). Empty for almost every record; not encoded when empty.
+    public var endedRedirects: [EndedRedirect]
     /// Fields by name. Encoded with sorted keys, so a record's bytes are deterministic.
     public var fields: [String: CloudField]
 
     public init(recordID: UUID, recordType: String, changeTag: String? = nil, causalLength: Int64, created: FieldStamp,
-                redirect: UUID? = nil, fields: [String: CloudField]) {
+                redirect: UUID? = nil, endedRedirects: [EndedRedirect] = [], fields: [String: CloudField]) {
         self.recordID = recordID
         self.recordType = recordType
         self.changeTag = changeTag
         self.causalLength = causalLength
         self.created = created
         self.redirect = redirect
+        self.endedRedirects = endedRedirects
         self.fields = fields
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case recordID, recordType, changeTag, causalLength, created, redirect, endedRedirects, fields
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        recordID = try container.decode(UUID.self, forKey: .recordID)
+        recordType = try container.decode(String.self, forKey: .recordType)
+        changeTag = try container.decodeIfPresent(String.self, forKey: .changeTag)
+        causalLength = try container.decode(Int64.self, forKey: .causalLength)
+        created = try container.decode(FieldStamp.self, forKey: .created)
+        redirect = try container.decodeIfPresent(UUID.self, forKey: .redirect)
+        endedRedirects = try container.decodeIfPresent([EndedRedirect].self, forKey: .endedRedirects) ?? []
+        fields = try container.decode([String: CloudField].self, forKey: .fields)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(recordID, forKey: .recordID)
+        try container.encode(recordType, forKey: .recordType)
+        try container.encodeIfPresent(changeTag, forKey: .changeTag)
+        try container.encode(causalLength, forKey: .causalLength)
+        try container.encode(created, forKey: .created)
+        try container.encodeIfPresent(redirect, forKey: .redirect)
+        if !endedRedirects.isEmpty { try container.encode(endedRedirects, forKey: .endedRedirects) }
+        try container.encode(fields, forKey: .fields)
     }
 
     /// `true` while the record is alive (odd causal length).
     public var isAlive: Bool { causalLength % 2 == 1 }
+}
+
+/// An incarnation of a record that ended as a losing duplicate of a unique key, redirected to `winner` (R15).
+public struct EndedRedirect: Hashable, Sendable, Codable {
+    /// The ended incarnation (an odd causal length).
+    public var incarnation: Int64
+    /// The record that won the duplicate.
+    public var winner: UUID
+
+    public init(incarnation: Int64, winner: UUID) {
+        self.incarnation = incarnation
+        self.winner = winner
+    }
 }
 
 /// Where the server is in a zone's change stream (CloudKit's `CKServerChangeToken`). Opaque to clients except for

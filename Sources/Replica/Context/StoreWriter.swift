@@ -308,7 +308,8 @@ struct StoreWriter {
             try db.run(sql.delete, [frame.id.id.sqliteValue])
             let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
             changes.deleted.append(DeletedRecord(
-                id: frame.id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: frame.viaCascade))
+                id: frame.id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: frame.viaCascade,
+                values: Array(row.dropFirst())))
         }
     }
 
@@ -442,4 +443,7 @@ struct DeletedRecord {
     let preservedValues: [(String, SQLiteValue)]
     /// `true` when a delete rule (cascade) deleted it rather than the app.
     var viaCascade = false
+    /// Every field value of the deleted row (storage order), where the deleting code had it; empty otherwise. The sync
+    /// ledger keeps them locally for records with unique keys (R15).
+    var values: [SQLiteValue] = []
 }

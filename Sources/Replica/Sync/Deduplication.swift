@@ -71,19 +71,42 @@ extension SyncLedger {
                         duplicateOf: winner.id, db)
     }
 
-    /// Folds the fields of every tombstone that redirects to `winner` into the winner's registers (by clock).
+    /// Folds into the winner's registers (by clock) the fields of every tombstone that redirects to `winner`, and of
+    /// every ended incarnation that did (a loser re-inserted later) — transitively, since a loser's own losers
+    /// reached it the same way.
     static func forwardRedirects(into winner: PersistentIdentifier, store: Store, db: Connection, changes: inout StoreChanges) throws {
         guard let entity = store.entity(named: winner.entityName), let sql = store.statements(for: winner.entityName),
               var state = try load(winner.id, db), state.isAlive,
               var row = try db.rows(sql.selectByID, [winner.id.sqliteValue]).first else { return }
-        let losers = try db.rows("SELECT id FROM replica_sync_record WHERE redirect = ? AND entity = ? ORDER BY id",
-                                 [winner.id.sqliteValue, .text(winner.entityName)])
-            .compactMap { try? UUID(sqliteValue: $0[0]) }
+        var contributions: [[String: CloudField]] = []
+        var visited: Set<UUID> = [winner.id]
+        var frontier = [winner.id]
+        for _ in 0..<16 where !frontier.isEmpty {
+            var next: [UUID] = []
+            for target in frontier {
+                let losers = try db.rows("SELECT id FROM replica_sync_record WHERE redirect = ? AND entity = ? ORDER BY id",
+                                         [target.sqliteValue, .text(winner.entityName)])
+                    .compactMap { try? UUID(sqliteValue: $0[0]) }
+                for loserID in losers {
+                    guard let loser = try load(loserID, db), !loser.isAlive else { continue }
+                    contributions.append(loser.tombstone)
+                    if visited.insert(loserID).inserted { next.append(loserID) }
+                }
+                let ended = try db.rows("""
+                    SELECT id, fields FROM replica_sync_ended_redirect WHERE winner = ? AND entity = ? ORDER BY id, incarnation
+                    """, [target.sqliteValue, .text(winner.entityName)])
+                for entry in ended {
+                    guard let loserID = try? UUID(sqliteValue: entry[0]) else { continue }
+                    if case let .text(json) = entry[1], let fields = decode([String: CloudField].self, json) { contributions.append(fields) }
+                    if visited.insert(loserID).inserted { next.append(loserID) }
+                }
+            }
+            frontier = next
+        }
         var changed: [Int] = []
         var unknownChanged = false
-        for loserID in losers {
-            guard let loser = try load(loserID, db) else { continue }
-            for (name, field) in loser.tombstone {
+        for fields in contributions {
+            for (name, field) in fields.sorted(by: { $0.key < $1.key }) {
                 if let index = entity.fieldNames.firstIndex(of: name) {
                     if let current = state.stamps[name], current.clock >= field.stamp.clock { continue }
                     state.stamps[name] = FieldStamp(incarnation: state.incarnation, clock: field.stamp.clock)
@@ -109,5 +132,76 @@ extension SyncLedger {
         try SyncLedger.store(state, db)
         changes.updated.append((Snapshot(entityName: entity.name, id: winner.id, values: Array(row.dropFirst())),
                                 changed.map { entity.fieldNames[$0] }))
+    }
+
+    // MARK: Ended incarnations
+
+    /// An earlier incarnation of a record: one that ended as a losing duplicate (its tombstone redirected to `winner`)
+    /// and was re-inserted later, or (`winner` nil, records with unique keys only) one that a plain delete ended. With
+    /// the writes of that incarnation this device knows — local only: the cloud record carries the incarnations and
+    /// winners, and every device hands the writes it holds to the winner.
+    struct EndedIncarnation: Equatable {
+        var incarnation: Int64
+        var winner: UUID?
+        var fields: [String: CloudField]
+
+        var redirect: EndedRedirect? { winner.map { EndedRedirect(incarnation: incarnation, winner: $0) } }
+    }
+
+    /// The ended incarnations of record `id` kept here, in incarnation order.
+    static func endedIncarnations(of id: UUID, _ db: Connection) throws -> [EndedIncarnation] {
+        try db.rows("SELECT incarnation, winner, fields FROM replica_sync_ended_redirect WHERE id = ? ORDER BY incarnation", [id.sqliteValue])
+            .compactMap { row in
+                guard case let .integer(incarnation) = row[0] else { return nil }
+                var fields: [String: CloudField] = [:]
+                if case let .text(json) = row[2] { fields = decode([String: CloudField].self, json) ?? [:] }
+                return EndedIncarnation(incarnation: incarnation, winner: try? UUID(sqliteValue: row[1]), fields: fields)
+            }
+    }
+
+    static func storeEndedIncarnation(id: UUID, entity: String, _ entry: EndedIncarnation, _ db: Connection) throws {
+        try db.run("""
+            INSERT INTO replica_sync_ended_redirect (id, incarnation, entity, winner, fields) VALUES (?, ?, ?, ?, ?)
+            ON CONFLICT (id, incarnation) DO UPDATE SET winner = excluded.winner, fields = excluded.fields
+            """, [id.sqliteValue, .integer(entry.incarnation), .text(entity), entry.winner?.sqliteValue ?? .null,
+                  entry.fields.isEmpty ? .null : .text(encode(entry.fields))])
+    }
+
+    /// Joins into the ended incarnation `incarnation` of record `id` a winner (the smaller ID wins a disagreement)
+    /// and the fields of that incarnation (by stamp).
+    static func noteEndedIncarnation(id: UUID, entity: String, incarnation: Int64, winner: UUID?, fields: [String: CloudField],
+                                     _ db: Connection) throws {
+        var entry = try endedIncarnations(of: id, db).first { $0.incarnation == incarnation }
+            ?? EndedIncarnation(incarnation: incarnation, winner: nil, fields: [:])
+        if let winner, entry.winner.map({ winner.bytesPrecede($0) }) ?? true { entry.winner = winner }
+        for (name, field) in fields where field.stamp.incarnation == incarnation {
+            if entry.fields[name].map({ $0.stamp < field.stamp }) ?? true { entry.fields[name] = field }
+        }
+        try storeEndedIncarnation(id: id, entity: entity, entry, db)
+    }
+
+    /// After a batch of merges: winners whose ended incarnations gained writes absorb them (a winner that lost in turn
+    /// passes them on to the live record its redirects end at), and so does every winner that just arrived here
+    /// while tombstones or ended incarnations already redirected to it.
+    static func absorbEndedRedirects(_ winners: [PersistentIdentifier], arrived: [Snapshot], store: Store, db: Connection,
+                                     changes: inout StoreChanges) throws {
+        var targets: [PersistentIdentifier] = []
+        for winner in winners {
+            guard let state = try load(winner.id, db) else { continue }
+            let live = state.isAlive ? winner.id : try liveRedirectTarget(of: winner.id, db)
+            if let live { targets.append(PersistentIdentifier(entityName: winner.entityName, id: live)) }
+        }
+        for snapshot in arrived where !snapshot.values.isEmpty {
+            guard let entity = store.entity(named: snapshot.entityName), !entity.uniquenessConstraints.isEmpty else { continue }
+            let redirected = try db.scalar("""
+                SELECT EXISTS (SELECT 1 FROM replica_sync_record WHERE redirect = ?1)
+                    OR EXISTS (SELECT 1 FROM replica_sync_ended_redirect WHERE winner = ?1)
+                """, [snapshot.id.sqliteValue])
+            if redirected != .integer(0) { targets.append(PersistentIdentifier(entityName: entity.name, id: snapshot.id)) }
+        }
+        var done: Set<UUID> = []
+        for target in targets.sorted(by: { $0.id.bytesPrecede($1.id) }) where done.insert(target.id).inserted {
+            try forwardRedirects(into: target, store: store, db: db, changes: &changes)
+        }
     }
 }

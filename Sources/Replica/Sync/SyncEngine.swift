@@ -512,17 +512,20 @@ public final class SyncEngine {
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
         var changes = StoreChanges()
         var tombstoned: [PersistentIdentifier] = []
+        var absorbing: [PersistentIdentifier] = []
         let batch = try SyncLedger.MergeBatch(db)
         for record in records {
             let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries,
                                                batch: batch)
             changes.add(outcome)
             if let id = outcome.tombstoned { tombstoned.append(id) }
+            absorbing += outcome.absorbing
         }
         try SyncLedger.saveHLC(hlc, db)
         if !container.environment.canaries.contains(.dedupSkipped) {
             let touched = changes.inserted + changes.updated.map(\.0)
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
+            try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
         let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)

@@ -48,6 +48,14 @@ enum SyncLedger {
             winning_stamp TEXT NOT NULL,
             kind TEXT NOT NULL DEFAULT 'field',
             winner BLOB);
+        CREATE TABLE IF NOT EXISTS replica_sync_ended_redirect (
+            id BLOB NOT NULL,
+            incarnation INTEGER NOT NULL,
+            entity TEXT NOT NULL,
+            winner BLOB,
+            fields TEXT,
+            PRIMARY KEY (id, incarnation));
+        CREATE INDEX IF NOT EXISTS replica_sync_ended_redirect_winner ON replica_sync_ended_redirect (winner) WHERE winner IS NOT NULL;
         """
 
     /// Brings the bookkeeping tables of a store created by an earlier version up to date (inside the caller's
@@ -200,7 +208,14 @@ enum SyncLedger {
             var state = try load(snapshot.id, db) ?? RecordState(
                 id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
                 stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
-            if !state.isAlive { state.causalLength += 1 }
+            if !state.isAlive {
+                // Re-inserting a duplicate that lost: its ended incarnation still belongs to the winner (R15).
+                if let winner = state.redirect {
+                    try noteEndedIncarnation(id: state.id, entity: entity.name, incarnation: state.causalLength - 1, winner: winner,
+                                             fields: state.tombstone, db)
+                }
+                state.causalLength += 1
+            }
             let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
             state.created = stamp
             state.stamps = Dictionary(uniqueKeysWithValues: entity.fieldNames.map { ($0, stamp) })
@@ -232,6 +247,18 @@ enum SyncLedger {
                 }
             }
             state.tombstone = tombstone
+            // A record with unique keys keeps the writes of the incarnation it ended, locally: a concurrent resolution
+            // of that incarnation as a duplicate still hands them to the winner (R15).
+            if !entity.uniquenessConstraints.isEmpty, record.values.count == entity.fieldNames.count {
+                var fields: [String: CloudField] = [:]
+                for (index, name) in entity.fieldNames.enumerated() {
+                    guard let stamp = state.stamps[name] else { continue }
+                    fields[name] = CloudField(value: record.values[index], stamp: stamp,
+                                              isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
+                }
+                for (name, field) in state.unknown { fields[name] = field }
+                try noteEndedIncarnation(id: state.id, entity: entity.name, incarnation: state.causalLength - 1, winner: nil, fields: fields, db)
+            }
             state.localVersion += 1
             state.pending = true
             try storeLocalChange(state, db)
@@ -266,8 +293,10 @@ enum SyncLedger {
         } else {
             fields = state.tombstone
         }
+        let ended = state.causalLength >= 3 ? try endedIncarnations(of: state.id, db).compactMap(\.redirect) : []
         return CloudRecord(recordID: state.id, recordType: state.entity, changeTag: state.changeTag,
-                           causalLength: state.causalLength, created: state.created, redirect: state.redirect, fields: fields)
+                           causalLength: state.causalLength, created: state.created, redirect: state.redirect,
+                           endedRedirects: ended, fields: fields)
     }
 
     /// Up to `limit` records of the outbox, in ID order, with the local version each was built from.
@@ -313,6 +342,8 @@ enum SyncLedger {
         var change: Change?
         /// Set when the merged record is deleted (whether or not a local row existed).
         var tombstoned: PersistentIdentifier?
+        /// Winners of ended incarnations of the merged record that gained writes: they absorb them after the batch.
+        var absorbing: [PersistentIdentifier] = []
         enum Change {
             case inserted(Snapshot)
             case updated(Snapshot, [String])
@@ -393,7 +424,10 @@ enum SyncLedger {
         switch (local, remote) {
         case _ where causalLength % 2 == 1: redirect = nil
         case let (l?, r) where l.causalLength > r.causalLength: redirect = l.redirect
-        case let (l?, r) where l.causalLength == r.causalLength: redirect = r.redirect ?? l.redirect
+        case let (l?, r) where l.causalLength == r.causalLength:
+            // Both sides resolved the same incarnation (possibly against different winners): the smaller ID, so the
+            // result does not depend on which side is remote.
+            if let a = l.redirect, let b = r.redirect { redirect = b.bytesPrecede(a) ? b : a } else { redirect = r.redirect ?? l.redirect }
         default: redirect = remote.causalLength == causalLength ? remote.redirect : nil
         }
 
@@ -454,7 +488,7 @@ enum SyncLedger {
             }
             // A duplicate that lost (a tombstone redirecting to the winner) carries every field, so that edits made
             // to it anywhere reach the winner: fold in what this device knew of the live record.
-            if redirect != nil, let local, local.isAlive, let localRow {
+            if redirect != nil, let local, local.isAlive, local.causalLength == causalLength - 1, let localRow {
                 for (index, name) in fieldNames.enumerated() {
                     guard let stamp = local.stamps[name] else { continue }
                     let field = CloudField(value: localRow[index + 1], stamp: stamp,
@@ -462,6 +496,72 @@ enum SyncLedger {
                     if tombstone[name].map({ $0.stamp < stamp }) ?? true { tombstone[name] = field }
                 }
             }
+            // Likewise a live version of that incarnation arriving at a device that holds the tombstone already: its
+            // fields join the tombstone's, so the result does not depend on which of the two arrived first.
+            if redirect != nil, remote.isAlive, remote.causalLength == causalLength - 1 {
+                for (name, field) in remote.fields where field.stamp.incarnation == remote.causalLength {
+                    if tombstone[name].map({ $0.stamp < field.stamp }) ?? true { tombstone[name] = field }
+                }
+            }
+        }
+        // Ended incarnations (R15). The writes of an incarnation that ended as a losing duplicate belong to its winner
+        // wherever they surface, also after a re-insert: the set of such incarnations (with their winners) is
+        // grow-only and travels with the record, and each device hands the writes it holds to the winner. Records of
+        // entities with unique keys also keep, locally, the writes of an incarnation that a plain delete ended: a
+        // concurrent resolution of that incarnation as a duplicate (the same causal length) may still claim them.
+        // Every source below is joined field by field by stamp, so the result does not depend on arrival order.
+        var ended: [EndedIncarnation]?
+        var endedChanges: [EndedIncarnation] = []
+        var absorbing: [PersistentIdentifier] = []
+        if causalLength >= 2, !entity.uniquenessConstraints.isEmpty || !remote.endedRedirects.isEmpty {
+            var entries = (local?.causalLength ?? 0) >= 2 ? try endedIncarnations(of: remote.recordID, db) : []
+            let before = entries
+            func note(_ incarnation: Int64, winner: UUID?, fields: [String: CloudField]) {
+                guard incarnation % 2 == 1, incarnation < causalLength else { return }
+                let fields = fields.filter { $0.value.stamp.incarnation == incarnation }
+                if winner == nil, fields.isEmpty { return }
+                let index = entries.firstIndex { $0.incarnation == incarnation } ?? {
+                    entries.append(EndedIncarnation(incarnation: incarnation, winner: nil, fields: [:]))
+                    return entries.count - 1
+                }()
+                if let winner, entries[index].winner.map({ winner.bytesPrecede($0) }) ?? true { entries[index].winner = winner }
+                for (name, field) in fields where entries[index].fields[name].map({ $0.stamp < field.stamp }) ?? true {
+                    entries[index].fields[name] = field
+                }
+            }
+            for entry in remote.endedRedirects { note(entry.incarnation, winner: entry.winner, fields: [:]) }
+            if let local {
+                if local.isAlive, let localRow {
+                    var fields: [String: CloudField] = [:]
+                    for (index, name) in fieldNames.enumerated() {
+                        guard let stamp = local.stamps[name] else { continue }
+                        fields[name] = CloudField(value: localRow[index + 1], stamp: stamp,
+                                                  isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
+                    }
+                    for (name, field) in local.unknown { fields[name] = field }
+                    note(local.causalLength, winner: nil, fields: fields)
+                } else if !local.isAlive {
+                    note(local.causalLength - 1, winner: local.redirect, fields: local.redirect != nil ? local.tombstone : [:])
+                }
+            }
+            note(remote.isAlive ? remote.causalLength : remote.causalLength - 1, winner: remote.isAlive ? nil : remote.redirect,
+                 fields: remote.isAlive || remote.redirect != nil ? remote.fields : [:])
+            // The incarnation the merged tombstone ends: a redirect carries its writes in the tombstone itself.
+            if !alive, redirect != nil, let index = entries.firstIndex(where: { $0.incarnation == causalLength - 1 }) {
+                for (name, field) in entries[index].fields where tombstone[name].map({ $0.stamp < field.stamp }) ?? true {
+                    tombstone[name] = field
+                }
+                entries[index].winner = nil
+            }
+            // Only incarnations that ended (a redirect, or a plain delete of a record with unique keys) are kept.
+            entries = entries.filter { $0.incarnation < causalLength - (alive ? 0 : 1) || !alive && redirect == nil && $0.incarnation == causalLength - 1 }
+            entries = entries.filter { $0.winner != nil || !entity.uniquenessConstraints.isEmpty }
+            entries.sort { $0.incarnation < $1.incarnation }
+            for entry in entries where !before.contains(entry) {
+                endedChanges.append(entry)
+                if let winner = entry.winner, !entry.fields.isEmpty { absorbing.append(PersistentIdentifier(entityName: entity.name, id: winner)) }
+            }
+            ended = entries
         }
         if !alive {
             // A tombstone: only the causal length and its fields matter.
@@ -469,6 +569,9 @@ enum SyncLedger {
         }
         if let local, local.causalLength > remote.causalLength { localNewer = true }
         if let local, local.causalLength == remote.causalLength, alive, local.created < remote.created { localNewer = true }
+
+        // Redirects of earlier incarnations this device knows and the cloud record lacks go back up.
+        if let ended, ended.compactMap(\.redirect) != remote.endedRedirects { localNewer = true }
 
         var state = local ?? RecordState(
             id: remote.recordID, entity: entity.name, causalLength: causalLength, created: created, stamps: [:], unknown: [:],
@@ -491,6 +594,7 @@ enum SyncLedger {
         }
         let changedLocally = local.map {
             $0.causalLength != causalLength || $0.created != created || stampsDiffer(from: $0) || $0.unknown != unknown || $0.tombstone != tombstone
+                || !endedChanges.isEmpty
         } ?? true
         state.causalLength = causalLength
         state.created = created
@@ -505,6 +609,7 @@ enum SyncLedger {
         try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
                                                               oneStampTail: statements.oneStampTail))
         batch?.ledgerHolds(remote.recordID)
+        for entry in endedChanges { try storeEndedIncarnation(id: remote.recordID, entity: entity.name, entry, db) }
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
         }
@@ -515,24 +620,24 @@ enum SyncLedger {
             let snapshot = Snapshot(entityName: entity.name, id: remote.recordID, values: values)
             func update(_ row: [SQLiteValue]) throws -> MergeOutcome {
                 let changed = fieldNames.indices.filter { row[$0 + 1] != values[$0] }
-                guard !changed.isEmpty else { return MergeOutcome(change: nil) }
+                guard !changed.isEmpty else { return MergeOutcome(change: nil, absorbing: absorbing) }
                 let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
                 try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
                            changed.map { values[$0] } + [remote.recordID.sqliteValue])
-                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }))
+                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }), absorbing: absorbing)
             }
             if let localRow { return try update(localRow) }
             let insert = try db.cachedStatement(statements.insertKey)
             defer { insert.reset() }
             try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
             batch?.tableHolds(remote.recordID, entityIndex: entityIndex)
-            return MergeOutcome(change: .inserted(snapshot))
+            return MergeOutcome(change: .inserted(snapshot), absorbing: absorbing)
         }
-        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id) }
+        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id, absorbing: absorbing) }
         try db.run(statements.delete, [remote.recordID.sqliteValue])
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
-        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id)
+        return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id, absorbing: absorbing)
     }
 
     private static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
@@ -708,6 +813,15 @@ enum SyncLedger {
             fields[name] = field
         }
         result.fields = fields
+        var ended = a.endedRedirects
+        for entry in b.endedRedirects {
+            if let index = ended.firstIndex(where: { $0.incarnation == entry.incarnation }) {
+                if entry.winner.bytesPrecede(ended[index].winner) { ended[index].winner = entry.winner }
+            } else {
+                ended.append(entry)
+            }
+        }
+        result.endedRedirects = ended.sorted { $0.incarnation < $1.incarnation }
         if a.causalLength == b.causalLength { result.created = min(a.created, b.created) }
         result.changeTag = b.changeTag ?? a.changeTag
         return result

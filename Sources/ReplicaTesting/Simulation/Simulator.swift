@@ -196,7 +196,7 @@ public enum Simulator {
     public struct SeedOutcome: Sendable {
         public var seed: UInt64
         public var result: SimulationResult
-        /// For a failure: the shrunk run (with its trace).
+        /// For a failure: the shrunk run, always with its trace (whether or not the exploration recorded traces).
         public var shrunk: SimulationResult?
         /// CPU seconds the seed's thread spent (run and shrink): per-core cost, whatever else the machine runs.
         public var seconds: Double
@@ -213,6 +213,9 @@ public enum Simulator {
         var quietOptions = options
         quietOptions.recordsTrace = false
         let quiet = quietOptions
+        var tracedOptions = options
+        tracedOptions.recordsTrace = true
+        let traced = tracedOptions
         let work: @Sendable () -> Void = {
             while true {
                 let index = next.wrappingAdd(1, ordering: .relaxed).oldValue
@@ -229,7 +232,9 @@ public enum Simulator {
                 }
                 var shrunk: SimulationResult?
                 if result.violation != nil, !result.tape.choices.isEmpty {
-                    shrunk = try? shrink(scenario, tape: result.tape.choices, seed: seed, options: options, budget: shrinkBudget)
+                    // The shrunk run is what a caller saves and replays: it always records its trace (the runs that
+                    // search for it never do), whatever `options` says.
+                    shrunk = try? shrink(scenario, tape: result.tape.choices, seed: seed, options: traced, budget: shrinkBudget)
                 }
                 let seconds = threadCPUSeconds() - start
                 let done = results.withLock { results -> Int in
