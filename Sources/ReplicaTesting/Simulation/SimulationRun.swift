@@ -790,7 +790,9 @@ extension SimulationRun {
             line.add("req", message.request.id)
             line.add("result", describe(result))
         }
-        if engine.outstanding == message.request.id {
+        // Only the answer to the request the engine has in flight is applied; a duplicate or late answer is ignored.
+        let applied = engine.outstanding == message.request.id
+        if applied {
             engine.outstanding = nil
             switch result {
             case let .success(.changes(batch)): stats.recordsMerged += batch.records.count
@@ -809,8 +811,9 @@ extension SimulationRun {
             throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': handling \(message.request.operation.name) threw \(error)")
         }
         // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
-        // of the reset later, and convergence checks that it uploads them again.)
-        if case let .modifyRecords(records, zone) = message.request.operation, message.zoneResets == zoneResets[zone] ?? 0 {
+        // of the reset later, and convergence checks that it uploads them again. An answer the engine ignored — a
+        // duplicate of one it applied earlier — dropped nothing: what it dropped then was checked then.)
+        if applied, case let .modifyRecords(records, zone) = message.request.operation, message.zoneResets == zoneResets[zone] ?? 0 {
             try checkOutbox(engine, records: records, zone: zone)
         }
         enqueuePump(engine)
