@@ -494,9 +494,11 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     func loadModels<T: PersistentModel>(_ type: T.Type, ids: [UUID], prefetch: PrefetchTree) throws -> [UUID: T] {
         guard !ids.isEmpty else { return [:] }
-        let sql = "SELECT \(selectList(T.self, fields: Array(T.entity.schemaEntity.fieldNames.indices))) FROM \(try table(T.entityName)) AS t0 "
-            + "WHERE t0.\"id\" IN (SELECT replica_unhex(value) FROM json_each(?))"
-        var models = try decodeAll(T.self, sql: sql, [Self.idList(ids)])
+        let select = "SELECT \(selectList(T.self, fields: Array(T.entity.schemaEntity.fieldNames.indices))) FROM \(try table(T.entityName)) AS t0 "
+        // One ID (a `model(_:id:)` lookup) is a plain key lookup: no JSON list to build and walk.
+        var models = ids.count == 1
+            ? try decodeAll(T.self, sql: select + "WHERE t0.\"id\" = ?", [ids[0].sqliteValue])
+            : try decodeAll(T.self, sql: select + "WHERE t0.\"id\" IN (SELECT replica_unhex(value) FROM json_each(?))", [Self.idList(ids)])
         try complete(&models, toMany: nil, prefetch: prefetch)
         var result: [UUID: T] = [:]
         for model in models { result[model.id] = model }

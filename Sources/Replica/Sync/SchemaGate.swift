@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// One way a device's schema contradicts the union schema its zone keeps (DESIGN.md, "Additive-only schema").
 public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
@@ -73,5 +74,37 @@ struct ZoneSchema: Codable, Hashable {
             union.entities.append(entity)
         }
         return (differences, union)
+    }
+}
+
+extension ZoneSchema {
+    /// Zone schemas decoded lately, by their stored bytes: every engine start (and every full resync) reads the zone's
+    /// union schema again, usually the same bytes, and decoding it with JSONDecoder costs far more than comparing them.
+    private static let recentlyDecoded = Mutex<[Data: ZoneSchema]>([:])
+    private static let recentlyDecodedLimit = 16
+
+    /// The zone schema stored as `data`, or `nil` when it does not decode (a union this build cannot read, or damage).
+    /// Decoding is a function of the bytes, so a remembered result is the same as a fresh one.
+    static func decode(_ data: Data) -> ZoneSchema? {
+        if let known = recentlyDecoded.withLock({ $0[data] }) { return known }
+        guard let schema = try? ReplicaJSON.decoder().decode(ZoneSchema.self, from: data) else { return nil }
+        recentlyDecoded.withLock { cache in
+            if cache.count >= recentlyDecodedLimit { cache.removeAll(keepingCapacity: true) }
+            cache[data] = schema
+        }
+        return schema
+    }
+
+    private static let recentlyEncoded = Mutex<[ZoneSchema: Data]>([:])
+
+    /// The stored form of `schema` (sorted keys, so a remembered encoding is the same as a fresh one).
+    static func encode(_ schema: ZoneSchema) throws -> Data {
+        if let known = recentlyEncoded.withLock({ $0[schema] }) { return known }
+        let data = try ReplicaJSON.encoder().encode(schema)
+        recentlyEncoded.withLock { cache in
+            if cache.count >= recentlyDecodedLimit { cache.removeAll(keepingCapacity: true) }
+            cache[schema] = data
+        }
+        return data
     }
 }

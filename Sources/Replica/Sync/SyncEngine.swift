@@ -84,6 +84,8 @@ public final class SyncEngine {
     private var blocked: ReplicaError?
     /// Identifies this engine instance as the holder of the store's upload lease.
     private let instanceID: UUID
+    /// `instanceID` as the lease stores it (parsing the holder back on every request cost more than the query).
+    private let instanceText: String
     private var needsFetch = true
     private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
     private var nextID: UInt64 = 1
@@ -125,6 +127,7 @@ public final class SyncEngine {
         self.options = options
         self.db = try store.openConnection()
         self.instanceID = container.environment.makeIdentifier()
+        self.instanceText = instanceID.uuidString
         self.encryption = try FieldEncryptionController.make(encryption, store: store, zone: self.zone, db: db, random: container.environment.random)
     }
 
@@ -349,7 +352,7 @@ public final class SyncEngine {
     /// when this device adds something, accept otherwise.
     private func checkSchema(_ stored: Data?) throws {
         let local = ZoneSchema(version: container.schema.version, entities: store.entities)
-        let zoneSchema = stored.flatMap { try? ReplicaJSON.decoder().decode(ZoneSchema.self, from: $0) }
+        let zoneSchema = stored.flatMap(ZoneSchema.decode)
         if let stored, zoneSchema == nil {
             // A union this build cannot decode. Written by a newer version (its version still reads, and is higher):
             // this device is the older one, which keeps syncing (R13) and must not replace what it cannot read.
@@ -369,7 +372,7 @@ public final class SyncEngine {
             schemaChecked = true
             return
         }
-        proposedSchema = (try ReplicaJSON.encoder().encode(union), stored)
+        proposedSchema = (try ZoneSchema.encode(union), stored)
     }
 
     // MARK: Upload lease
@@ -387,7 +390,7 @@ public final class SyncEngine {
             guard let row = try db.rows("""
                 SELECT json_extract(value, '$.holder'), json_extract(value, '$.expires') FROM replica_metadata
                 WHERE key = 'sync_lease' AND json_valid(value)
-                """).first, case let .text(holder) = row[0], let id = UUID(uuidString: holder),
+                """).first, case let .text(holder) = row[0], let id = holder == instanceText ? instanceID : UUID(uuidString: holder),
                 case let .integer(expires) = row[1] else { return nil }
             return Lease(holder: id, expires: expires)
         }
@@ -421,7 +424,7 @@ public final class SyncEngine {
     /// Gives up the upload lease if this engine holds it, so another process can take over at once.
     public func releaseLease() {
         try? db.run("DELETE FROM replica_metadata WHERE key = 'sync_lease' AND json_extract(value, '$.holder') = ?",
-                    [.text(instanceID.uuidString)])
+                    [.text(instanceText)])
     }
 
     // MARK: Applying
@@ -486,11 +489,18 @@ public final class SyncEngine {
         guard try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'") != nil,
               case let .integer(generation)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
         else { return }
+        // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
+        let anyRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
+        let anyUnknown = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)") != .integer(0)
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
-            try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
-                       [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
-            try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            if anyRejected {
+                try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
+                           [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
+            }
+            if anyUnknown {
+                try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            }
         }
         guard !batch.moreComing else { return }
         try db.run("UPDATE replica_sync_unknown_record SET pending = 1 WHERE seen <> ?", [.integer(generation)])

@@ -497,8 +497,11 @@ extension SimulationRun {
             return
         }
         for zone in zones {
+            // Without a plaintext to look for there is nothing to scan (encoding the whole zone is not free).
+            let plaintexts = reference.encryptedPlaintexts[zone] ?? []
+            if plaintexts.isEmpty { continue }
             let bytes = [UInt8](cloud.storedBytes(of: zone))
-            for value in reference.encryptedPlaintexts[zone] ?? [] {
+            for value in plaintexts {
                 let needles: [[UInt8]]
                 switch value {
                 case let .text(text): needles = [Array(text.utf8)]
