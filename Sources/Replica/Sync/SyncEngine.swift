@@ -665,8 +665,16 @@ public final class SyncEngine {
 
     private func loadToken() throws -> ServerChangeToken? {
         guard case let .text(json)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'server_change_token'") else { return nil }
-        return SyncLedger.decode(ServerChangeToken.self, json)
+        // The stored text decides the token: the same text as last time decodes to the same token (read before every
+        // fetch, and JSONDecoder cost more than the query).
+        if let decoded = decodedToken, decoded.json == json { return decoded.token }
+        let token = SyncLedger.decode(ServerChangeToken.self, json)
+        decodedToken = (json, token)
+        return token
     }
+
+    /// The token `loadToken()` decoded last, with its stored text.
+    private var decodedToken: (json: String, token: ServerChangeToken?)?
 
     private func saveToken(_ token: ServerChangeToken) throws {
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
