@@ -677,8 +677,11 @@ public final class SyncEngine {
     private var decodedToken: (json: String, token: ServerChangeToken?)?
 
     private func saveToken(_ token: ServerChangeToken) throws {
+        let json = SyncLedger.encode(token)
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   [.text(SyncLedger.encode(token))])
+                   [.text(json)])
+        // Keyed by the text: if the transaction rolls back, the stored text differs and is decoded again.
+        decodedToken = (json, token)
     }
 }
 
