@@ -1,0 +1,344 @@
+import CSQLite
+import Foundation
+import Testing
+@testable import Replica
+
+/// Adversarial tests of what changed on 2026-11-29: ended redirects (R15), connection reuse of in-memory stores,
+/// SQLiteCloudDatabase error mapping and after-token history reads.
+@Suite("Adversarial session 3")
+struct AdversarialSession3Tests {
+    private static let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+
+    /// Every live person of a device as (id, email, name, nickname), sorted by ID.
+    private static func people(_ device: Device) throws -> [String] {
+        try ModelContext(device.container).fetch(DPerson.self)
+            .sorted { $0.id.uuidString < $1.id.uuidString }
+            .map { "\($0.id) \($0.email) \($0.name) \($0.nickname ?? "-")" }
+    }
+
+    private static func settle(_ devices: [Device], _ cloud: InMemoryCloudDatabase, rounds: Int = 3) throws {
+        for _ in 0..<rounds { for device in devices { try device.sync(cloud) } }
+    }
+
+    /// The laptop creates the winner, the phone a duplicate a little later; the tablet receives the duplicate alive
+    /// before the laptop resolves it.
+    private static func duplicate(_ cloud: InMemoryCloudDatabase, laptop: Device, phone: Device, tablet: Device) throws -> (UUID, UUID) {
+        let winner = laptop.context.insert(DPerson(email: "ada@example.com", name: "winner"))
+        try laptop.context.save()
+        phone.clock.advance(by: 1_000)
+        let loser = phone.context.insert(DPerson(email: "ada@example.com", name: "loser"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        try tablet.sync(cloud)
+        try laptop.sync(cloud)
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser.id }?.redirect == winner.id)
+        return (winner.id, loser.id)
+    }
+
+    // MARK: Ended redirects
+
+    @Test("a version of a re-inserted duplicate saved by an older device without endedRedirects: an offline edit of the ended incarnation still reaches the winner")
+    func olderDeviceDropsEndedRedirects() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        // An older app version re-saves the reborn record: it does not know `endedRedirects` and drops them.
+        var stripped = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        #expect(!stripped.endedRedirects.isEmpty)
+        stripped.endedRedirects = []
+        _ = try cloud.modifyRecords([stripped], in: "notes")
+        // The tablet, offline, edits the incarnation-1 copy it holds, then syncs before anyone repairs the record.
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        try tablet.sync(cloud)
+        try Self.settle([phone, laptop, tablet], cloud)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet] {
+            #expect(try device.context.model(DPerson.self, id: winner)?.name == "tablet edit", "\(device.name)")
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+    }
+
+    @Test("the same fetch answer delivered twice (tombstone, re-insert, winner) changes nothing the second time and converges")
+    func duplicatedAnswers() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        let tombstone = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        let reborn = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        let winnerRecord = try #require(cloud.records(in: "notes").first { $0.recordID == winner })
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        copy.nickname = "nick"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        // Out of order and repeated: the re-insert, then the tombstone (older), then both again.
+        for batch in [[reborn], [tombstone], [reborn, tombstone], [winnerRecord, tombstone, reborn]] {
+            #expect(try tablet.deliver(batch, cloud: cloud))
+        }
+        try Self.settle([tablet, phone, laptop], cloud)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet] {
+            let person = try device.context.model(DPerson.self, id: winner)
+            #expect(person?.name == "tablet edit" && person?.nickname == "nick", "\(device.name)")
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+    }
+
+    @Test("a re-inserted duplicate that collides again and is resolved again: both ended incarnations' edits reach the winner, newest write wins")
+    func reinsertCollidesAgain() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        // A fourth device that knows only the loser's tombstone (not the winner) re-inserts the loser with the SAME
+        // key: incarnation 3 collides again.
+        let desk = try Device("desk", seed: 4, models: Self.models)
+        let tombstone = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        #expect(try desk.deliver([tombstone], cloud: InMemoryCloudDatabase()))
+        desk.clock.advance(by: 3_000)
+        desk.context.insert(DPerson(id: loser, email: "ada@example.com", name: "again", nickname: "desk"))
+        try desk.context.save()
+        // The tablet (offline) edits incarnation 1 later than everything.
+        tablet.clock.advance(by: 20_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.nickname = "tablet"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        try Self.settle([desk, phone, laptop, tablet], cloud, rounds: 4)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet, desk] {
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: loser) == nil, "\(device.name)")
+            let person = try device.context.model(DPerson.self, id: winner)
+            #expect(person?.nickname == "tablet", "\(device.name): the newest write (tablet, incarnation 1) wins")
+            #expect(person?.name == "again", "\(device.name): the desk's write of incarnation 3 is newer than the winner's")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+    }
+
+    @Test("a winner deleted and re-created elsewhere while a loser's ended incarnation holds an edit: all devices agree")
+    func winnerDeletedWhileEndedEditsWait() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        // The phone deletes the winner.
+        try phone.sync(cloud)
+        phone.clock.advance(by: 3_000)
+        try phone.context.delete(#require(try phone.context.model(DPerson.self, id: winner)))
+        try phone.context.save()
+        try phone.sync(cloud)
+        // The tablet edits its stale incarnation-1 copy of the loser, then syncs.
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        try Self.settle([tablet, phone, laptop], cloud, rounds: 4)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet] {
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+        #expect(try laptop.context.model(DPerson.self, id: loser)?.name == "reborn")
+    }
+
+    @Test("random schedules of duplicate keys, re-inserts, deletes and offline edits on three devices converge")
+    func randomSchedulesConverge() throws {
+        for seed in UInt64(1)...12 {
+            var rng = SeededGenerator(seed: seed)
+            let cloud = InMemoryCloudDatabase()
+            let devices = try (0..<3).map { try Device("d\($0)", seed: seed * 10 + UInt64($0), models: Self.models) }
+            var ids: [UUID] = []
+            let emails = ["a@x", "b@x"]
+            for step in 0..<30 {
+                let device = devices[Int(rng.next() % 3)]
+                device.clock.advance(by: Int64(rng.next() % 2_000) + 1)
+                let live = try device.context.fetch(DPerson.self)
+                switch rng.next() % 6 {
+                case 0:
+                    let person = device.context.insert(DPerson(email: emails[Int(rng.next() % 2)], name: "n\(step)"))
+                    ids.append(person.id)
+                case 1 where !ids.isEmpty:
+                    let id = ids[Int(rng.next() % UInt64(ids.count))]
+                    if try device.context.model(DPerson.self, id: id) == nil {
+                        device.context.insert(DPerson(id: id, email: emails[Int(rng.next() % 2)], name: "re\(step)"))
+                    }
+                case 2 where !live.isEmpty:
+                    device.context.delete(live[Int(rng.next() % UInt64(live.count))])
+                case 3, 4:
+                    if !live.isEmpty {
+                        var person = live[Int(rng.next() % UInt64(live.count))]
+                        person.name = "e\(step)"
+                        person.nickname = "\(device.name)-\(step)"
+                        device.context.update(person)
+                    }
+                default:
+                    try device.sync(cloud)
+                }
+                do { try device.context.save() } catch { device.context.rollback() }
+            }
+            try Self.settle(devices, cloud, rounds: 4)
+            let reference = try Self.people(devices[0])
+            for device in devices {
+                #expect(try Self.people(device) == reference, "seed \(seed) \(device.name)")
+                #expect(try device.engine.status().pendingRecords == 0, "seed \(seed) \(device.name)")
+            }
+            let emailsLive = try ModelContext(devices[0].container).fetch(DPerson.self).map(\.email)
+            #expect(Set(emailsLive).count == emailsLive.count, "seed \(seed): unique keys stay unique")
+        }
+    }
+
+    // MARK: Connection reuse
+
+    @Test("an in-memory store's only connection refused for reuse (a statement still held) does not take the database with it")
+    func refusedReuseKeepsTheDatabase() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 3, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-adv3-\(UUID().uuidString)"))
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        var held: Statement?
+        do {
+            // The first context takes the connection that created the store (the only one).
+            let context = ModelContext(container)
+            context.insert(Trip(name: "kept"))
+            try context.save()
+            held = try Statement(connection: context.connection(for: 0), sql: "SELECT 1")
+        }
+        // The context is gone; its connection was not taken back (a statement is still held) and closes once the
+        // statement goes.
+        held = nil
+        _ = held
+        #expect(try ModelContext(container).fetch(Trip.self).map(\.name) == ["kept"])
+    }
+
+    @Test("contexts on many threads at once share an in-memory store's connections without losing or leaking writes")
+    func manyThreadsManyContexts() async throws {
+        let environment = ReplicaEnvironment.seeded(seed: 4, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-adv3-\(UUID().uuidString)"))
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for worker in 0..<8 {
+                group.addTask {
+                    for i in 0..<25 {
+                        let context = ModelContext(container)
+                        context.author = "w\(worker)"
+                        context.insert(Trip(name: "w\(worker)-\(i)"))
+                        if i % 5 == 0 {
+                            // Leave a transaction open and an unfinished statement behind.
+                            let db = try context.connection(for: 0)
+                            try db.begin(.deferred)
+                            let statement = try db.cachedStatement("SELECT name FROM \"Trip\"")
+                            _ = try statement.step()
+                            continue
+                        }
+                        try context.save()
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let context = ModelContext(container)
+        #expect(try context.fetchCount(FetchDescriptor<Trip>()) == 8 * 20)
+        let history = try context.fetchHistory()
+        #expect(history.count == 8 * 20)
+        for transaction in history {
+            let names = try transaction.changes.compactMap { change -> String? in
+                guard case let .insert(id) = change, id.entityName == "Trip" else { return nil }
+                return try context.model(Trip.self, id: id.id)?.name
+            }
+            #expect(names.allSatisfy { $0.hasPrefix(transaction.author ?? "?") }, "author of another owner leaked: \(transaction.author ?? "nil") \(names)")
+        }
+    }
+
+    // MARK: History
+
+    @Test("after-token reads match a brute-force filter for every combination of token, dates, author, entity, sort and limit")
+    func historyBruteForce() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 5, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-adv3-\(UUID().uuidString)"))
+        let clock = environment.clock as! ManualClock
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        let context = ModelContext(container)
+        var rng = SeededGenerator(seed: 9)
+        var trips: [Trip] = []
+        for i in 0..<80 {
+            // The clock jumps back now and then: timestamps are not in token order.
+            clock.advance(by: Int64(rng.next() % 50) - (i % 7 == 0 ? 120 : 0))
+            context.author = ["a", "b", nil][Int(rng.next() % 3)]
+            switch rng.next() % 3 {
+            case 0: trips.append(context.insert(Trip(name: "t\(i)")))
+            case 1 where !trips.isEmpty: context.insert(Item(title: "i\(i)", trip: Reference(trips[Int(rng.next() % UInt64(trips.count))].id)))
+            default:
+                if !trips.isEmpty {
+                    var trip = trips[Int(rng.next() % UInt64(trips.count))]
+                    trip.rating = i
+                    context.update(trip)
+                } else {
+                    trips.append(context.insert(Trip(name: "t\(i)")))
+                }
+            }
+            try context.save()
+        }
+        let all = try context.fetchHistory()
+        #expect(all.count == 80)
+        let times = all.map(\.timestamp).sorted()
+        let dates: [Date?] = [nil, times[10], times[40], times[40].addingTimeInterval(0.0005), times[79]]
+        var checked = 0
+        for tokenIndex in [nil, 0, 20, 50, 79] as [Int?] {
+            for from in dates { for to in dates { for authors in [nil, ["a"], ["b", "c"]] as [[String]?] {
+                for entities in [nil, ["Item"], ["Trip"]] as [[String]?] {
+                    for sort in [HistoryDescriptor.SortKey.token, .timestamp] { for reverse in [false, true] {
+                        for limit in [nil, 0, 3] as [Int?] {
+                            let token = tokenIndex.map { all[$0].token }
+                            let descriptor = HistoryDescriptor(after: token, authors: authors, from: from, to: to, entityNames: entities,
+                                                               sortBy: sort, reverse: reverse, fetchLimit: limit)
+                            var expected = all.filter { t in
+                                (tokenIndex.map { t.token > all[$0].token } ?? true)
+                                    && (authors.map { t.author.map($0.contains) ?? false } ?? true)
+                                    && (from.map { t.timestamp >= $0 } ?? true) && (to.map { t.timestamp < $0 } ?? true)
+                                    && (entities.map { names in t.changes.contains { names.contains($0.changedPersistentIdentifier.entityName) } } ?? true)
+                            }
+                            if sort == .timestamp {
+                                expected.sort { ($0.timestamp, $0.token.value) < ($1.timestamp, $1.token.value) }
+                            }
+                            if reverse { expected.reverse() }
+                            if let limit { expected = Array(expected.prefix(limit)) }
+                            let actual = try context.fetchHistory(descriptor)
+                            #expect(actual.map(\.token) == expected.map(\.token), "\(descriptor)")
+                            if let entities {
+                                #expect(actual.allSatisfy { $0.changes.allSatisfy { entities.contains($0.changedPersistentIdentifier.entityName) } })
+                            }
+                            checked += 1
+                        }
+                    } }
+                }
+            } } }
+        }
+        #expect(checked > 1000)
+    }
+}
+
