@@ -210,6 +210,113 @@ struct AdversarialSession3Tests {
         }
     }
 
+    @Test("every delivery order of the winner, the redirecting tombstone, a live edit of the ended incarnation and the re-insert gives fresh devices the same state")
+    func everyOrderOfEndedIncarnationRecords() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        let tombstone = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        let reborn = try #require(cloud.records(in: "notes").first { $0.recordID == loser })
+        let winnerRecord = try #require(cloud.records(in: "notes").first { $0.recordID == winner })
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        let live = try #require(try tablet.nextUpload(cloud).flatMap { request -> CloudRecord? in
+            guard case let .modifyRecords(records, _) = request.operation else { return nil }
+            return records.first { $0.recordID == loser }
+        })
+        let records = [winnerRecord, tombstone, live, reborn]
+        func permutations(_ items: [Int]) -> [[Int]] {
+            items.count <= 1 ? [items] : items.indices.flatMap { i in
+                permutations(items.enumerated().filter { $0.offset != i }.map(\.element)).map { [items[i]] + $0 }
+            }
+        }
+        var outcomes: [String: [[Int]]] = [:]
+        for (n, order) in permutations([0, 1, 2, 3]).enumerated() {
+            let fresh = try Device("fresh\(n)", seed: UInt64(100 + n), models: Self.models)
+            for index in order { #expect(try fresh.deliver([records[index]], cloud: InMemoryCloudDatabase())) }
+            let state = try Self.people(fresh).joined(separator: " | ")
+            outcomes[state, default: []].append(order)
+        }
+        #expect(outcomes.count == 1, "states by delivery order (0 winner, 1 tombstone, 2 live edit, 3 re-insert): \(outcomes)")
+        #expect(outcomes.keys.allSatisfy { $0.contains("tablet edit") && $0.contains("reborn") })
+    }
+
+    @Test("a winner that itself loses to an older duplicate arriving late passes an ended incarnation's edit on to the final winner")
+    func chainedWinners() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        // An offline device creates the oldest record with the key.
+        let early = try Device("early", seed: 4, models: Self.models)
+        early.clock.advance(by: -5_000)
+        let oldest = early.context.insert(DPerson(email: "ada@example.com", name: "oldest"))
+        try early.context.save()
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.nickname = "tablet"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        early.clock.advance(by: 6_000)
+        try Self.settle([early, tablet, phone, laptop], cloud, rounds: 4)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet, early] {
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: winner) == nil, "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: oldest.id)?.nickname == "tablet", "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: loser)?.name == "reborn", "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+    }
+
+    @Test("a winner deleted and re-inserted (same ID) while an ended incarnation's edit travels: every device agrees")
+    func winnerReinsertedWhileEndedEditTravels() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "reborn"))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.nickname = "tablet"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        // The phone deletes the winner and re-inserts its ID (after the tablet's edit, by clock).
+        try phone.sync(cloud)
+        phone.clock.advance(by: 15_000)
+        try phone.context.delete(#require(try phone.context.model(DPerson.self, id: winner)))
+        try phone.context.save()
+        phone.context.insert(DPerson(id: winner, email: "ada@example.com", name: "recreated"))
+        try phone.context.save()
+        // The laptop syncs the tablet's edit first on one path, the phone's re-insert first on the other.
+        try tablet.sync(cloud)
+        try phone.sync(cloud)
+        try Self.settle([laptop, tablet, phone], cloud, rounds: 4)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet] {
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+        let fresh = try Device("fresh", seed: 9, models: Self.models)
+        try fresh.sync(cloud)
+        #expect(try Self.people(fresh) == reference)
+    }
+
     // MARK: Connection reuse
 
     @Test("an in-memory store's only connection refused for reuse (a statement still held) does not take the database with it")
@@ -270,6 +377,62 @@ struct AdversarialSession3Tests {
                 return try context.model(Trip.self, id: id.id)?.name
             }
             #expect(names.allSatisfy { $0.hasPrefix(transaction.author ?? "?") }, "author of another owner leaked: \(transaction.author ?? "nil") \(names)")
+        }
+    }
+
+    // MARK: SQLiteCloudDatabase failures
+
+    @Test("a cloud file truncated or overwritten while open: transient errors without record values, local data and queue kept, recovery by a new file")
+    func damagedCloudFile() async throws {
+        for damage in ["truncate", "garbage", "delete"] {
+            let directory = adversarialDirectory()
+            defer { try? FileManager.default.removeItem(at: directory) }
+            let cloudURL = directory.appendingPathComponent("cloud.sqlite")
+            let cloud = try SQLiteCloudDatabase(url: cloudURL)
+            let device = try Device("a", seed: 51, directory: directory.appendingPathComponent("a"))
+            for i in 0..<40 { device.context.insert(SyncNote(title: "n\(i)", body: "secret-body-\(i)", rating: i)) }
+            try device.context.save()
+            _ = try await drive(device, cloud)
+            #expect(try device.engine.status().pendingRecords == 0)
+            let other = try Connection(location: .file(cloudURL))
+            try other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            let handle = try FileHandle(forWritingTo: cloudURL)
+            switch damage {
+            case "truncate": try handle.truncate(atOffset: 4096)
+            case "garbage":
+                try handle.seek(toOffset: 4096)
+                handle.write(Data(repeating: 0xA5, count: 16_384))
+            default: try FileManager.default.removeItem(at: cloudURL)
+            }
+            try handle.close()
+            var note = try #require(try device.context.fetch(SyncNote.self).first)
+            note.body = "secret-edit"
+            device.context.update(note)
+            try device.context.save()
+            _ = try await drive(device, cloud, maxRequests: 12)
+            let status = try device.engine.status()
+            #expect(try device.context.fetchCount(FetchDescriptor<SyncNote>()) == 40, "\(damage)")
+            #expect(try device.context.model(SyncNote.self, id: note.id)?.body == "secret-edit", "\(damage)")
+            if let error = status.lastError {
+                #expect(!error.description.contains("secret"), "\(damage): \(error)")
+                #expect(error.isTransient, "\(damage): \(error)")
+                #expect(status.pendingRecords >= 1, "\(damage)")
+            }
+            if damage == "delete" {
+                // The file was deleted while open: the engine's writes must reach the file now at that path (which
+                // other processes see), not the unlinked one.
+                #expect(status.pendingRecords == 0 && status.lastError == nil)
+                let seen = try SQLiteCloudDatabase(url: cloudURL).records(in: "notes")
+                #expect(seen.count == 40, "records in the file at the cloud's path after it was deleted while open")
+                #expect(seen.contains { $0.fields["body"]?.value == .text("secret-edit") })
+            }
+            // A new, empty cloud file at another path: everything reaches it again (zone not found → re-upload).
+            let fresh = try SQLiteCloudDatabase(url: directory.appendingPathComponent("cloud2.sqlite"))
+            _ = try await drive(device, fresh)
+            let uploaded = try fresh.records(in: "notes")
+            let lastError = try device.engine.status().lastError
+            #expect(uploaded.count == 40, "\(damage): \(String(describing: lastError))")
+            #expect(uploaded.contains { $0.fields["body"]?.value == .text("secret-edit") }, "\(damage)")
         }
     }
 
