@@ -166,24 +166,24 @@ struct AdversarialSession3Tests {
 
     @Test("random schedules of duplicate keys, re-inserts, deletes and offline edits on three devices converge")
     func randomSchedulesConverge() throws {
-        for seed in UInt64(1)...12 {
+        for seed in UInt64(1)...UInt64(ProcessInfo.processInfo.environment["ADV3_SEEDS"].flatMap(Int.init) ?? 12) {
             var rng = SeededGenerator(seed: seed)
             let cloud = InMemoryCloudDatabase()
             let devices = try (0..<3).map { try Device("d\($0)", seed: seed * 10 + UInt64($0), models: Self.models) }
             var ids: [UUID] = []
-            let emails = ["a@x", "b@x"]
-            for step in 0..<30 {
+            let emails = ["a@x", "b@x", "c@x"]
+            for step in 0..<40 {
                 let device = devices[Int(rng.next() % 3)]
                 device.clock.advance(by: Int64(rng.next() % 2_000) + 1)
                 let live = try device.context.fetch(DPerson.self)
                 switch rng.next() % 6 {
                 case 0:
-                    let person = device.context.insert(DPerson(email: emails[Int(rng.next() % 2)], name: "n\(step)"))
+                    let person = device.context.insert(DPerson(email: emails[Int(rng.next() % 3)], name: "n\(step)"))
                     ids.append(person.id)
                 case 1 where !ids.isEmpty:
                     let id = ids[Int(rng.next() % UInt64(ids.count))]
                     if try device.context.model(DPerson.self, id: id) == nil {
-                        device.context.insert(DPerson(id: id, email: emails[Int(rng.next() % 2)], name: "re\(step)"))
+                        device.context.insert(DPerson(id: id, email: emails[Int(rng.next() % 3)], name: "re\(step)"))
                     }
                 case 2 where !live.isEmpty:
                     device.context.delete(live[Int(rng.next() % UInt64(live.count))])
@@ -315,6 +315,69 @@ struct AdversarialSession3Tests {
         let fresh = try Device("fresh", seed: 9, models: Self.models)
         try fresh.sync(cloud)
         #expect(try Self.people(fresh) == reference)
+    }
+
+    @Test("a duplicate re-inserted, deleted plainly and re-inserted again keeps its ended redirect; an offline edit of incarnation 1 arriving last reaches the winner")
+    func reinsertDeleteReinsert() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        for (step, name) in ["reborn", nil, "reborn again"].enumerated() {
+            laptop.clock.advance(by: 1_000)
+            if let name {
+                laptop.context.insert(DPerson(id: loser, email: "x\(step)@example.com", name: name))
+            } else {
+                try laptop.context.delete(#require(try laptop.context.model(DPerson.self, id: loser)))
+            }
+            try laptop.context.save()
+            try laptop.sync(cloud)
+            try phone.sync(cloud)
+        }
+        #expect(cloud.records(in: "notes").first { $0.recordID == loser }?.endedRedirects == [EndedRedirect(incarnation: 1, winner: winner)])
+        tablet.clock.advance(by: 20_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.name = "tablet edit"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        try Self.settle([tablet, phone, laptop], cloud, rounds: 3)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet] {
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: winner)?.name == "tablet edit", "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: loser)?.name == "reborn again", "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
+    }
+
+    @Test("two devices re-insert the same resolved duplicate concurrently while a third edits the ended incarnation: convergence, newest writes kept")
+    func concurrentReinserts() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1, models: Self.models), phone = try Device("phone", seed: 2, models: Self.models)
+        let tablet = try Device("tablet", seed: 3, models: Self.models)
+        let (winner, loser) = try Self.duplicate(cloud, laptop: laptop, phone: phone, tablet: tablet)
+        try phone.sync(cloud)
+        laptop.clock.advance(by: 2_000)
+        laptop.context.insert(DPerson(id: loser, email: "grace@example.com", name: "laptop reborn"))
+        try laptop.context.save()
+        phone.clock.advance(by: 3_000)
+        phone.context.insert(DPerson(id: loser, email: "grace@example.com", name: "phone reborn", nickname: "p"))
+        try phone.context.save()
+        tablet.clock.advance(by: 10_000)
+        var copy = try #require(try tablet.context.model(DPerson.self, id: loser))
+        copy.nickname = "tablet"
+        tablet.context.update(copy)
+        try tablet.context.save()
+        // Interleaved: each device uploads before having seen the others' writes.
+        for device in [laptop, phone, tablet] { _ = try device.nextUpload(cloud).map { try device.engine.handle($0.id, cloud.performNow($0.operation)) } }
+        try Self.settle([tablet, laptop, phone], cloud, rounds: 4)
+        let reference = try Self.people(laptop)
+        for device in [laptop, phone, tablet] {
+            #expect(try Self.people(device) == reference, "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: winner)?.nickname == "tablet", "\(device.name)")
+            #expect(try device.context.model(DPerson.self, id: loser)?.name == "phone reborn", "\(device.name)")
+            #expect(try device.engine.status().pendingRecords == 0, "\(device.name)")
+        }
     }
 
     // MARK: Connection reuse
