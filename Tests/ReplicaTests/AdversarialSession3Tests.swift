@@ -443,6 +443,43 @@ struct AdversarialSession3Tests {
         }
     }
 
+    @Test("an in-memory store's sync engine dropped with a request outstanding: the next engine gets its connection and uploads everything once")
+    func engineDroppedMidRequest() throws {
+        let cloud = InMemoryCloudDatabase()
+        var environment = ReplicaEnvironment.seeded(seed: 61, directory: adversarialDirectory())
+        environment.canaries = []
+        let clock = environment.clock as! ManualClock
+        let container = try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+            ModelConfiguration("notes", isStoredInMemoryOnly: true, cloudKitDatabase: .private("iCloud.test"))], environment: environment)
+        let context = ModelContext(container)
+        for i in 0..<5 { context.insert(SyncNote(title: "n\(i)")) }
+        try context.save()
+        for round in 0..<3 {
+            let engine = try SyncEngine(container: container, storeName: "notes")
+            engine.setNeedsFetch()
+            // Perform a few requests, then leave one outstanding (its answer never handled) and drop the engine.
+            for _ in 0..<(round + 1) {
+                guard let request = try engine.nextRequest() else { break }
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            }
+            if let request = try engine.nextRequest() { _ = cloud.performNow(request.operation) }
+            context.insert(SyncNote(title: "r\(round)"))
+            try context.save()
+        }
+        let engine = try SyncEngine(container: container, storeName: "notes")
+        engine.setNeedsFetch()
+        for _ in 0..<200 {
+            if let request = try engine.nextRequest() {
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            } else if let wake = engine.wakeTime {
+                clock.set(milliseconds: wake)
+            } else { break }
+        }
+        #expect(try engine.status().pendingRecords == 0)
+        #expect(cloud.records(in: "notes").count == 8)
+        #expect(Set(cloud.records(in: "notes").compactMap { $0.fields["title"]?.value }).count == 8)
+    }
+
     // MARK: SQLiteCloudDatabase failures
 
     @Test("a cloud file truncated or overwritten while open: transient errors without record values, local data and queue kept, recovery by a new file")
