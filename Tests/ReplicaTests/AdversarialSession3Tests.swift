@@ -484,7 +484,7 @@ struct AdversarialSession3Tests {
 
     @Test("a cloud file truncated or overwritten while open: transient errors without record values, local data and queue kept, recovery by a new file")
     func damagedCloudFile() async throws {
-        for damage in ["truncate", "garbage", "delete"] {
+        for damage in ["truncate", "garbage", "delete", "delete-main", "delete-all"] {
             let directory = adversarialDirectory()
             defer { try? FileManager.default.removeItem(at: directory) }
             let cloudURL = directory.appendingPathComponent("cloud.sqlite")
@@ -495,13 +495,16 @@ struct AdversarialSession3Tests {
             _ = try await drive(device, cloud)
             #expect(try device.engine.status().pendingRecords == 0)
             let other = try Connection(location: .file(cloudURL))
-            try other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            // Deleting files leaves the write-ahead log as it is (the open connections keep using it).
+            if !damage.hasPrefix("delete-") { try other.execute("PRAGMA wal_checkpoint(TRUNCATE)") }
             let handle = try FileHandle(forWritingTo: cloudURL)
             switch damage {
             case "truncate": try handle.truncate(atOffset: 4096)
             case "garbage":
                 try handle.seek(toOffset: 4096)
                 handle.write(Data(repeating: 0xA5, count: 16_384))
+            case "delete-all":
+                for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: cloudURL.path + suffix) }
             default: try FileManager.default.removeItem(at: cloudURL)
             }
             try handle.close()
@@ -518,12 +521,12 @@ struct AdversarialSession3Tests {
                 #expect(error.isTransient, "\(damage): \(error)")
                 #expect(status.pendingRecords >= 1, "\(damage)")
             }
-            if damage == "delete" {
+            if damage.hasPrefix("delete") {
                 // The file was deleted while open: the engine's writes must reach the file now at that path (which
                 // other processes see), not the unlinked one.
                 #expect(status.pendingRecords == 0 && status.lastError == nil)
                 let seen = try SQLiteCloudDatabase(url: cloudURL).records(in: "notes")
-                #expect(seen.count == 40, "records in the file at the cloud's path after it was deleted while open")
+                #expect(seen.count == 40, "\(damage): records in the file at the cloud's path after it was deleted while open")
                 #expect(seen.contains { $0.fields["body"]?.value == .text("secret-edit") })
             }
             // A new, empty cloud file at another path: everything reaches it again (zone not found → re-upload).
