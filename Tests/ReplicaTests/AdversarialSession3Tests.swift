@@ -541,6 +541,40 @@ struct AdversarialSession3Tests {
 
     // MARK: History
 
+    @Test("one save mixing inserts, updates, plain deletes and deletes with preserved values records every change once, tombstones on the right records")
+    func mixedSaveHistory() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 7, directory: adversarialDirectory())
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        let context = ModelContext(container)
+        var trips: [Trip] = [], items: [Item] = []
+        for i in 0..<6 { trips.append(context.insert(Trip(name: "t\(i)"))) }
+        for i in 0..<6 { items.append(context.insert(Item(title: "i\(i)"))) }
+        try context.save()
+        let before = try #require(try context.fetchHistory().last).token
+        // Interleave: delete item, delete trip (preserved name), update trip, delete item, insert, delete trip...
+        context.delete(items[0]); context.delete(trips[0])
+        var t = trips[1]; t.rating = 5; context.update(t)
+        context.delete(items[1]); context.insert(Item(title: "new")); context.delete(trips[2])
+        var u = items[2]; u.title = "changed"; context.update(u)
+        context.delete(trips[3]); context.delete(items[3])
+        try context.save()
+        let transactions = try context.fetchHistory(HistoryDescriptor(after: before))
+        #expect(transactions.count == 1)
+        let changes = try #require(transactions.first).changes
+        var deletes: [UUID: HistoryTombstone] = [:], inserts = 0, updates = 0
+        for change in changes {
+            switch change {
+            case let .delete(id, tombstone): deletes[id.id] = tombstone
+            case .insert: inserts += 1
+            case .update: updates += 1
+            }
+        }
+        #expect(inserts == 1 && updates == 2 && deletes.count == 6, "\(changes)")
+        for trip in [trips[0], trips[2], trips[3]] { #expect(deletes[trip.id]?["name"] == .text(trip.name)) }
+        for item in [items[0], items[1], items[3]] { #expect(deletes[item.id]?.values.isEmpty == true) }
+    }
+
     @Test("after-token reads match a brute-force filter for every combination of token, dates, author, entity, sort and limit")
     func historyBruteForce() throws {
         let environment = ReplicaEnvironment.seeded(seed: 5, directory: FileManager.default.temporaryDirectory
