@@ -12,7 +12,9 @@ import Synchronization
 public final class SQLiteCloudDatabase: CloudDatabase {
     /// Guards `db`: the connection is only touched while holding this lock.
     private let lock = Mutex(())
-    private nonisolated(unsafe) let db: Connection
+    private nonisolated(unsafe) var db: Connection
+    /// The file `db` has open (guarded by the lock).
+    private nonisolated(unsafe) var file: FileIdentity?
     /// The database file.
     public let url: URL
     private let environment: ReplicaEnvironment
@@ -26,6 +28,12 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         self.url = url
         self.environment = environment
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        self.db = try Self.open(url)
+        self.file = Self.fileIdentity(url)
+    }
+
+    /// Opens the file at `url` (creating it and its tables if needed).
+    private static func open(_ url: URL) throws -> Connection {
         let db = try Connection(location: .file(url))
         try db.transaction(.immediate) {
             try db.execute("""
@@ -39,14 +47,41 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                     PRIMARY KEY (zone, key));
                 """)
         }
-        self.db = db
+        return db
+    }
+
+    /// The device and inode of the file at `url`, or `nil` when there is none.
+    private static func fileIdentity(_ url: URL) -> FileIdentity? {
+        var info = stat()
+        guard stat(url.path, &info) == 0 else { return nil }
+        return FileIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
+    }
+
+    private struct FileIdentity: Equatable {
+        let device: UInt64
+        let inode: UInt64
+    }
+
+    /// When the file at `url` is no longer the one `db` has open (deleted, or replaced by another file), SQLite would
+    /// go on reading and writing the unlinked file, which no other process sees: a split brain where every side
+    /// reports success. Opens the file now at `url` instead (a new file has no zones, so engines see their zone as
+    /// reset and upload again). Called under the lock.
+    private func reopenIfMoved() throws {
+        let current = Self.fileIdentity(url)
+        guard current == nil || current != file else { return }
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        db = try Self.open(url)
+        file = Self.fileIdentity(url)
     }
 
     /// Runs `body` in a write transaction; a failure of the file surfaces as the cloud error it amounts to
     /// (``cloudError(for:)``).
     private func write<T: Sendable>(_ body: (Connection) throws -> T) throws(CloudError) -> T {
         do {
-            return try lock.withLock { _ in try db.transaction(.immediate) { try body(db) } }
+            return try lock.withLock { _ in
+                try reopenIfMoved()
+                return try db.transaction(.immediate) { try body(db) }
+            }
         } catch let error as CloudError {
             throw error
         } catch let error as SQLiteError {

@@ -116,10 +116,20 @@ final class Store: Sendable {
     /// (a file store's connection closes as before): the connection is reset first — unfinished statements reset,
     /// an open transaction rolled back (as closing it would) — so the next owner finds it as a new one would be.
     /// Keeps at most a few; past that the connection closes (the others keep the database alive).
+    ///
+    /// A connection that cannot be reset (a statement of it still held elsewhere) closes once that statement goes;
+    /// if it were the store's last connection, the in-memory database would go with it. So while no connection
+    /// waits here, a new one is opened in its place to keep the database alive.
     func reuse(_ connection: Connection) {
-        guard configuration.isStoredInMemoryOnly, connection.location == location, connection.resetForReuse() else { return }
+        guard configuration.isStoredInMemoryOnly, connection.location == location else { return }
+        let reusable = connection.resetForReuse()
         idle.withLock { idle in
-            if idle.count < Self.idleConnectionLimit { idle.append(IdleConnection(connection)) }
+            if reusable {
+                if idle.count < Self.idleConnectionLimit { idle.append(IdleConnection(connection)) }
+            } else if idle.isEmpty, let fresh = try? Connection(location: location, readOnly: !configuration.allowsSave) {
+                // Opened while the refused connection is still open, so it joins the same database.
+                idle.append(IdleConnection(fresh))
+            }
         }
     }
 
