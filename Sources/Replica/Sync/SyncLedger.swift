@@ -735,8 +735,8 @@ enum SyncLedger {
 
         /// The largest record ID in the ledger (`nil`: none), once read; kept up to date by the batch's merges.
         private var ledgerMax: UUID??
-        /// The largest record ID in each entity's table (by entity index), once read; kept up to date likewise.
-        private var tableMax: [Int: UUID?] = [:]
+        /// The largest record ID in each entity's table (by entity index; `nil` until read), kept up to date likewise.
+        private var tableMax: [UUID??] = []
 
         init(_ db: Connection) throws {
             mayHoldRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
@@ -747,12 +747,12 @@ enum SyncLedger {
         /// are time-ordered, skip two lookups that would find nothing; any other ID is looked up as usual.
         func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
             if ledgerMax == nil { ledgerMax = .some(try Self.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+            if tableMax.count <= entityIndex { tableMax += [UUID??](repeating: nil, count: entityIndex + 1 - tableMax.count) }
             if tableMax[entityIndex] == nil {
                 tableMax[entityIndex] = .some(try Self.largestID("SELECT max(\"id\") FROM \(store.statements[entityIndex].table)", db))
             }
-            for bound in [ledgerMax!, tableMax[entityIndex]!] {
-                if let bound, !bound.bytesPrecede(id) { return false }
-            }
+            if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
+            if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
         }
 
@@ -763,6 +763,7 @@ enum SyncLedger {
 
         /// Records that the table of the entity at `entityIndex` now holds `id`.
         func tableHolds(_ id: UUID, entityIndex: Int) {
+            guard entityIndex < tableMax.count else { return }
             if case let .some(bound) = tableMax[entityIndex], bound.map({ $0.bytesPrecede(id) }) ?? true { tableMax[entityIndex] = .some(id) }
         }
 
