@@ -13,10 +13,14 @@ struct AdversarialSyncTests {
         let upload = try #require(try a.nextUpload(cloud))
         try a.engine.handle(upload.id, .failure(.partialFailure([.failed(recordID: note.id, error: .invalidRecord(reason: "title too long"))])))
         #expect(try a.engine.status().rejectedRecords == 1)
-        // The app fixes the record: the new content deserves a new attempt.
+        #expect(try a.engine.ledgerEntry(for: note.persistentModelID)?.state.kind == .rejected)
+        // The app fixes the record: the new content deserves a new attempt (the save's own ledger write clears the
+        // rejection).
         note.title = "short"
         a.context.update(note)
         try a.context.save()
+        #expect(try a.engine.ledgerEntry(for: note.persistentModelID)?.state == .pending)
+        #expect(try a.engine.status().rejectedRecords == 0)
         let status = try a.sync(cloud)
         #expect(cloud.records(in: "notes").first?.fields["title"]?.value == .text("short"))
         #expect(status.isUpToDate)

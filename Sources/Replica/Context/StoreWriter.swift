@@ -18,6 +18,10 @@ struct StoreWriter {
     private var deferredChecks: [DeferredCheck] = []
     /// What inserts of the entity written last need, looked up once per entity rather than once per row.
     private var insertContext: InsertContext?
+    /// The largest record ID in the sync ledger (`nil`: none), read at the first insert of an ``apply(_:)`` into a
+    /// synced store (nothing writes the ledger while it runs): an inserted ID beyond it has no ledger row, so
+    /// ``idBelongsToAnotherEntity(_:)`` skips that lookup for new, time-ordered IDs.
+    private var ledgerBound: UUID??
 
     /// An entity's description, SQL, prepared INSERT and the facts row checks need.
     private final class InsertContext {
@@ -69,6 +73,8 @@ struct StoreWriter {
 
     /// Applies `batch` (a context's pending changes in registration order; `nil` entries are skipped).
     mutating func apply(_ batch: [PendingChanges.Entry]) throws {
+        ledgerBound = nil
+        defer { ledgerBound = nil }
         for index in batch.indices {
             switch batch[index].change {
             case .delete?, .replace?: try deleteRecord(batch[index].id)
@@ -145,14 +151,18 @@ struct StoreWriter {
     /// Whether the record ID of `snapshot` is already used in this synced store by a record of another entity, alive
     /// (in its table, perhaps inserted earlier in this save) or known to sync (a tombstone, a record received): sync
     /// tracks, uploads and merges records by ID alone, so one ID cannot name two records of a synced store.
-    /// Cost per inserted record: one indexed lookup per entity of the store, through prepared statements with the
-    /// ID bound from the statement's own buffer (no `Data`, no hashing of SQL text).
-    private func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
-        let ledger = try db.cachedStatement(Self.ledgerEntity)
-        defer { ledger.reset() }
-        if try ledger.withBound(id: snapshot.id, [], { try ledger.step() }),
-           case let .text(owner) = ledger.value(0), owner != snapshot.entityName {
-            return true
+    /// Cost per inserted record: one indexed lookup per other entity of the store, and one in the ledger unless the
+    /// ID sorts after every ID there, through prepared statements with the ID bound from the statement's own buffer
+    /// (no `Data`, no hashing of SQL text).
+    private mutating func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
+        if ledgerBound == nil { ledgerBound = .some(try SyncLedger.MergeBatch.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+        if !(ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true) {
+            let ledger = try db.cachedStatement(Self.ledgerEntity)
+            defer { ledger.reset() }
+            if try ledger.withBound(id: snapshot.id, [], { try ledger.step() }),
+               case let .text(owner) = ledger.value(0), owner != snapshot.entityName {
+                return true
+            }
         }
         for (index, other) in store.entities.enumerated() where other.name != snapshot.entityName {
             let exists = try db.cachedStatement(store.statements[index].exists)

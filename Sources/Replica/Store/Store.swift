@@ -441,8 +441,9 @@ func quoted(_ identifier: String) -> String {
     return "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
 }
 
-/// The SQL text Replica uses for one entity's table, built once per store.
-struct EntityStatements: Sendable {
+/// The SQL text Replica uses for one entity's table, built once per store. A class, so that handing it around per
+/// record retains one reference rather than each of its fields.
+final class EntityStatements: Sendable {
     let table: String
     /// `"id", "a", "b", ...` in field order.
     let columnList: String

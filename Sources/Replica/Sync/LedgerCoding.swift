@@ -148,14 +148,7 @@ extension SyncLedger {
         // Every field stamped by one write (a record as one save uploaded it): the bytes after the stamp depend only
         // on the names, written once per entity (``oneStampTail(names:order:)``).
         if let oneStampTail, let first = stamps.first ?? nil, stamps.allSatisfy({ $0 == first }) {
-            var data = Data(count: 2 + stampBytes + oneStampTail.count)
-            data.withUnsafeMutableBytes { raw in
-                raw[0] = stampsFormatVersion
-                raw[1] = 1
-                writeStamp(first, raw, at: 2)
-                oneStampTail.withUnsafeBytes { (raw.baseAddress! + 2 + stampBytes).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-            }
-            return data
+            return encodeStamps(every: first, oneStampTail: oneStampTail)
         }
         // Distinct stamps in order of first use (a record usually has one or two, so a linear search is fastest),
         // and each field's index among them (-1: no stamp).
@@ -204,6 +197,19 @@ extension SyncLedger {
         return data
     }
 
+    /// The compact form of a map stamping every field of an entity (at least one) with `stamp`, given the entity's
+    /// `oneStampTail` (``oneStampTail(names:order:)``).
+    static func encodeStamps(every stamp: FieldStamp, oneStampTail: [UInt8]) -> Data {
+        var data = Data(count: 2 + stampBytes + oneStampTail.count)
+        data.withUnsafeMutableBytes { raw in
+            raw[0] = stampsFormatVersion
+            raw[1] = 1
+            writeStamp(stamp, raw, at: 2)
+            oneStampTail.withUnsafeBytes { (raw.baseAddress! + 2 + stampBytes).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+        }
+        return data
+    }
+
     /// Writes one stamp's 36 bytes at `i`.
     @inline(__always)
     private static func writeStamp(_ stamp: FieldStamp, _ raw: UnsafeMutableRawBufferPointer, at i: Int) {
@@ -213,6 +219,17 @@ extension SyncLedger {
         let (high, low) = stamp.clock.replica.orderedHalves
         raw.storeBytes(of: high.bigEndian, toByteOffset: i + 20, as: UInt64.self)
         raw.storeBytes(of: low.bigEndian, toByteOffset: i + 28, as: UInt64.self)
+    }
+
+    /// Reads one stamp's 36 bytes at `i` (the caller checks that they are there).
+    @inline(__always)
+    static func readStamp(_ bytes: UnsafeRawBufferPointer, at i: Int) -> FieldStamp {
+        let incarnation = Int64(bitPattern: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self)))
+        let physical = Int64(bitPattern: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: i + 8, as: UInt64.self)))
+        let logical = Int32(bitPattern: UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: i + 16, as: UInt32.self)))
+        var uuid = UUID.unassigned.uuid
+        withUnsafeMutableBytes(of: &uuid) { $0.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[(i + 20)..<(i + 36)])) }
+        return FieldStamp(incarnation: incarnation, clock: HLC(physical: physical, logical: logical, replica: UUID(uuid: uuid)))
     }
 
     /// The bytes that follow the one distinct stamp in the compact form of a map stamping every one of `names` with
@@ -246,12 +263,7 @@ extension SyncLedger {
         var distinct: [FieldStamp] = []
         distinct.reserveCapacity(Int(stampCount))
         for _ in 0..<Int(stampCount) {
-            let incarnation = Int64(bitPattern: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self)))
-            let physical = Int64(bitPattern: UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: i + 8, as: UInt64.self)))
-            let logical = Int32(bitPattern: UInt32(bigEndian: bytes.loadUnaligned(fromByteOffset: i + 16, as: UInt32.self)))
-            var uuid = UUID.unassigned.uuid
-            withUnsafeMutableBytes(of: &uuid) { $0.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[(i + 20)..<(i + 36)])) }
-            distinct.append(FieldStamp(incarnation: incarnation, clock: HLC(physical: physical, logical: logical, replica: UUID(uuid: uuid))))
+            distinct.append(readStamp(bytes, at: i))
             i += stampBytes
         }
         // Each field takes at least two bytes (a length and an index).

@@ -125,15 +125,33 @@ enum SyncLedger {
         defer { statement.reset() }
         try statement.bind(id, at: 0)
         guard try statement.step() else { return nil }
-        return RecordState(
-            id: id, entity: statement.string(0), causalLength: statement.int64(1),
-            created: readStamp(statement, 2) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
-            stamps: readStamps(statement, 3) ?? [:],
-            unknown: decode([String: CloudField].self, statement.isNull(4) ? nil : statement.string(4)) ?? [:],
-            tombstone: decode([String: CloudField].self, statement.isNull(5) ? nil : statement.string(5)) ?? [:],
-            redirect: statement.isNull(6) ? nil : UUID(bytes: statement.data(6)),
-            changeTag: statement.isNull(7) ? nil : statement.string(7),
-            localVersion: statement.int64(8), pending: statement.int64(9) != 0)
+        return readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
+    }
+
+    /// The record state in the columns of ``loadSQL`` (entity … pending) starting at `first` of the current row of
+    /// `statement`, with `stamps` (read by the caller from column `first + 3`).
+    private static func readState(_ id: UUID, _ statement: Statement, from first: Int32, stamps: [String: FieldStamp]) -> RecordState {
+        RecordState(
+            id: id, entity: statement.string(first), causalLength: statement.int64(first + 1),
+            created: readStamp(statement, first + 2) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
+            stamps: stamps,
+            unknown: statement.isNull(first + 4) ? [:] : decode([String: CloudField].self, statement.string(first + 4)) ?? [:],
+            tombstone: statement.isNull(first + 5) ? [:] : decode([String: CloudField].self, statement.string(first + 5)) ?? [:],
+            redirect: statement.isNull(first + 6) ? nil : UUID(bytes: statement.data(first + 6)),
+            changeTag: statement.isNull(first + 7) ? nil : statement.string(first + 7),
+            localVersion: statement.int64(first + 8), pending: statement.int64(first + 9) != 0)
+    }
+
+    /// The one stamp of every field of an entity when the `stamps` column at `index` of the current row is the
+    /// compact form of exactly that (one distinct stamp, then `oneStampTail`, the entity's
+    /// ``EntityStatements/oneStampTail``): the form of every record as one save wrote it. `nil` for any other value,
+    /// which the caller then decodes in full.
+    static func readOneStamp(_ statement: Statement, _ index: Int32, oneStampTail: [UInt8]) -> FieldStamp? {
+        guard sqlite3_column_type(statement.handle, index) == SQLITE_BLOB else { return nil }
+        let bytes = statement.blob(index)
+        guard bytes.count == 2 + 36 + oneStampTail.count, bytes[0] == stampsFormatVersion, bytes[1] == 1,
+              oneStampTail.withUnsafeBytes({ memcmp(bytes.baseAddress! + 38, $0.baseAddress!, $0.count) == 0 }) else { return nil }
+        return readStamp(bytes, at: 2)
     }
 
     /// The field stamp (64 hex digits) in the text column at `index` of the current row, parsed in place.
@@ -173,7 +191,26 @@ enum SyncLedger {
     /// parameter directly (no array of values; text and blobs without copies, valid until the statement has run):
     /// this runs once per merged record.
     static func store(_ state: RecordState, _ db: Connection, stamps: Data) throws {
-        let statement = try db.cachedStatement(storeSQL)
+        try store(state, db, stamps: stamps, sql: storeSQL)
+    }
+
+    /// ``storeSQL`` for a record a local change touched (`pending` is set): the record is pending again unless it
+    /// could not be decrypted; a rejection (about the content it had) is cleared with its reason, in the same
+    /// statement.
+    private static let storeLocalSQL = StatementKey("""
+        INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
+                                         change_tag, local_version, pending, state)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
+            created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
+            tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
+            local_version = excluded.local_version, pending = excluded.pending,
+            state = CASE WHEN replica_sync_record.state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END,
+            reason = CASE WHEN replica_sync_record.state = 'rejected' THEN NULL ELSE replica_sync_record.reason END
+        """)
+
+    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, sql: StatementKey) throws {
+        let statement = try db.cachedStatement(sql)
         defer { statement.reset() }
         try statement.bind(state.id, at: 0)
         try statement.bind(state.causalLength, at: 2)
@@ -203,9 +240,15 @@ enum SyncLedger {
         if environment.canaries.contains(.lwwByWallClock) {
             hlc = HLC(physical: environment.clock.nowMilliseconds(), logical: 0, replica: store.identity)
         }
+        // The largest ID in the ledger, read at the first insert: an inserted ID beyond it has no ledger row yet
+        // (new IDs are time-ordered), so its lookup is skipped. Kept up to date by the inserts below.
+        var ledgerBound: UUID??
         for snapshot in changes.inserted {
-            guard let entity = store.entity(named: snapshot.entityName) else { continue }
-            var state = try load(snapshot.id, db) ?? RecordState(
+            guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
+            let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
+            if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+            let isNew = ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true
+            var state = (isNew ? nil : try load(snapshot.id, db)) ?? RecordState(
                 id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
                 stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
             if !state.isAlive {
@@ -218,13 +261,16 @@ enum SyncLedger {
             }
             let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
             state.created = stamp
-            state.stamps = Dictionary(uniqueKeysWithValues: entity.fieldNames.map { ($0, stamp) })
+            // Every field stamped with `stamp`: encoded by position, without building the map.
+            state.stamps = [:]
             state.unknown = [:]
             state.tombstone = [:]
             state.redirect = nil
             state.localVersion += 1
             state.pending = true
-            try storeLocalChange(state, db)
+            try storeLocalChange(state, db, stamps: statements.fieldNames.isEmpty ? encodeStamps([:])
+                                    : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail))
+            if ledgerBound!.map({ $0.bytesPrecede(snapshot.id) }) ?? true { ledgerBound = .some(snapshot.id) }
         }
         for (snapshot, fields) in changes.updated {
             guard store.entity(named: snapshot.entityName) != nil else { continue }
@@ -268,10 +314,8 @@ enum SyncLedger {
 
     /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
     /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
-    private static func storeLocalChange(_ state: RecordState, _ db: Connection) throws {
-        try store(state, db)
-        try db.run("UPDATE replica_sync_record SET state = 'pending', reason = NULL WHERE id = ? AND state = 'rejected'",
-                   [state.id.sqliteValue])
+    private static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil) throws {
+        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), sql: storeLocalSQL)
     }
 
     // MARK: Outgoing records
@@ -279,15 +323,26 @@ enum SyncLedger {
     /// The cloud record for a record in the outbox: current values of the fields stamped in the current incarnation,
     /// unknown fields as received, or for a tombstone only the preserved fields.
     static func outgoingRecord(_ state: RecordState, store: Store, db: Connection) throws -> CloudRecord? {
+        try outgoingRecord(state, oneStamp: nil, store: store, db: db)
+    }
+
+    /// ``outgoingRecord(_:store:db:)`` where `oneStamp`, when given, is the stamp of every known field (then
+    /// `state.stamps` is not read): the record as one save wrote it, whose stamps need no map.
+    private static func outgoingRecord(_ state: RecordState, oneStamp: FieldStamp?, store: Store, db: Connection) throws -> CloudRecord? {
         var fields: [String: CloudField] = [:]
         if state.isAlive {
-            guard let entity = store.entity(named: state.entity),
-                  let statements = store.statements(for: state.entity),
-                  let row = try db.rows(statements.selectByID, [state.id.sqliteValue]).first else { return nil }
-            for (index, name) in entity.fieldNames.enumerated() {
-                guard let stamp = state.stamps[name], stamp.incarnation == state.causalLength else { continue }
-                let encrypted = entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false
-                fields[name] = CloudField(value: row[index + 1], stamp: stamp, isEncrypted: encrypted)
+            guard let entityIndex = store.entityIndex[state.entity] else { return nil }
+            let statements = store.statements[entityIndex]
+            let select = try db.cachedStatement(statements.selectByIDKey)
+            defer { select.reset() }
+            try select.bind(state.id, at: 0)
+            guard try select.step() else { return nil }
+            let names = statements.fieldNames
+            fields.reserveCapacity(names.count + state.unknown.count)
+            for (index, name) in names.enumerated() {
+                guard let stamp = oneStamp ?? state.stamps[name], stamp.incarnation == state.causalLength else { continue }
+                let encrypted = statements.attributes[index]?.options.contains(.allowsCloudEncryption) ?? false
+                fields[name] = CloudField(value: select.value(Int32(index) + 1), stamp: stamp, isEncrypted: encrypted)
             }
             for (name, field) in state.unknown where field.stamp.incarnation == state.causalLength { fields[name] = field }
         } else {
@@ -299,29 +354,58 @@ enum SyncLedger {
                            endedRedirects: ended, fields: fields)
     }
 
-    /// Up to `limit` records of the outbox, in ID order, with the local version each was built from.
+    /// The outbox in ID order: ledger state read with the ID, so no lookup per record (``loadSQL``'s columns after
+    /// the ID).
+    private static let outboxSQL = StatementKey("""
+        SELECT id, entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
+        FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?
+        """)
+
+    /// Up to `limit` records of the outbox, in ID order, with the local version each was built from. Read in one
+    /// read transaction, so each record's ledger state and data row are of the same moment (another process may be
+    /// writing the store).
     static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
-        let ids = try db.rows("SELECT id FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?",
-                              [.integer(Int64(limit))])
-        var result: [(CloudRecord, Int64)] = []
-        for row in ids {
-            guard let id = try? UUID(sqliteValue: row[0]), let state = try load(id, db) else { continue }
-            if let record = try outgoingRecord(state, store: store, db: db) {
-                result.append((record, state.localVersion))
-            } else {
-                // Alive in the ledger but the row is gone: nothing can be built; do not loop on it.
-                try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ?", [id.sqliteValue])
+        var result: [(record: CloudRecord, version: Int64)] = []
+        var missing: [UUID] = []
+        try db.transaction(.deferred) {
+            var entries: [(state: RecordState, oneStamp: FieldStamp?)] = []
+            do {
+                let statement = try db.cachedStatement(outboxSQL)
+                defer { statement.reset() }
+                try statement.bind(Int64(limit), at: 0)
+                // The entity of the previous row (records of one entity usually come in runs).
+                var entity: (name: String, tail: [UInt8])?
+                while try statement.step() {
+                    guard let id = statement.uuid(0) else { continue }
+                    let name = statement.string(1)
+                    if entity?.name != name { entity = store.statements(for: name).map { (name, $0.oneStampTail) } }
+                    let oneStamp = entity.flatMap { readOneStamp(statement, 4, oneStampTail: $0.tail) }
+                    let state = readState(id, statement, from: 1, stamps: oneStamp == nil ? readStamps(statement, 4) ?? [:] : [:])
+                    entries.append((state, oneStamp))
+                }
+            }
+            result.reserveCapacity(entries.count)
+            for (state, oneStamp) in entries {
+                if let record = try outgoingRecord(state, oneStamp: oneStamp, store: store, db: db) {
+                    result.append((record, state.localVersion))
+                } else {
+                    missing.append(state.id)
+                }
+            }
+            // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
+            // without them), whole and as received: this device may be the only one left that holds them.
+            if result.count < limit {
+                for row in try db.rows("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?",
+                                       [.integer(Int64(limit - result.count))]) {
+                    guard case let .text(json) = row[0], var record = decode(CloudRecord.self, json) else { continue }
+                    record.changeTag = nil
+                    result.append((record, 0))
+                }
             }
         }
-        // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
-        // without them), whole and as received: this device may be the only one left that holds them.
-        if result.count < limit {
-            for row in try db.rows("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?",
-                                   [.integer(Int64(limit - result.count))]) {
-                guard case let .text(json) = row[0], var record = decode(CloudRecord.self, json) else { continue }
-                record.changeTag = nil
-                result.append((record, 0))
-            }
+        // Alive in the ledger but the row is gone: nothing can be built; do not loop on it.
+        for id in missing {
+            try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ?", [id.sqliteValue])
         }
         return result
     }
@@ -651,8 +735,8 @@ enum SyncLedger {
 
         /// The largest record ID in the ledger (`nil`: none), once read; kept up to date by the batch's merges.
         private var ledgerMax: UUID??
-        /// The largest record ID in each entity's table (by entity index), once read; kept up to date likewise.
-        private var tableMax: [Int: UUID?] = [:]
+        /// The largest record ID in each entity's table (by entity index; `nil` until read), kept up to date likewise.
+        private var tableMax: [UUID??] = []
 
         init(_ db: Connection) throws {
             mayHoldRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
@@ -663,12 +747,12 @@ enum SyncLedger {
         /// are time-ordered, skip two lookups that would find nothing; any other ID is looked up as usual.
         func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
             if ledgerMax == nil { ledgerMax = .some(try Self.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+            if tableMax.count <= entityIndex { tableMax += [UUID??](repeating: nil, count: entityIndex + 1 - tableMax.count) }
             if tableMax[entityIndex] == nil {
                 tableMax[entityIndex] = .some(try Self.largestID("SELECT max(\"id\") FROM \(store.statements[entityIndex].table)", db))
             }
-            for bound in [ledgerMax!, tableMax[entityIndex]!] {
-                if let bound, !bound.bytesPrecede(id) { return false }
-            }
+            if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
+            if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
         }
 
@@ -679,6 +763,7 @@ enum SyncLedger {
 
         /// Records that the table of the entity at `entityIndex` now holds `id`.
         func tableHolds(_ id: UUID, entityIndex: Int) {
+            guard entityIndex < tableMax.count else { return }
             if case let .some(bound) = tableMax[entityIndex], bound.map({ $0.bytesPrecede(id) }) ?? true { tableMax[entityIndex] = .some(id) }
         }
 
@@ -686,7 +771,7 @@ enum SyncLedger {
         /// column holds no blob (its largest value is of another storage class, and SQLite orders every blob after
         /// those). The largest blob itself when it is 16 bytes long; otherwise its first 16 bytes, zero-padded (a
         /// shorter blob precedes its padding; every 16-byte blob before a longer one is at most its prefix).
-        private static func largestID(_ sql: String, _ db: Connection) throws -> UUID? {
+        static func largestID(_ sql: String, _ db: Connection) throws -> UUID? {
             guard case let .blob(bytes)? = try db.scalar(sql) else { return nil }
             var padded = [UInt8](bytes.prefix(16))
             padded += [UInt8](repeating: 0, count: 16 - padded.count)
