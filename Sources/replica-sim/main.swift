@@ -122,16 +122,38 @@ func secondsSince(_ start: ContinuousClock.Instant) -> Double {
 
 // MARK: - Commands
 
+/// `path`, checked before any work: its directory must exist and be a directory (so a long run or shrink does not end
+/// in a file-system error). Returns `nil` for `nil`.
+func outputPath(_ path: String?, for option: String) throws -> String? {
+    guard let path else { return nil }
+    let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
+    var isDirectory: ObjCBool = false
+    guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue else {
+        throw UsageError(message: "\(option) \(path): the directory \(directory) does not exist")
+    }
+    return path
+}
+
+/// Writes a trace to `path`, as a usage error naming the file when it cannot be written.
+func writeTrace(_ text: String, to path: String, option: String) throws {
+    do {
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+    } catch {
+        throw UsageError(message: "\(option) \(path): cannot write the file (\((error as NSError).localizedDescription))")
+    }
+}
+
 func runCommand(_ arguments: Arguments) throws -> ExitCode {
     guard let name = arguments.value("--scenario") else { throw UsageError(message: "run needs --scenario NAME|PATH") }
     guard let seed = try arguments.seed("--seed") else { throw UsageError(message: "run needs --seed N") }
     let scenario = try ScenarioCatalog.resolve(name)
     let options = SimulationOptions(canaries: try canaryOptions(arguments), steps: try arguments.integer("--steps", in: 1...100_000))
+    let tracePath = try outputPath(arguments.value("--trace"), for: "--trace")
     let start = ContinuousClock.now
     let result = try Simulator.run(scenario, seed: seed, options: options)
     let seconds = secondsSince(start)
-    if let path = arguments.value("--trace") {
-        try result.traceText.write(toFile: path, atomically: true, encoding: .utf8)
+    if let path = tracePath {
+        try writeTrace(result.traceText, to: path, option: "--trace")
         emit("trace: \(path) (\(result.trace.count) lines)")
     }
     emit("\(scenario.name) seed \(seed): \(result.verdict.uppercased()) after \(result.steps) steps, \(result.stats.deviceOperations) device operations, "
@@ -305,7 +327,7 @@ func replayCommand(_ arguments: Arguments) throws -> ExitCode {
 
 func shrinkCommand(_ arguments: Arguments) throws -> ExitCode {
     guard arguments.positional.count == 1, let path = arguments.positional.first else { throw UsageError(message: "shrink needs one TRACE file") }
-    guard let output = arguments.value("-o") else { throw UsageError(message: "shrink needs -o OUT") }
+    guard let output = try outputPath(arguments.value("-o"), for: "-o") else { throw UsageError(message: "shrink needs -o OUT") }
     guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw UsageError(message: "cannot read \(path)") }
     let header = try TraceFormat.header(of: text, file: path)
     var canaries = Set<Canary>()
@@ -323,7 +345,7 @@ func shrinkCommand(_ arguments: Arguments) throws -> ExitCode {
         return .pass
     }
     let shrunk = try Simulator.shrink(header.scenario, tape: header.tape.choices, seed: header.seed, options: options, budget: budget)
-    try shrunk.traceText.write(toFile: output, atomically: true, encoding: .utf8)
+    try writeTrace(shrunk.traceText, to: output, option: "-o")
     emit("shrunk \(original.steps) steps (\(original.tape.count) choices) to \(shrunk.steps) steps (\(shrunk.tape.count) choices): \(output)")
     printFailure(shrunk)
     emit(finalLine(scenario: shrunk.scenario, seedKey: "seed", seed: shrunk.seed.map { String($0) } ?? "null", steps: shrunk.steps,
@@ -371,9 +393,10 @@ func listCommand(_ arguments: Arguments) throws -> ExitCode {
 }
 
 func huntCommand(_ arguments: Arguments) throws -> ExitCode {
-    guard let name = arguments.value("--canary"), let entry = CanaryCatalog.entry(named: name) else {
-        throw UsageError(message: "hunt needs --canary NAME (known: \(CanaryCatalog.all.map(\.canary.rawValue).joined(separator: ", ")))")
-    }
+    let known = CanaryCatalog.all.map(\.canary.rawValue).joined(separator: ", ")
+    guard let name = arguments.value("--canary") else { throw UsageError(message: "hunt needs --canary NAME (known: \(known))") }
+    guard let entry = CanaryCatalog.entry(named: name) else { throw UsageError(message: "unknown canary '\(name)' (known: \(known))") }
+    let huntOutput = try outputPath(arguments.value("-o"), for: "-o")
     let scenario = try ScenarioCatalog.resolve(arguments.value("--scenario") ?? entry.scenario)
     let seeds = try arguments.integer("--seeds", in: 1...1_000_000) ?? 1_000
     let options = SimulationOptions(canaries: [entry.canary], steps: try arguments.integer("--steps", in: 1...100_000), recordsTrace: false)
@@ -386,7 +409,7 @@ func huntCommand(_ arguments: Arguments) throws -> ExitCode {
         var traced = options
         traced.recordsTrace = true
         let shrunk = try Simulator.shrink(scenario, tape: result.tape.choices, seed: seed, options: traced, budget: budget)
-        if let output = arguments.value("-o") { try shrunk.traceText.write(toFile: output, atomically: true, encoding: .utf8) }
+        if let output = huntOutput { try writeTrace(shrunk.traceText, to: output, option: "-o") }
         emit("\(name): caught by \(scenario.name) seed \(seed) (\(violation.invariant.rawValue), \(result.steps) steps, "
             + "\(String(format: "%.1f", huntSeconds)) s); shrunk to \(shrunk.steps) steps (\(String(format: "%.1f", threadCPUSeconds() - start)) s cpu)")
         printFailure(shrunk)
