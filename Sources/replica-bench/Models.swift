@@ -114,9 +114,14 @@ func makeRecords(_ n: Int, seed: UInt64 = 1) -> [BenchRecord] {
     return (0..<n).map { BenchRecord.make($0, id: environment.makeIdentifier()) }
 }
 
+/// Trials made so far in this process (names each trial's directory; the root is per process).
+nonisolated(unsafe) private var trialCount = 0
+
 /// A fresh directory for one trial's files.
 func trialDirectory(_ name: String) -> URL {
-    let url = benchRoot.appendingPathComponent("\(name)-\(UUID().uuidString)", isDirectory: true)
+    trialCount += 1
+    let url = benchRoot.appendingPathComponent("\(name)-\(trialCount)", isDirectory: true)
+    try? FileManager.default.removeItem(at: url)  // left by an earlier process with the same ID
     try? FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     return url
 }
