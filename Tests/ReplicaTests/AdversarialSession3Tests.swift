@@ -539,6 +539,31 @@ struct AdversarialSession3Tests {
         }
     }
 
+    @Test("a cloud file deleted while open, with no other connection to it: writes go to the file now at its path and a separate connection sees them all")
+    func deletedCloudFileKeepsNewLog() async throws {
+        let directory = adversarialDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let cloudURL = directory.appendingPathComponent("cloud.sqlite")
+        let cloud = try SQLiteCloudDatabase(url: cloudURL)
+        let device = try Device("a", seed: 52, directory: directory.appendingPathComponent("a"))
+        for i in 0..<10 { device.context.insert(SyncNote(title: "n\(i)", rating: i)) }
+        try device.context.save()
+        _ = try await drive(device, cloud)
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: cloudURL.path + suffix) }
+        var note = try #require(try device.context.fetch(SyncNote.self).first)
+        note.rating = 99
+        device.context.update(note)
+        try device.context.save()
+        _ = try await drive(device, cloud, maxRequests: 30)
+        #expect(try device.engine.status().pendingRecords == 0)
+        // A separate connection to the path finds every record, with the edit. (The cross-process hazard of the stale
+        // connection unlinking the new file's `-wal` by name on close is prevented with SQLITE_FCNTL_PERSIST_WAL; an
+        // in-process connection shares SQLite's per-inode state and cannot show it.)
+        let seen = try SQLiteCloudDatabase(url: cloudURL).records(in: "notes")
+        #expect(seen.count == 10)
+        #expect(seen.contains { $0.fields["rating"]?.value == .integer(99) })
+    }
+
     // MARK: History
 
     @Test("one save mixing inserts, updates, plain deletes and deletes with preserved values records every change once, tombstones on the right records")

@@ -13,8 +13,6 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     /// Guards `db`: the connection is only touched while holding this lock.
     private let lock = Mutex(())
     private nonisolated(unsafe) var db: Connection
-    /// The file `db` has open (guarded by the lock).
-    private nonisolated(unsafe) var file: FileIdentity?
     /// The database file.
     public let url: URL
     private let environment: ReplicaEnvironment
@@ -29,7 +27,6 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         self.environment = environment
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         self.db = try Self.open(url)
-        self.file = Self.fileIdentity(url)
     }
 
     /// Opens the file at `url` (creating it and its tables if needed).
@@ -50,28 +47,21 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         return db
     }
 
-    /// The device and inode of the file at `url`, or `nil` when there is none.
-    private static func fileIdentity(_ url: URL) -> FileIdentity? {
-        var info = stat()
-        guard stat(url.path, &info) == 0 else { return nil }
-        return FileIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino))
-    }
-
-    private struct FileIdentity: Equatable {
-        let device: UInt64
-        let inode: UInt64
-    }
-
     /// When the file at `url` is no longer the one `db` has open (deleted, or replaced by another file), SQLite would
     /// go on reading and writing the unlinked file, which no other process sees: a split brain where every side
     /// reports success. Opens the file now at `url` instead (a new file has no zones, so engines see their zone as
-    /// reset and upload again). Called under the lock.
+    /// reset and upload again). SQLite itself tells whether the file moved (`SQLITE_FCNTL_HAS_MOVED`: the path no
+    /// longer names the open inode), and the stale connection is told to keep its write-ahead log
+    /// (`SQLITE_FCNTL_PERSIST_WAL`), so that closing it cannot unlink, by name, the `-wal` and `-shm` files that now
+    /// belong to the file at `url`. Called under the lock.
+    /// Source: <https://www.sqlite.org/c3ref/c_fcntl_begin_atomic_write.html>
     private func reopenIfMoved() throws {
-        let current = Self.fileIdentity(url)
-        guard current == nil || current != file else { return }
+        var moved: Int32 = 0
+        guard sqlite3_file_control(db.handle, "main", SQLITE_FCNTL_HAS_MOVED, &moved) == SQLITE_OK, moved != 0 else { return }
+        var persist: Int32 = 1
+        _ = sqlite3_file_control(db.handle, "main", SQLITE_FCNTL_PERSIST_WAL, &persist)
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         db = try Self.open(url)
-        file = Self.fileIdentity(url)
     }
 
     /// Runs `body` in a write transaction; a failure of the file surfaces as the cloud error it amounts to

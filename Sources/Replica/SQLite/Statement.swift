@@ -26,10 +26,12 @@ final class Statement {
     }
 
     deinit {
-        liveCount.decrement()
         sqlite3_finalize(handle)
         scratch?.deallocate()
         idBuffer?.deallocate()
+        // Last (a releasing store): once `Connection.resetForReuse` sees the count drop, the finalize is done, so the
+        // connection's next owner never runs beside it.
+        liveCount.decrement()
     }
 
     // MARK: Binding

@@ -81,7 +81,7 @@ extension SyncLedger {
         var contributions: [[String: CloudField]] = []
         var visited: Set<UUID> = [winner.id]
         var frontier = [winner.id]
-        for _ in 0..<16 where !frontier.isEmpty {
+        while !frontier.isEmpty {  // ends: `visited` admits each record once
             var next: [UUID] = []
             for target in frontier {
                 let losers = try db.rows("SELECT id FROM replica_sync_record WHERE redirect = ? AND entity = ? ORDER BY id",
