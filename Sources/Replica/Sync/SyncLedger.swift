@@ -366,7 +366,7 @@ enum SyncLedger {
     /// writing the store).
     static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
         var result: [(record: CloudRecord, version: Int64)] = []
-        var missing: [UUID] = []
+        var missing: [(id: UUID, version: Int64)] = []
         try db.transaction(.deferred) {
             var entries: [(state: RecordState, oneStamp: FieldStamp?)] = []
             do {
@@ -389,7 +389,7 @@ enum SyncLedger {
                 if let record = try outgoingRecord(state, oneStamp: oneStamp, store: store, db: db) {
                     result.append((record, state.localVersion))
                 } else {
-                    missing.append(state.id)
+                    missing.append((state.id, state.localVersion))
                 }
             }
             // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
@@ -403,9 +403,11 @@ enum SyncLedger {
                 }
             }
         }
-        // Alive in the ledger but the row is gone: nothing can be built; do not loop on it.
-        for id in missing {
-            try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ?", [id.sqliteValue])
+        // Alive in the ledger but the row is gone: nothing can be built; do not loop on it. (Written after the read
+        // transaction: only if no save changed the record since — another process may have written it meanwhile.)
+        for (id, version) in missing {
+            try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ? AND local_version = ?",
+                       [id.sqliteValue, .integer(version)])
         }
         return result
     }
