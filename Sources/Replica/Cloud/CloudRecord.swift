@@ -43,6 +43,16 @@ public struct CloudRecord: Hashable, Sendable, Codable {
     /// Fields by name. Encoded with sorted keys, so a record's bytes are deterministic.
     public var fields: [String: CloudField]
 
+    /// A record as the engine uploads it or the cloud returns it.
+    /// - Parameters:
+    ///   - recordID: the record's ID (the local record's `PersistentIdentifier.id`).
+    ///   - recordType: the entity name.
+    ///   - changeTag: the server's version of the record this one replaces; `nil` for a first save.
+    ///   - causalLength: odd while alive, even while deleted (≥ 1).
+    ///   - created: the stamp of the insert that created the current incarnation.
+    ///   - redirect: for a losing duplicate's tombstone, the winner's ID.
+    ///   - endedRedirects: earlier incarnations that ended as losing duplicates (see ``endedRedirects``).
+    ///   - fields: the stamped fields by name (a missing field is "absent", never null).
     public init(recordID: UUID, recordType: String, changeTag: String? = nil, causalLength: Int64, created: FieldStamp,
                 redirect: UUID? = nil, endedRedirects: [EndedRedirect] = [], fields: [String: CloudField]) {
         self.recordID = recordID
@@ -59,6 +69,8 @@ public struct CloudRecord: Hashable, Sendable, Codable {
         case recordID, recordType, changeTag, causalLength, created, redirect, endedRedirects, fields
     }
 
+    /// Decodes a record; a missing `endedRedirects` key (records written before it existed, or with none) is empty.
+    /// - Throws: `DecodingError` when a required key is missing or has the wrong type.
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         recordID = try container.decode(UUID.self, forKey: .recordID)
@@ -71,6 +83,7 @@ public struct CloudRecord: Hashable, Sendable, Codable {
         fields = try container.decode([String: CloudField].self, forKey: .fields)
     }
 
+    /// Encodes a record; `endedRedirects` is left out when empty, so records without it keep their earlier bytes.
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.container(keyedBy: CodingKeys.self)
         try container.encode(recordID, forKey: .recordID)
@@ -94,6 +107,7 @@ public struct EndedRedirect: Hashable, Sendable, Codable {
     /// The record that won the duplicate.
     public var winner: UUID
 
+    /// An ended incarnation (`incarnation`, odd) redirected to `winner`.
     public init(incarnation: Int64, winner: UUID) {
         self.incarnation = incarnation
         self.winner = winner
