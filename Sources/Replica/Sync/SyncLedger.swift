@@ -171,14 +171,18 @@ enum SyncLedger {
         }
     }
 
-    private static let storeSQL = StatementKey("""
+    /// The ledger upsert both ``storeSQL`` and ``storeLocalSQL`` run, up to how each sets `state` (and `reason`).
+    private static let upsertPrefix = """
         INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
                                          change_tag, local_version, pending, state)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
             created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
             tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
-            local_version = excluded.local_version, pending = excluded.pending,
+            local_version = excluded.local_version, pending = excluded.pending,\n
+        """
+
+    private static let storeSQL = StatementKey(upsertPrefix + """
             state = CASE WHEN excluded.pending = 1 AND replica_sync_record.state NOT IN ('rejected', 'undecryptable')
                          THEN 'pending' WHEN excluded.pending = 0 THEN 'synced' ELSE replica_sync_record.state END
         """)
@@ -197,14 +201,7 @@ enum SyncLedger {
     /// ``storeSQL`` for a record a local change touched (`pending` is set): the record is pending again unless it
     /// could not be decrypted; a rejection (about the content it had) is cleared with its reason, in the same
     /// statement.
-    private static let storeLocalSQL = StatementKey("""
-        INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
-                                         change_tag, local_version, pending, state)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
-            created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
-            tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
-            local_version = excluded.local_version, pending = excluded.pending,
+    private static let storeLocalSQL = StatementKey(upsertPrefix + """
             state = CASE WHEN replica_sync_record.state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END,
             reason = CASE WHEN replica_sync_record.state = 'rejected' THEN NULL ELSE replica_sync_record.reason END
         """)
