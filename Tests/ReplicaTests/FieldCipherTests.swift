@@ -227,4 +227,41 @@ struct FieldCipherTests {
             #expect(!leaks, "description \(index) shows a secret")
         }
     }
+    /// Sealed values pinned from the implementation before the per-field path was reworked: for a fixed key ring,
+    /// random source and records, the sealed bytes (and so the format, associated data and nonce order) never change.
+    static let pinnedSealed: [String] = [
+        "0100000003956eeb2f2632d7bd03f166b233e3ef28529f0f13576752478385f9b3bf755a61f1fbe4ea5298e642a6334052c5033d7473",
+        "010000000394e34a0effe11c58f22348245a58bc0906db803cfa3144deb67db89f8e43483b938a8ed72429286ba2281b30",
+        "01000000035d6d37451c67e937a42f9e9eee35f6ccd57d3d0b77b80557fb2ad5313396c13f236b6d504c00fc8545e4617e178bcd2bc785cd6f7e0d54ef8f1b",
+        "0100000003ae777f2938d7549ebf195b774a727434be5016450e8a347e153ca1383fa61d9db96dd4ebbf42e4e5d54b39a0380019532c",
+        "0100000003e6463e7f89ed6d83b76ded4773971f85dc8ee7021ce347aae16594d85dfe1883d79d8d1a784b9f7fe8",
+        "0100000003f2337c4dc552143475ba5ef352d7831a1d9e7ff60300d97e63c67c0ccbb40f12bccd79ad835181c581",
+    ]
+
+    @Test("known answers: a fixed key ring, seed and batch seal to pinned bytes, which open to the original records")
+    func knownAnswers() throws {
+        let cipher = try Self.cipher(keys: [(1, 7), (3, 9)], seed: 42)
+        var a = Self.record(secret: .text("héllo wörld ✓"), photo: .blob(Data([1, 2, 3])))
+        a.fields["extra"] = CloudField(value: .integer(-42), stamp: Self.stamp, isEncrypted: true)
+        let otherStamp = FieldStamp(incarnation: 2, clock: HLC(physical: 1_767_225_600_123, logical: 0,
+                                                               replica: UUID(uuidString: "01900000-0000-7000-8000-0000000000fe")!))
+        let b = Self.record(id: Self.otherID, secret: .null, photo: .real(1.5), stamp: otherStamp)
+        let c = CloudRecord(recordID: UUID(uuidString: "01900000-0000-7000-8000-0000000000a3")!, recordType: "Plain", causalLength: 1,
+                            created: Self.stamp, fields: ["note": CloudField(value: .text(""), stamp: Self.stamp, isEncrypted: true),
+                                                          "title": CloudField(value: .text("plain"), stamp: Self.stamp)])
+        var records = [a, b, c]
+        try cipher.seal(&records)
+        var hex: [String] = []
+        for record in records {
+            for name in record.fields.keys.sorted() where record.fields[name]!.isEncrypted {
+                guard case let .blob(bytes) = record.fields[name]!.value else { Issue.record("\(name) not sealed"); continue }
+                hex.append(bytes.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined())
+            }
+        }
+        #expect(hex == Self.pinnedSealed, "sealed: \(hex)")
+        #expect(records[0].fields["title"] == a.fields["title"] && records[2].fields["title"] == c.fields["title"])
+        let opened = cipher.open(records).map { try? $0.get() }
+        #expect(opened.map { $0?.record } == [a, b, c])
+        #expect(opened.map { $0?.oldestKeyVersion } == [3, 3, 3])
+    }
 }
