@@ -257,10 +257,10 @@ extension SyncEngine {
     }
 
     /// Called by ``nextRequest()`` on an upload batch just before it is emitted: seals every encrypted field.
-    func sealOutgoing(_ records: [CloudRecord]) throws -> [CloudRecord] {
+    /// `records` is taken over (the caller passes a fresh array), so sealing in place copies no array.
+    func sealOutgoing(_ records: consuming [CloudRecord]) throws -> [CloudRecord] {
         guard let encryption else { return records }
         if container.environment.canaries.contains(.plaintextUploaded) { return records }
-        var records = records
         try encryption.keyring.cipher.seal(&records)
         return records
     }
