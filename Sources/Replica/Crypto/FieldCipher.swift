@@ -166,24 +166,34 @@ public final class FieldCipher: CustomStringConvertible {
     public func seal(_ records: inout [CloudRecord]) throws(FieldEncryptionError) {
         var types = TypeCache(encryptedFields)
         var fieldCount = 0
-        for record in records where needsCipher(record, types.declared(record.recordType)) { fieldCount += record.fields.count }
+        for index in records.indices {
+            let declared = types.declared(records[index].recordType)
+            if !declared.isEmpty || records[index].fields.values.contains(where: \.isEncrypted) { fieldCount += records[index].fields.count }
+        }
         guard fieldCount > 0 else { return }
         guard currentSlot >= 0 else { throw .noKey(zone: zone) }
         var work = buffers
         defer { buffers = work }
         work.reserveNonces(fieldCount)
         random.fill(UnsafeMutableRawBufferPointer(start: work.nonces, count: fieldCount * Self.nonceLength))
-        var nonce = 0
         let versions = self.versions
-        let version = versions[currentSlot]
         let slot = currentSlot
         slots.withReadOnlyBytes { keys in
-            let key = keys.baseAddress!.assumingMemoryBound(to: UInt8.self) + slot * Self.keyLength
-            for index in records.indices {
-                let declared = types.declared(records[index].recordType)
-                seal(&records[index], declared: declared, version: version, key: key, keys: keys, versions: versions,
-                     work: &work, nonce: &nonce)
-            }
+            sealAll(&records, slot: slot, keys: keys, versions: versions, types: &types, work: &work)
+        }
+    }
+
+    /// The loop of ``seal(_:)``, with the keys readable (the batch state is passed `inout`, not captured, so the
+    /// per-field path touches only locals).
+    private func sealAll(_ records: inout [CloudRecord], slot: Int, keys: UnsafeRawBufferPointer, versions: [UInt32],
+                         types: inout TypeCache, work: inout Buffers) {
+        let key = keys.baseAddress!.assumingMemoryBound(to: UInt8.self) + slot * Self.keyLength
+        let version = versions[slot]
+        var nonce = 0
+        for index in records.indices {
+            let declared = types.declared(records[index].recordType)
+            seal(&records[index], declared: declared, version: version, key: key, keys: keys, versions: versions,
+                 work: &work, nonce: &nonce)
         }
     }
 
@@ -215,17 +225,26 @@ public final class FieldCipher: CustomStringConvertible {
         var types = TypeCache(encryptedFields)
         let versions = self.versions
         return slots.withReadOnlyBytes { keys in
-            records.map { record in
-                var record = record
-                do throws(FieldEncryptionError) {
-                    let declared = types.declared(record.recordType)
-                    let oldest = try open(&record, declared: declared, keys: keys, versions: versions, work: &work)
-                    return .success((record, oldest))
-                } catch {
-                    return .failure(error)
-                }
+            openAll(records, keys: keys, versions: versions, types: &types, work: &work)
+        }
+    }
+
+    /// The loop of ``open(_:)``, with the keys readable.
+    private func openAll(_ records: [CloudRecord], keys: UnsafeRawBufferPointer, versions: [UInt32], types: inout TypeCache,
+                         work: inout Buffers) -> [Result<(record: CloudRecord, oldestKeyVersion: UInt32?), FieldEncryptionError>] {
+        var results: [Result<(record: CloudRecord, oldestKeyVersion: UInt32?), FieldEncryptionError>] = []
+        results.reserveCapacity(records.count)
+        for index in records.indices {
+            var record = records[index]
+            do throws(FieldEncryptionError) {
+                let declared = types.declared(record.recordType)
+                let oldest = try open(&record, declared: declared, keys: keys, versions: versions, work: &work)
+                results.append(.success((record, oldest)))
+            } catch {
+                results.append(.failure(error))
             }
         }
+        return results
     }
 
     /// `true` when sealing or opening `record` has anything to do.
@@ -253,72 +272,118 @@ public final class FieldCipher: CustomStringConvertible {
     }
 
     /// The fields of `record` to seal or open, in name order: its type's encrypted attributes (`declared`), then
-    /// (merged in order) fields flagged encrypted that the type does not declare (from a newer schema).
-    private func cipherFields(of record: CloudRecord, declared: [String]) -> [String] {
-        var flagged: [String] = []
-        for (name, field) in record.fields where field.isEncrypted && !declared.contains(name) { flagged.append(name) }
-        return flagged.isEmpty ? declared : (declared + flagged).sorted()
+    /// (merged in order) fields flagged encrypted that the type does not declare (from a newer schema). Also writes
+    /// the position of each in `fields` to `work.found` (`nil` for an absent one), to be released with
+    /// ``Buffers/clearFound(_:)``. One pass over `fields`, comparing names instead of hashing them; only a record
+    /// with fields its type does not declare takes the lookups of the general case.
+    ///
+    /// `fields` is `inout` only so that the flags of the other fields are read in place rather than copied out
+    /// (nothing is changed; when `declared` is not empty the caller is about to write the dictionary anyway, so
+    /// making it unique here costs nothing extra).
+    private func cipherFields(of fields: inout [String: CloudField], declared: [String], work: inout Buffers) -> [String] {
+        work.reserveFound(declared.count)
+        work.found.initialize(repeating: nil, count: declared.count)
+        var flagged = false
+        var index = fields.startIndex
+        while index != fields.endIndex {
+            if let position = declared.firstIndex(of: fields.keys[index]) {
+                work.found[position] = index
+            } else if declared.isEmpty ? fields.values[index].isEncrypted : Self.isEncrypted(&fields.values[index]) {
+                flagged = true
+            }
+            fields.formIndex(after: &index)
+        }
+        guard flagged else { return declared }
+        work.clearFound(declared.count)
+        var names = declared
+        for (name, field) in fields where field.isEncrypted && !declared.contains(name) { names.append(name) }
+        names.sort()
+        work.reserveFound(names.count)
+        for (position, name) in names.enumerated() { (work.found + position).initialize(to: fields.index(forKey: name)) }
+        return names
     }
+
+    @inline(__always)
+    private static func isEncrypted(_ field: inout CloudField) -> Bool { field.isEncrypted }
 
     private func seal(_ record: inout CloudRecord, declared: [String], version: UInt32, key: UnsafePointer<UInt8>,
                       keys: UnsafeRawBufferPointer, versions: [UInt32], work: inout Buffers, nonce: inout Int) {
-        let names = cipherFields(of: record, declared: declared)
+        let names = cipherFields(of: &record.fields, declared: declared, work: &work)
+        defer { work.clearFound(names.count) }
         guard !names.isEmpty else { return }
-        let prefix = beginRecord(record, work: &work)
-        for name in names {
-            guard let index = record.fields.index(forKey: name) else { continue }
-            let field = record.fields.values[index]
-            if !declared.contains(name), case let .blob(bytes) = field.value,
-               (try? openValue(bytes, field: name, stamp: field.stamp, prefix: prefix, keys: keys, versions: versions, work: &work)) != nil {
-                // Kept from a time this device had no key: already sealed for exactly this place; send it unchanged.
-                continue
+        // Only the general case has fields the type does not declare.
+        let mixed = names.count != declared.count
+        let prefix = beginRecord(record.recordID, record.recordType, work: &work)
+        for position in names.indices {
+            guard let index = work.found[position] else { continue }
+            let name = names[position]
+            if mixed, !declared.contains(name) {
+                let field = record.fields.values[index]
+                if case let .blob(bytes) = field.value,
+                   (try? openValue(bytes, field: name, stamp: field.stamp, prefix: prefix, keys: keys, versions: versions, work: &work)) != nil {
+                    // Kept from a time this device had no key: already sealed for exactly this place; send it unchanged.
+                    continue
+                }
             }
-            let adCount = setField(name, stamp: field.stamp, version: version, prefix: prefix, work: &work)
-            let sealed = Self.seal(field.value, version: version, key: key, nonce: work.nonces + nonce * Self.nonceLength,
-                                   ad: work.ad, adCount: adCount, work: &work)
+            sealField(&record.fields.values[index], name: name, version: version, key: key,
+                      nonce: work.nonces + nonce * Self.nonceLength, prefix: prefix, work: &work)
             nonce += 1
-            record.fields.values[index] = CloudField(value: .blob(sealed), stamp: field.stamp, isEncrypted: true)
         }
+    }
+
+    /// Seals one field in place (its value becomes the sealed BLOB, its flag set, its stamp unchanged).
+    private func sealField(_ field: inout CloudField, name: String, version: UInt32, key: UnsafePointer<UInt8>,
+                           nonce: UnsafePointer<UInt8>, prefix: Int, work: inout Buffers) {
+        let adCount = setField(name, stamp: field.stamp, version: version, prefix: prefix, work: &work)
+        let sealed = Self.seal(field.value, version: version, key: key, nonce: nonce, ad: work.ad, adCount: adCount, work: &work)
+        field.value = .blob(sealed)
+        field.isEncrypted = true
     }
 
     /// Opens the sealed fields of `record` in place; returns the oldest key version used.
     private func open(_ record: inout CloudRecord, declared: [String], keys: UnsafeRawBufferPointer, versions: [UInt32],
                       work: inout Buffers) throws(FieldEncryptionError) -> UInt32? {
-        let names = cipherFields(of: record, declared: declared)
+        let names = cipherFields(of: &record.fields, declared: declared, work: &work)
+        defer { work.clearFound(names.count) }
         guard !names.isEmpty else { return nil }
-        let prefix = beginRecord(record, work: &work)
+        let prefix = beginRecord(record.recordID, record.recordType, work: &work)
         var oldest: UInt32?
-        for name in names {
-            guard let index = record.fields.index(forKey: name) else { continue }
-            let field = record.fields.values[index]
-            func failure(_ kind: FieldEncryptionError.DecryptionFailure, _ version: UInt32? = nil) -> FieldEncryptionError {
-                .undecryptable(entity: record.recordType, field: name, recordID: record.recordID, keyVersion: version, failure: kind)
-            }
-            guard field.isEncrypted else { throw failure(.notSealed) }
-            guard case let .blob(bytes) = field.value else { throw failure(.malformed) }
-            let value: SQLiteValue
+        for position in names.indices {
+            guard let index = work.found[position] else { continue }
+            let name = names[position]
             let version: UInt32
-            do {
-                (value, version) = try openValue(bytes, field: name, stamp: field.stamp, prefix: prefix, keys: keys, versions: versions, work: &work)
-            } catch let error {
-                throw failure(error.failure, error.version)
+            do throws(OpenFailure) {
+                version = try openField(&record.fields.values[index], name: name, prefix: prefix, keys: keys, versions: versions, work: &work)
+            } catch {
+                throw .undecryptable(entity: record.recordType, field: name, recordID: record.recordID, keyVersion: error.version,
+                                     failure: error.failure)
             }
             oldest = min(oldest ?? version, version)
-            record.fields.values[index] = CloudField(value: value, stamp: field.stamp, isEncrypted: true)
         }
         return oldest
+    }
+
+    /// Opens one sealed field in place (the flag stays set and the stamp unchanged: only the value is replaced);
+    /// returns its key version. On failure the field is left as it was.
+    private func openField(_ field: inout CloudField, name: String, prefix: Int, keys: UnsafeRawBufferPointer, versions: [UInt32],
+                           work: inout Buffers) throws(OpenFailure) -> UInt32 {
+        guard field.isEncrypted else { throw OpenFailure(failure: .notSealed) }
+        guard case let .blob(bytes) = field.value else { throw OpenFailure(failure: .malformed) }
+        let (value, version) = try openValue(bytes, field: name, stamp: field.stamp, prefix: prefix, keys: keys, versions: versions, work: &work)
+        field.value = value
+        return version
     }
 
     // MARK: Values
 
     /// Writes the record part of the associated data (ID, zone, record type) into `work.ad`; returns its length.
-    private func beginRecord(_ record: CloudRecord, work: inout Buffers) -> Int {
-        var type = record.recordType
+    private func beginRecord(_ recordID: UUID, _ recordType: String, work: inout Buffers) -> Int {
+        var type = recordType
         return type.withUTF8 { typeBytes in
             zoneBytes.withUnsafeBufferPointer { zone in
                 work.reserveAD(16 + 4 + zone.count + 4 + typeBytes.count + Self.maxFieldPart)
                 var p = work.ad
-                withUnsafeBytes(of: record.recordID.uuid) { p.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 16) }
+                withUnsafeBytes(of: recordID.uuid) { p.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 16) }
                 p += 16
                 p = Self.putBytes(p, zone)
                 p = Self.putBytes(p, typeBytes)
@@ -356,10 +421,15 @@ public final class FieldCipher: CustomStringConvertible {
         return q + bytes.count
     }
 
-    /// Writes the low `width` bytes of `value`, big-endian.
+    /// Writes the low `width` (4 or 8) bytes of `value`, big-endian, with one unaligned store.
     @inline(__always)
     private static func put(_ p: UnsafeMutablePointer<UInt8>, _ value: UInt64, _ width: Int) -> UnsafeMutablePointer<UInt8> {
-        for i in 0..<width { p[i] = UInt8(truncatingIfNeeded: value >> UInt64(8 * (width - 1 - i))) }
+        if width == 8 {
+            UnsafeMutableRawPointer(p).storeBytes(of: value.bigEndian, as: UInt64.self)
+        } else {
+            assert(width == 4)
+            UnsafeMutableRawPointer(p).storeBytes(of: UInt32(truncatingIfNeeded: value).bigEndian, as: UInt32.self)
+        }
         return p + width
     }
 
@@ -401,15 +471,16 @@ public final class FieldCipher: CustomStringConvertible {
         let count = encodePlaintext(value, work: &work)
         let plain = work.plain
         defer { sodium_memzero(plain, count) }
-        var out = Data(count: headerLength + count + tagLength)
-        out.withUnsafeMutableBytes { raw in
-            let o = raw.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            o[0] = formatVersion
-            _ = put(o + 1, UInt64(version), 4)
-            (o + 5).update(from: nonce, count: nonceLength)
-            _ = crypto_aead_xchacha20poly1305_ietf_encrypt(o + headerLength, nil, plain, UInt64(count), ad, UInt64(adCount), nil, o + 5, key)
-        }
-        return out
+        // Sealed into the reused output buffer (header, ciphertext, tag: nothing secret), then copied into the value
+        // once: cheaper than a zero-filled `Data(count:)` written through `withUnsafeMutableBytes`.
+        let total = headerLength + count + tagLength
+        work.reserveOut(total)
+        let o = work.out
+        o[0] = formatVersion
+        _ = put(o + 1, UInt64(version), 4)
+        (o + 5).update(from: nonce, count: nonceLength)
+        _ = crypto_aead_xchacha20poly1305_ietf_encrypt(o + headerLength, nil, plain, UInt64(count), ad, UInt64(adCount), nil, o + 5, key)
+        return Data(UnsafeBufferPointer(start: o, count: total))
     }
 
     struct OpenFailure: Error {
@@ -420,30 +491,33 @@ public final class FieldCipher: CustomStringConvertible {
     /// Opens one sealed value of field `field` (the record prefix of the associated data must be in `work.ad`).
     private func openValue(_ sealed: Data, field: String, stamp: FieldStamp, prefix: Int, keys: UnsafeRawBufferPointer,
                            versions: [UInt32], work: inout Buffers) throws(OpenFailure) -> (SQLiteValue, UInt32) {
-        guard sealed.count >= Self.headerLength + Self.tagLength + 1 else { throw OpenFailure(failure: .malformed) }
-        let (format, version) = sealed.withUnsafeBytes { raw -> (UInt8, UInt32) in
-            let high = UInt32(raw[1]) << 24 | UInt32(raw[2]) << 16
-            let low = UInt32(raw[3]) << 8 | UInt32(raw[4])
-            return (raw[0], high | low)
-        }
-        guard format == Self.formatVersion else { throw OpenFailure(failure: .unsupportedFormat, version: version) }
-        guard let slot = versions.firstIndex(of: version) else { throw OpenFailure(failure: .unknownKeyVersion, version: version) }
+        // One access to the bytes for the whole value.
+        try sealed.withUnsafeBytes { raw in
+            openValue(raw, field: field, stamp: stamp, prefix: prefix, keys: keys, versions: versions, work: &work)
+        }.get()
+    }
+
+    private func openValue(_ sealed: UnsafeRawBufferPointer, field: String, stamp: FieldStamp, prefix: Int, keys: UnsafeRawBufferPointer,
+                           versions: [UInt32], work: inout Buffers) -> Result<(SQLiteValue, UInt32), OpenFailure> {
+        guard sealed.count >= Self.headerLength + Self.tagLength + 1 else { return .failure(OpenFailure(failure: .malformed)) }
+        let c = sealed.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        let format = c[0]
+        let version = UInt32(c[1]) << 24 | UInt32(c[2]) << 16 | UInt32(c[3]) << 8 | UInt32(c[4])
+        guard format == Self.formatVersion else { return .failure(OpenFailure(failure: .unsupportedFormat, version: version)) }
+        guard let slot = versions.firstIndex(of: version) else { return .failure(OpenFailure(failure: .unknownKeyVersion, version: version)) }
         let adCount = setField(field, stamp: stamp, version: version, prefix: prefix, work: &work)
         let count = sealed.count - Self.headerLength - Self.tagLength
         work.reservePlain(count)
-        let plain = work.plain, ad = work.ad
+        let plain = work.plain
         defer { sodium_memzero(plain, count) }
         let key = keys.baseAddress!.assumingMemoryBound(to: UInt8.self) + slot * Self.keyLength
-        let status = sealed.withUnsafeBytes { raw in
-            let c = raw.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            return crypto_aead_xchacha20poly1305_ietf_decrypt(plain, nil, nil, c + Self.headerLength, UInt64(count + Self.tagLength),
-                                                              ad, UInt64(adCount), c + 5, key)
-        }
-        guard status == 0 else { throw OpenFailure(failure: .authenticationFailed, version: version) }
+        let status = crypto_aead_xchacha20poly1305_ietf_decrypt(plain, nil, nil, c + Self.headerLength, UInt64(count + Self.tagLength),
+                                                                work.ad, UInt64(adCount), c + 5, key)
+        guard status == 0 else { return .failure(OpenFailure(failure: .authenticationFailed, version: version)) }
         guard let value = Self.decodePlaintext(UnsafeBufferPointer(start: plain, count: count)) else {
-            throw OpenFailure(failure: .malformed, version: version)
+            return .failure(OpenFailure(failure: .malformed, version: version))
         }
-        return (value, version)
+        return .success((value, version))
     }
 
     /// The value of a plaintext form, or `nil` for a malformed one (cannot happen for an authenticated value this
@@ -476,6 +550,13 @@ struct Buffers {
     private var plainCapacity = 256
     private(set) var nonces = UnsafeMutablePointer<UInt8>.allocate(capacity: 24 * 256)
     private var nonceCapacity = 24 * 256
+    /// A sealed value being built (not secret).
+    private(set) var out = UnsafeMutablePointer<UInt8>.allocate(capacity: 256)
+    private var outCapacity = 256
+    /// Positions of the fields of the record being sealed or opened (see `FieldCipher.cipherFields`); initialized
+    /// only while that record is processed.
+    private(set) var found = UnsafeMutablePointer<Dictionary<String, CloudField>.Index?>.allocate(capacity: 8)
+    private var foundCapacity = 8
 
     /// Makes room for `count` bytes of associated data, keeping the first `keeping` bytes.
     mutating func reserveAD(_ count: Int, keeping: Int = 0) {
@@ -504,11 +585,34 @@ struct Buffers {
         nonces = UnsafeMutablePointer<UInt8>.allocate(capacity: nonceCapacity)
     }
 
+    /// Makes room for a sealed value of `count` bytes.
+    mutating func reserveOut(_ count: Int) {
+        guard count > outCapacity else { return }
+        out.deallocate()
+        outCapacity = count * 2
+        out = UnsafeMutablePointer<UInt8>.allocate(capacity: outCapacity)
+    }
+
+    /// Makes room for the positions of `count` fields (call only while none is initialized).
+    mutating func reserveFound(_ count: Int) {
+        guard count > foundCapacity else { return }
+        found.deallocate()
+        foundCapacity = count * 2
+        found = UnsafeMutablePointer<Dictionary<String, CloudField>.Index?>.allocate(capacity: foundCapacity)
+    }
+
+    /// Deinitializes the first `count` field positions.
+    func clearFound(_ count: Int) {
+        found.deinitialize(count: count)
+    }
+
     /// Frees everything (the plaintext buffer wiped first).
     func release() {
         sodium_memzero(plain, plainCapacity)
         ad.deallocate()
         plain.deallocate()
         nonces.deallocate()
+        out.deallocate()
+        found.deallocate()
     }
 }
