@@ -409,22 +409,18 @@ extension SyncEngine {
         let cipher = encryption.keyring.cipher
         guard records.contains(where: cipher.needsCipher) else { return records }
         let current = cipher.currentKeyVersion
-        var opened: [CloudRecord] = []
-        opened.reserveCapacity(records.count)
+        let (opened, oldest, failures) = cipher.openBatch(records)
+        if encryption.reencrypting, let current {
+            for index in opened.indices {
+                if let version = oldest[index], version < current { encryption.requeueAfterMerge.append(opened[index].recordID) }
+            }
+        }
         var failed: [(CloudRecord, FieldEncryptionError)] = []
-        for (record, result) in zip(records, cipher.open(records)) {
-            switch result {
-            case let .success((record, oldest)):
-                opened.append(record)
-                if encryption.reencrypting, let oldest, let current, oldest < current {
-                    encryption.requeueAfterMerge.append(record.recordID)
-                }
-            case let .failure(error):
-                failed.append((record, error))
-                if case .undecryptable(_, _, _, _, .unknownKeyVersion) = error {
-                    // Probably a key another device just added: read the zone's keys again before going on.
-                    encryption.metadataFresh = false
-                }
+        for (index, error) in failures {
+            failed.append((records[index], error))
+            if case .undecryptable(_, _, _, _, .unknownKeyVersion) = error {
+                // Probably a key another device just added: read the zone's keys again before going on.
+                encryption.metadataFresh = false
             }
         }
         var previouslyFailed: Set<UUID> = []
@@ -433,7 +429,7 @@ extension SyncEngine {
                 if let id = try? UUID(sqliteValue: row[0]) { previouslyFailed.insert(id) }
             }
         }
-        let recovered = opened.filter { previouslyFailed.contains($0.recordID) }
+        let recovered = previouslyFailed.isEmpty ? [] : opened.filter { previouslyFailed.contains($0.recordID) }
         guard !failed.isEmpty || !recovered.isEmpty else { return opened }
         try db.transaction(.immediate) {
             for record in recovered {
