@@ -34,9 +34,11 @@ import Foundation
 /// cipher is released.
 ///
 /// **Cost.** The per-field path allocates nothing but the output value: the associated data (its record prefix built
-/// once per record), the plaintext buffer (wiped after each use) and the nonce buffer are preallocated and written
-/// through pointers, and the nonces of a whole batch are drawn from the random source in one call (and all consumed
-/// by that call, so none outlive it).
+/// once per record, its zone and type part once per run of records of one type), the plaintext buffer (wiped after
+/// each use), the nonce buffer and the buffer a sealed value is built in are preallocated and written through
+/// pointers, and the nonces of a whole batch are drawn from the random source in one call (and all consumed by that
+/// call, so none outlive it). A record's cipher fields are found in one pass over its fields (names compared, not
+/// hashed) and sealed or opened in place, so no field or record is copied on the way.
 ///
 /// A cipher is not thread-safe: confine it to one task (the ``SyncEngine`` that owns it does).
 ///
@@ -407,9 +409,14 @@ public final class FieldCipher: CustomStringConvertible {
     // MARK: Values
 
     /// Writes the record part of the associated data (ID, zone, record type) into `work.ad`; returns its length.
+    /// The zone and type part stays in place for the next record of the same type (only the ID is rewritten).
     private func beginRecord(_ recordID: UUID, _ recordType: String, work: inout Buffers) -> Int {
+        if work.adRecordType == recordType {
+            withUnsafeBytes(of: recordID.uuid) { work.ad.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 16) }
+            return work.adRecordPrefix
+        }
         var type = recordType
-        return type.withUTF8 { typeBytes in
+        let length = type.withUTF8 { typeBytes in
             zoneBytes.withUnsafeBufferPointer { zone in
                 work.reserveAD(16 + 4 + zone.count + 4 + typeBytes.count + Self.maxFieldPart)
                 var p = work.ad
@@ -420,6 +427,9 @@ public final class FieldCipher: CustomStringConvertible {
                 return p - work.ad
             }
         }
+        work.adRecordType = recordType
+        work.adRecordPrefix = length
+        return length
     }
 
     /// The field part of the associated data holds at most this much besides the field name.
@@ -576,6 +586,10 @@ public final class FieldCipher: CustomStringConvertible {
 struct Buffers {
     private(set) var ad = UnsafeMutablePointer<UInt8>.allocate(capacity: 256)
     private var adCapacity = 256
+    /// The record type whose zone and type part of the associated data is in `ad` (`FieldCipher.beginRecord`), and
+    /// the length of that record part; `nil` when none is.
+    var adRecordType: String?
+    var adRecordPrefix = 0
     private(set) var plain = UnsafeMutablePointer<UInt8>.allocate(capacity: 256)
     private var plainCapacity = 256
     private(set) var nonces = UnsafeMutablePointer<UInt8>.allocate(capacity: 24 * 256)
@@ -593,6 +607,7 @@ struct Buffers {
         guard count > adCapacity else { return }
         let bigger = UnsafeMutablePointer<UInt8>.allocate(capacity: count * 2)
         bigger.update(from: ad, count: keeping)
+        if keeping < adRecordPrefix { adRecordType = nil }
         ad.deallocate()
         ad = bigger
         adCapacity = count * 2
