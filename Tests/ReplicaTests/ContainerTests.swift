@@ -143,6 +143,32 @@ struct ContainerTests {
         #expect(!FileManager.default.fileExists(atPath: directory.storeURL("synced").path))
     }
 
+    @Test("a synced store refuses many-to-many relationships (their links would not replicate); a local one keeps them")
+    func syncedStoresRefuseManyToMany() throws {
+        let schema = Schema([QTrip.self, QItem.self, QTag.self, QLodging.self])
+        let synced = ModelConfiguration("synced", schema: schema, cloudKitDatabase: .private("iCloud.com.example"))
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: QTrip.self, QItem.self, QTag.self, QLodging.self, configurations: synced,
+                                   environment: directory.environment())
+        }
+        // Reported once per pair, from the side whose (entity, relationship) sorts first.
+        #expect(error?.schemaViolations == [
+            .syncedManyToMany(entity: "QTag", relationship: "trips", inverse: "QTrip.tags"),
+            .syncedDenyRule(entity: "QLodging", relationship: "trips"),
+        ])
+        #expect(error?.description.contains("many-to-many") == true)
+        #expect(!FileManager.default.fileExists(atPath: directory.storeURL("synced").path))
+        // The same schema in a local store opens, links and all.
+        let local = ModelConfiguration("local", schema: schema)
+        let container = try ModelContainer(for: QTrip.self, QItem.self, QTag.self, QLodging.self, configurations: local,
+                                           environment: directory.environment())
+        let context = ModelContext(container)
+        let tag = context.insert(QTag(label: "beach"))
+        context.insert(QTrip(name: "Lisbon", tags: [Reference(tag)]))
+        try context.save()
+        #expect(try ModelContext(container).model(QTag.self, id: tag.id)?.trips.count == 1)
+    }
+
     @Test func syncRulesApplyToTheCatchAllConfigurationToo() {
         let synced = ModelConfiguration("synced", cloudKitDatabase: .private("iCloud.com.example"))
         let error = #expect(throws: ReplicaError.self) {

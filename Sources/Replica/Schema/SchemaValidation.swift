@@ -22,6 +22,11 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
     case syncedRelationshipNotOptional(entity: String, relationship: String)
     /// In a synced configuration, the deny delete rule is not supported (it cannot be enforced across devices).
     case syncedDenyRule(entity: String, relationship: String)
+    /// In a synced configuration, many-to-many relationships (two to-many relationships that are each other's
+    /// inverse) are not supported: their links live in a link table that the sync engine does not replicate, so
+    /// accepting them would let devices diverge silently. Reported once per pair, from the side whose
+    /// (entity, relationship) sorts first. Model the link as an entity with two to-one relationships instead.
+    case syncedManyToMany(entity: String, relationship: String, inverse: String)
 
     public var description: String {
         switch self {
@@ -35,6 +40,8 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
         case let .syncedAttributeNeedsDefault(entity, attribute): return "\(entity).\(attribute) is synced, so it must be optional or have a default value"
         case let .syncedRelationshipNotOptional(entity, relationship): return "\(entity).\(relationship) is synced, so it must be optional"
         case let .syncedDenyRule(entity, relationship): return "\(entity).\(relationship) is synced, so it cannot use the deny delete rule"
+        case let .syncedManyToMany(entity, relationship, inverse):
+            return "\(entity).\(relationship) and its inverse \(inverse) form a many-to-many relationship, which synced stores do not replicate; use an entity with two to-one relationships for the links"
         }
     }
 }
@@ -121,6 +128,12 @@ struct SchemaValidator {
                 }
                 if relationship.deleteRule == .deny {
                     found.append(.syncedDenyRule(entity: entity.name, relationship: relationship.name))
+                }
+                if relationship.isToMany, let inverseName = relationship.inverse,
+                   let destination = entities.first(where: { $0.name == relationship.destination }),
+                   let inverse = destination.relationship(named: inverseName), inverse.isToMany,
+                   (entity.name, relationship.name) <= (destination.name, inverseName) {
+                    found.append(.syncedManyToMany(entity: entity.name, relationship: relationship.name, inverse: "\(destination.name).\(inverseName)"))
                 }
             }
         }

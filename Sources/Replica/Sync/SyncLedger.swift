@@ -26,7 +26,7 @@ enum SyncLedger {
             waiting_for BLOB,
             seen INTEGER NOT NULL DEFAULT 0);
         CREATE INDEX IF NOT EXISTS replica_sync_record_waiting ON replica_sync_record (waiting_for) WHERE waiting_for IS NOT NULL;
-        CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1;
+        CREATE INDEX IF NOT EXISTS replica_sync_record_outbox ON replica_sync_record (pending, id) WHERE pending = 1;
         CREATE TABLE IF NOT EXISTS replica_sync_unknown_record (
             id BLOB PRIMARY KEY NOT NULL,
             record_type TEXT NOT NULL,
@@ -65,6 +65,9 @@ enum SyncLedger {
             if case let .text(name) = $0[0] { return name } else { return nil }
         })
         for (name, statement) in addedColumns where !columns.contains(name) { try db.execute(statement) }
+        // The outbox index used to be on `pending` alone, so reading the outbox in ID order sorted it in a temporary
+        // B-tree; ``createSQL`` now creates `replica_sync_record_outbox` on `(pending, id)` instead.
+        try db.execute("DROP INDEX IF EXISTS replica_sync_record_pending")
     }
 
     /// Columns added to the bookkeeping tables after ``createSQL`` was first released, with the statement adding each.
@@ -353,7 +356,7 @@ enum SyncLedger {
 
     /// The outbox in ID order: ledger state read with the ID, so no lookup per record (``loadSQL``'s columns after
     /// the ID).
-    private static let outboxSQL = StatementKey("""
+    static let outboxSQL = StatementKey("""
         SELECT id, entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
         FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?
         """)
