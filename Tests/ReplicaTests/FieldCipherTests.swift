@@ -238,6 +238,31 @@ struct FieldCipherTests {
         "0100000003f2337c4dc552143475ba5ef352d7831a1d9e7ff60300d97e63c67c0ccbb40f12bccd79ad835181c581",
     ]
 
+    @Test("each record's associated data holds its own type bytes: types alternating, long, or equal only as Swift strings")
+    func associatedDataPerRecordType() throws {
+        // "Key" and KELVIN SIGN + "ey" are equal Swift strings with different UTF-8 bytes; a 300-byte type name grows
+        // the associated-data buffer. Sealed together in one batch, each record must open alone, with a fresh cipher,
+        // in any order — as it does when sealed alone.
+        let types = ["Key", "\u{212A}ey", "Key", String(repeating: "T", count: 300), "\u{212A}ey", "Key"]
+        let records = types.enumerated().map { i, type in
+            CloudRecord(recordID: UUID(uuidString: String(format: "01900000-0000-7000-8000-0000000001%02x", i))!, recordType: type,
+                        causalLength: 1, created: Self.stamp,
+                        fields: ["secret": CloudField(value: .text("value \(i)"), stamp: Self.stamp, isEncrypted: true)])
+        }
+        var batch = records
+        try Self.cipher(keys: [(1, 7)], seed: 5).seal(&batch)
+        for (i, sealed) in batch.enumerated() {
+            let opened = try? Self.cipher(keys: [(1, 7)], seed: 6).open([sealed])[0].get()
+            #expect(opened?.record == records[i], "record \(i) does not open alone")
+        }
+        let reversed = try Self.cipher(keys: [(1, 7)], seed: 7).open(Array(batch.reversed())).map { try? $0.get().record }
+        #expect(reversed == records.reversed())
+        // Moved to the other spelling of the type, a ciphertext fails authentication.
+        var moved = batch[1]
+        moved.recordType = "Key"
+        #expect((try? Self.cipher(keys: [(1, 7)], seed: 8).open([moved])[0].get()) == nil, "a ciphertext moved to another type opened")
+    }
+
     @Test("known answers: a fixed key ring, seed and batch seal to pinned bytes, which open to the original records")
     func knownAnswers() throws {
         let cipher = try Self.cipher(keys: [(1, 7), (3, 9)], seed: 42)

@@ -411,7 +411,9 @@ public final class FieldCipher: CustomStringConvertible {
     /// Writes the record part of the associated data (ID, zone, record type) into `work.ad`; returns its length.
     /// The zone and type part stays in place for the next record of the same type (only the ID is rewritten).
     private func beginRecord(_ recordID: UUID, _ recordType: String, work: inout Buffers) -> Int {
-        if work.adRecordType == recordType {
+        // Byte equality, not `==`: Swift's String equality is canonical equivalence ("K" and KELVIN SIGN + "ey"
+        // compare equal), while the associated data must hold this record's own type bytes.
+        if let cached = work.adRecordType, cached.utf8.elementsEqual(recordType.utf8) {
             withUnsafeBytes(of: recordID.uuid) { work.ad.update(from: $0.baseAddress!.assumingMemoryBound(to: UInt8.self), count: 16) }
             return work.adRecordPrefix
         }
@@ -580,7 +582,9 @@ public final class FieldCipher: CustomStringConvertible {
     }
 }
 
-/// Working memory of a ``FieldCipher``: associated data, plaintext and nonces, each grown on demand and reused.
+/// Working memory of a ``FieldCipher``: associated data (with the record type whose zone and type part it holds),
+/// plaintext, nonces, the sealed value being built and the positions of a record's cipher fields, each grown on demand
+/// and reused.
 /// A value type of pointers, copied into a local for the duration of a batch so the hot loop touches no class
 /// property.
 struct Buffers {
