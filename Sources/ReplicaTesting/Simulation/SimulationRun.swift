@@ -36,8 +36,8 @@ final class SimulationRun {
     var nextEngineSerial = 1
     var nextMessageID = 1
     var pumpQueue: [SimEngine] = []
-    /// Crashed processes' engines, contexts and containers: kept alive (a crash releases nothing, e.g. the upload
-    /// lease) until the run ends.
+    /// Crashed processes' engines, contexts (of file stores) and containers: kept alive (a crash releases nothing,
+    /// e.g. the upload lease) until the run ends.
     var graveyard: [AnyObject] = []
     var phase = Phase.setup
     var step = 0
@@ -375,7 +375,10 @@ final class SimulationRun {
             engines[engine.serial] = nil
         }
         process.engines = [:]
-        if let context = process.context { graveyard.append(context) }
+        // A context holds nothing a crash could leak (no lease, no open transaction): dropping it only gives its
+        // connections back to in-memory stores' pools, as the process's end would close them. A file store's
+        // connection is kept open instead (closing the last one would checkpoint the WAL).
+        if let context = process.context, process.stores.contains(where: usesFile) { graveyard.append(context) }
         process.context = nil
         if process.stores.allSatisfy(usesFile), let container = process.container {
             graveyard.append(container)
