@@ -132,8 +132,18 @@ public final class SyncEngine {
     }
 
     deinit {
-        releaseLease()
+        if !crashed { releaseLease() }
         store.reuse(db)
+    }
+
+    /// Set by ``simulateCrash()``: the engine's end releases nothing but its connection.
+    private var crashed = false
+
+    /// For simulators: this engine's process crashed. The engine must not be used again; when it goes away it leaves
+    /// the upload lease in place (a crashed process cannot give it up, it expires) and only gives its connection back
+    /// to the store, as the process's end would close it (an in-memory store's next engine or context reuses it).
+    @_spi(Simulation) public func simulateCrash() {
+        crashed = true
     }
 
     private var now: Int64 { container.environment.clock.nowMilliseconds() }
