@@ -45,6 +45,10 @@ final class Connection {
     let liveStatements = LiveStatementCount()
     /// Statements of hot paths, cached by key identity (see ``StatementKey``).
     private var keyedCache: [ObjectIdentifier: Statement] = [:]
+    /// Replica's SQL functions (`SQLFunctions`) are registered on this connection. Kept with the connection, not with
+    /// its owner: registering them again on a reused connection would replace them, which expires every prepared
+    /// statement of the connection (each would be prepared again at its next use).
+    var hasSQLFunctions = false
     /// Nesting depth of `transaction` calls; inner calls use savepoints.
     private var transactionDepth = 0
 
