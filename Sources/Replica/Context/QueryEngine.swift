@@ -3,8 +3,6 @@ import Foundation
 
 /// Per-context query bookkeeping, kept by ``ModelContext``. Internal.
 final class QueryState {
-    /// Connections on which Replica's SQL functions are registered.
-    var preparedConnections = Set<ObjectIdentifier>()
     /// Enumerations streaming right now. Queries started inside one use their own overlay tables.
     var streamingDepth = 0
 }
@@ -96,8 +94,9 @@ final class QueryEngine: QuerySources, ModelLoading {
         self.db = try context.connection(for: storeIndex)
         self.includePendingChanges = includePendingChanges
         self.depth = context.queryState.streamingDepth
-        if context.queryState.preparedConnections.insert(ObjectIdentifier(db)).inserted {
+        if !db.hasSQLFunctions {
             try SQLFunctions.register(on: db)
+            db.hasSQLFunctions = true
         }
     }
 

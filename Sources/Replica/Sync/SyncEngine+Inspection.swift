@@ -36,13 +36,10 @@ extension SyncEngine {
     }
 
     /// The replication metadata of every record the store knows, in record ID order.
-    /// - Complexity: O(n) queries for n records.
+    /// - Complexity: one scan of the ledger.
     /// - Throws: ``SQLiteError`` when the store cannot be read.
     public func replicationStates() throws -> [ReplicationState] {
-        try db.rows("SELECT id FROM replica_sync_record ORDER BY id").compactMap { row in
-            guard let id = try? UUID(sqliteValue: row[0]) else { return nil }
-            return try SyncLedger.load(id, db).map(ReplicationState.init)
-        }
+        try SyncLedger.loadAll(db).map(ReplicationState.init)
     }
 
     /// The records of types this store's schema does not know, kept whole, in record ID order.

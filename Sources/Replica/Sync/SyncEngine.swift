@@ -93,6 +93,8 @@ public final class SyncEngine {
     private var backoffUntil: Int64 = .min
     /// When the current wait began. A clock that goes back before it re-anchors the wait (see ``backoffDeadline()``).
     private var backoffStart: Int64 = .min
+    /// The `sync_lease` value last parsed by `acquireLease()`, and the lease it holds (`nil`: none readable).
+    private var leaseCache: (text: String, lease: Lease?)?
     /// The current wait is for another engine's upload lease (rather than a backoff).
     private var waitingForLease = false
     private var consecutiveFailures = 0
@@ -132,8 +134,18 @@ public final class SyncEngine {
     }
 
     deinit {
-        releaseLease()
+        if !crashed { releaseLease() }
         store.reuse(db)
+    }
+
+    /// Set by ``simulateCrash()``: the engine's end releases nothing but its connection.
+    private var crashed = false
+
+    /// For simulators: this engine's process crashed. The engine must not be used again; when it goes away it leaves
+    /// the upload lease in place (a crashed process cannot give it up, it expires) and only gives its connection back
+    /// to the store, as the process's end would close it (an in-memory store's next engine or context reuses it).
+    @_spi(Simulation) public func simulateCrash() {
+        crashed = true
     }
 
     private var now: Int64 { container.environment.clock.nowMilliseconds() }
@@ -386,6 +398,16 @@ public final class SyncEngine {
     /// the cloud at a time). When another live holder has it, waits until it expires.
     private func acquireLease() throws -> Bool {
         func current() throws -> Lease? {
+            // The lease rarely changes between requests: the same text holds the same lease as when it was last parsed.
+            // (Compared byte for byte: String equality would also match canonically equivalent text.)
+            guard let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'sync_lease'") else { return nil }
+            guard case let .text(text) = value else { return try parse() }
+            if var cached = leaseCache, Self.sameBytes(&cached.text, text) { return cached.lease }
+            let lease = try parse()
+            leaseCache = (text, lease)
+            return lease
+        }
+        func parse() throws -> Lease? {
             // Read by SQLite's JSON functions: this runs before every request, and JSONDecoder cost more than the rest.
             guard let row = try db.rows("""
                 SELECT json_extract(value, '$.holder'), json_extract(value, '$.expires') FROM replica_metadata
@@ -419,6 +441,12 @@ public final class SyncEngine {
                        [.text(SyncLedger.encode(lease))])
             return true
         }
+    }
+
+    /// Whether `a` and `b` hold the same UTF-8 bytes (`a` is made contiguous if it is not).
+    private static func sameBytes(_ a: inout String, _ b: String) -> Bool {
+        var b = b
+        return a.withUTF8 { x in b.withUTF8 { y in x.count == y.count && (x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0) } }
     }
 
     /// Gives up the upload lease if this engine holds it, so another process can take over at once.

@@ -123,6 +123,24 @@ enum SyncLedger {
         FROM replica_sync_record WHERE id = ?
         """)
 
+    private static let loadAllSQL = StatementKey("""
+        SELECT id, entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
+        FROM replica_sync_record ORDER BY id
+        """)
+
+    /// Every record state of the ledger, in ID order (rows whose ID is no 16-byte blob are skipped): what ``load(_:_:)``
+    /// returns for each, read in one scan.
+    static func loadAll(_ db: Connection) throws -> [RecordState] {
+        let statement = try db.cachedStatement(loadAllSQL)
+        defer { statement.reset() }
+        var states: [RecordState] = []
+        while try statement.step() {
+            guard let id = statement.uuid(0) else { continue }
+            states.append(readState(id, statement, from: 1, stamps: readStamps(statement, 4) ?? [:]))
+        }
+        return states
+    }
+
     static func load(_ id: UUID, _ db: Connection) throws -> RecordState? {
         let statement = try db.cachedStatement(loadSQL)
         defer { statement.reset() }

@@ -111,7 +111,8 @@ final class EntityShapeRegistry: Sendable {
     private struct State {
         var slotByKey: [String: Int] = [:]
         var shapes: [Shape] = []
-        var entities: [Int: any Sendable] = [:]
+        /// Each slot's `ModelEntity`, boxed (`EntityBox`), by slot number.
+        var entities: [(any AnyObject & Sendable)?] = []
         var accessors: [Int: any DynamicEntityAccess] = [:]
     }
     private let state = Mutex(State())
@@ -131,10 +132,16 @@ final class EntityShapeRegistry: Sendable {
 
     func shape(_ slot: Int) -> Shape { state.withLock { $0.shapes[slot] } }
 
+    /// The model entity of `slot`, made on first use. Read on every query of a dynamic model: an array index and a
+    /// class cast (casting an existential to a generic struct cost more than the query's own Swift work).
     func modelEntity<M: PersistentModel>(_ slot: Int, make: () -> ModelEntity<M>) -> ModelEntity<M> {
-        if let cached = state.withLock({ $0.entities[slot] }) as? ModelEntity<M> { return cached }
+        let cached = state.withLock { slot < $0.entities.count ? $0.entities[slot] : nil }
+        if let box = cached as? EntityBox<M> { return box.entity }
         let made = make()
-        state.withLock { $0.entities[slot] = made }
+        state.withLock { state in
+            if state.entities.count <= slot { state.entities += [(any AnyObject & Sendable)?](repeating: nil, count: slot + 1 - state.entities.count) }
+            state.entities[slot] = EntityBox(made)
+        }
         return made
     }
 
@@ -150,6 +157,12 @@ final class EntityShapeRegistry: Sendable {
     private func makeAccessor(_ slot: Int) -> any DynamicEntityAccess {
         digitTypes[(slot >> 8) & 15].accept(VisitHigh(middle: digitTypes[(slot >> 4) & 15], low: digitTypes[slot & 15]))
     }
+}
+
+/// A model entity kept in the registry (immutable once made).
+private final class EntityBox<M: PersistentModel>: @unchecked Sendable {
+    let entity: ModelEntity<M>
+    init(_ entity: ModelEntity<M>) { self.entity = entity }
 }
 
 /// Opens type-level digits one at a time (Swift cannot pass an existential metatype as a generic argument directly).

@@ -162,6 +162,7 @@ extension SimulationRun {
                 // Rows equal the cloud's records.
                 for entity in entities(of: store, on: device) {
                     let rows = view.rows[entity.name] ?? [:]
+                    let fieldNames = entity.fieldNames
                     for record in sortedRecords where record.recordType == entity.name {
                         let id = record.recordID
                         if record.isAlive {
@@ -169,7 +170,7 @@ extension SimulationRun {
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)) is alive in the cloud (causal length \(record.causalLength)) but not on the device")
                             }
                             let expected = materialize(record, as: entity)
-                            for (index, name) in entity.fieldNames.enumerated() where row[index] != expected[index] {
+                            for (index, name) in fieldNames.enumerated() where row[index] != expected[index] {
                                 if record.fields[name]?.isEncrypted == true { continue }
                                 let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)).\(name) is \(show(row[index], encrypted: encrypted)) "
@@ -184,6 +185,7 @@ extension SimulationRun {
                     }
                 }
                 // The ledger equals the cloud (stamps included), known fields and unknown fields alike.
+                var knownFields: [String: Set<String>] = [:]
                 for record in sortedRecords {
                     let id = record.recordID
                     if let entity = device.schema.entity(named: record.recordType), store.entities.contains(entity.name) {
@@ -195,7 +197,11 @@ extension SimulationRun {
                                 + "but \(record.causalLength) in the cloud")
                         }
                         let current = incarnation(of: record.causalLength)
-                        let known = Set(entity.fieldNames)
+                        let known = knownFields[entity.name] ?? {
+                            let names = Set(entity.fieldNames)
+                            knownFields[entity.name] = names
+                            return names
+                        }()
                         if record.isAlive {
                             for name in (Set(state.stamps.keys).union(record.fields.keys.filter { known.contains($0) })).sorted() {
                                 let cloudStamp = record.fields[name].flatMap { $0.stamp.incarnation == current ? $0.stamp : nil }

@@ -6,7 +6,7 @@
 
 import CSQLite
 import Foundation
-import Replica
+@_spi(Simulation) import Replica
 import Synchronization
 
 /// Gives every run's in-memory stores names of their own (they are process-wide in SQLite's memdb VFS), so runs in
@@ -36,8 +36,8 @@ final class SimulationRun {
     var nextEngineSerial = 1
     var nextMessageID = 1
     var pumpQueue: [SimEngine] = []
-    /// Crashed processes' engines, contexts and containers: kept alive (a crash releases nothing, e.g. the upload
-    /// lease) until the run ends.
+    /// Crashed processes' engines, contexts (of file stores) and containers: kept alive (a crash releases nothing,
+    /// e.g. the upload lease) until the run ends.
     var graveyard: [AnyObject] = []
     var phase = Phase.setup
     var step = 0
@@ -370,12 +370,18 @@ final class SimulationRun {
         stats.crashes += 1
         process.isUp = false
         process.faults.disarm()
+        // Engines of in-memory stores are dropped like their contexts, marked crashed so that they leave the upload
+        // lease in place; those of file stores are kept (see below).
+        let keepsConnections = process.stores.contains(where: usesFile)
         for engine in orderedEngines(process) {
-            graveyard.append(engine)
+            if keepsConnections { graveyard.append(engine) } else { engine.engine.simulateCrash() }
             engines[engine.serial] = nil
         }
         process.engines = [:]
-        if let context = process.context { graveyard.append(context) }
+        // A context holds nothing a crash could leak (no lease, no open transaction): dropping it only gives its
+        // connections back to in-memory stores' pools, as the process's end would close them. A file store's
+        // connection is kept open instead (closing the last one would checkpoint the WAL).
+        if let context = process.context, keepsConnections { graveyard.append(context) }
         process.context = nil
         if process.stores.allSatisfy(usesFile), let container = process.container {
             graveyard.append(container)

@@ -305,22 +305,35 @@ enum SimEvent {
     case partitionEnd(Int)
 }
 
-/// A min-heap of events ordered by (time, insertion order): deterministic.
+/// A min-heap of events ordered by (time, insertion order): deterministic. The heap holds only the ordering keys
+/// and a slot number; the events (whose payloads carry whole records) stay in their slot, so sifting moves no
+/// payload and touches no reference count.
 struct EventQueue {
-    private var heap: [(time: Int64, seq: Int, event: SimEvent)] = []
+    private var heap: [(time: Int64, seq: Int, slot: Int)] = []
+    private var events: [SimEvent?] = []
+    /// Slots of `events` free for reuse.
+    private var freeSlots: [Int] = []
     private var nextSeq = 0
 
     var isEmpty: Bool { heap.isEmpty }
     var count: Int { heap.count }
     var nextTime: Int64? { heap.first?.time }
-    var peek: (time: Int64, event: SimEvent)? { heap.first.map { ($0.time, $0.event) } }
+    var peek: (time: Int64, event: SimEvent)? { heap.first.map { ($0.time, events[$0.slot]!) } }
 
     private func less(_ a: Int, _ b: Int) -> Bool {
         heap[a].time != heap[b].time ? heap[a].time < heap[b].time : heap[a].seq < heap[b].seq
     }
 
     mutating func push(_ time: Int64, _ event: SimEvent) {
-        heap.append((time, nextSeq, event))
+        let slot: Int
+        if let free = freeSlots.popLast() {
+            slot = free
+            events[slot] = event
+        } else {
+            slot = events.count
+            events.append(event)
+        }
+        heap.append((time, nextSeq, slot))
         nextSeq += 1
         var child = heap.count - 1
         while child > 0 {
@@ -345,6 +358,8 @@ struct EventQueue {
             heap.swapAt(parent, smallest)
             parent = smallest
         }
-        return (top.time, top.event)
+        let event = events[top.slot].take()!
+        freeSlots.append(top.slot)
+        return (top.time, event)
     }
 }
