@@ -7,6 +7,7 @@
 // order alternating between repetitions, each on fresh state prepared outside the timed region. Reported: the
 // median time of each side and the median of the per-repetition ratios.
 import Foundation
+import Replica
 
 #if DEBUG
 FileHandle.standardError.write(Data("replica-bench measures release builds only: run `swift run -c release replica-bench` or `make bench`.\n".utf8))
@@ -25,6 +26,9 @@ func usage() -> Never {
         """)
     exit(1)
 }
+
+// Before anything opens a database, for both sides alike: SQLite's memory statistics off (see SQLiteTuning).
+SQLiteTuning.disableMemoryStatistics()
 
 // A child process of B10 (see StreamWorkload.swift): `--child B10 replica|raw DIR N`.
 if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", CommandLine.arguments[2] == "B10",

@@ -52,18 +52,12 @@ final class Connection {
     /// Nesting depth of `transaction` calls; inner calls use savepoints.
     private var transactionDepth = 0
 
-    /// Process-wide SQLite settings, applied once before the first connection opens: memory statistics off (Replica
-    /// reads none, and with them on every allocation and free of every connection takes one global mutex). Has no
-    /// effect when the process initialized SQLite before (the call then fails, harmlessly).
-    private static let globalSettings: Void = { _ = replica_sqlite3_disable_memstatus() }()
-
     /// The busy timeout applied to every connection, in milliseconds.
     static let defaultBusyTimeoutMilliseconds: Int32 = 5_000
 
     /// Opens (and, unless `readOnly`, creates) the database at `location`.
     /// - Throws: ``SQLiteError`` when the file cannot be opened or the settings cannot be applied.
     init(location: Location, readOnly: Bool = false, busyTimeoutMilliseconds: Int32 = defaultBusyTimeoutMilliseconds) throws {
-        _ = Self.globalSettings
         var flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI
         flags |= readOnly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE)
         let path: String
