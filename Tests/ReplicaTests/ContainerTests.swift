@@ -153,8 +153,8 @@ struct ContainerTests {
         }
         // Reported once per pair, from the side whose (entity, relationship) sorts first.
         #expect(error?.schemaViolations == [
-            .syncedManyToMany(entity: "QTag", relationship: "trips", inverse: "QTrip.tags"),
             .syncedDenyRule(entity: "QLodging", relationship: "trips"),
+            .syncedManyToMany(entity: "QTag", relationship: "trips", inverse: "QTrip.tags"),
         ])
         #expect(error?.description.contains("many-to-many") == true)
         #expect(!FileManager.default.fileExists(atPath: directory.storeURL("synced").path))

@@ -24,8 +24,9 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
     case syncedDenyRule(entity: String, relationship: String)
     /// In a synced configuration, many-to-many relationships (two to-many relationships that are each other's
     /// inverse) are not supported: their links live in a link table that the sync engine does not replicate, so
-    /// accepting them would let devices diverge silently. Reported once per pair, from the side whose
-    /// (entity, relationship) sorts first. Model the link as an entity with two to-one relationships instead.
+    /// accepting them would let devices diverge silently. Reported once per link table (also when only one side names
+    /// the other as its inverse), from the side whose (entity, relationship) sorts first, after the other violations.
+    /// Model the link as an entity with two to-one relationships instead.
     case syncedManyToMany(entity: String, relationship: String, inverse: String)
 
     public var description: String {
@@ -129,13 +130,12 @@ struct SchemaValidator {
                 if relationship.deleteRule == .deny {
                     found.append(.syncedDenyRule(entity: entity.name, relationship: relationship.name))
                 }
-                if relationship.isToMany, let inverseName = relationship.inverse,
-                   let destination = entities.first(where: { $0.name == relationship.destination }),
-                   let inverse = destination.relationship(named: inverseName), inverse.isToMany,
-                   (entity.name, relationship.name) <= (destination.name, inverseName) {
-                    found.append(.syncedManyToMany(entity: entity.name, relationship: relationship.name, inverse: "\(destination.name).\(inverseName)"))
-                }
             }
+        }
+        // Exactly the pairs that get a link table (so also an inverse named on one side only).
+        for table in LinkTable.all(in: entities) {
+            found.append(.syncedManyToMany(entity: table.ownerEntity, relationship: table.ownerRelationship,
+                                           inverse: "\(table.memberEntity).\(table.memberRelationship)"))
         }
         return found
     }

@@ -400,19 +400,19 @@ public final class SyncEngine {
         func current() throws -> Lease? {
             // The lease rarely changes between requests: the same text holds the same lease as when it was last parsed.
             // (Compared byte for byte: String equality would also match canonically equivalent text.)
+            // The value read is the one parsed (another process may write the lease between two reads).
             guard let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'sync_lease'") else { return nil }
-            guard case let .text(text) = value else { return try parse() }
+            guard case let .text(text) = value else { return try parse(value) }
             if var cached = leaseCache, Self.sameBytes(&cached.text, text) { return cached.lease }
-            let lease = try parse()
+            let lease = try parse(value)
             leaseCache = (text, lease)
             return lease
         }
-        func parse() throws -> Lease? {
+        func parse(_ value: SQLiteValue) throws -> Lease? {
             // Read by SQLite's JSON functions: this runs before every request, and JSONDecoder cost more than the rest.
             guard let row = try db.rows("""
-                SELECT json_extract(value, '$.holder'), json_extract(value, '$.expires') FROM replica_metadata
-                WHERE key = 'sync_lease' AND json_valid(value)
-                """).first, case let .text(holder) = row[0], let id = holder == instanceText ? instanceID : UUID(uuidString: holder),
+                SELECT json_extract(?1, '$.holder'), json_extract(?1, '$.expires') WHERE json_valid(?1)
+                """, [value]).first, case let .text(holder) = row[0], let id = holder == instanceText ? instanceID : UUID(uuidString: holder),
                 case let .integer(expires) = row[1] else { return nil }
             return Lease(holder: id, expires: expires)
         }
