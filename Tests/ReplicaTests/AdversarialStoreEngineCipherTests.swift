@@ -35,8 +35,8 @@ private let leaseTrace: @convention(c) (UInt32, UnsafeMutableRawPointer?, Unsafe
     return 0
 }
 
-@Suite("Break4: many-to-many refusal", .serialized)
-struct Break4ManyToManyTests {
+@Suite("Adversarial: many-to-many refusal", .serialized)
+struct AdversarialManyToManyTests {
     /// `Zed.tags` (to-many) names `Alpha.notes` as its inverse; `Alpha.notes` (to-many) names none. The structural
     /// validator accepts an inverse declared on one side only, `LinkTable.of(Zed.tags)` sees a to-many inverse and
     /// creates `replica_link_Alpha_notes`, but `syncedViolations` only reports a pair from the side that sorts first
@@ -106,8 +106,8 @@ struct Break4ManyToManyTests {
     }
 }
 
-@Suite("Break4: outbox index", .serialized)
-struct Break4OutboxTests {
+@Suite("Adversarial: outbox index", .serialized)
+struct AdversarialOutboxTests {
     private func oldLayout(_ db: Connection) throws {
         try db.execute("DROP INDEX IF EXISTS replica_sync_record_outbox")
         try db.execute("CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1")
@@ -180,8 +180,8 @@ struct Break4OutboxTests {
     }
 }
 
-@Suite("Break4: sync engine", .serialized)
-struct Break4EngineTests {
+@Suite("Adversarial: sync engine", .serialized)
+struct AdversarialLeaseAndConnectionTests {
     /// `acquireLease().current()` reads the `sync_lease` text with one statement and parses the lease with a second
     /// one, then caches (first text -> second parse). Another process writing between the two statements leaves the
     /// cache mapping A's lease text to "no lease"; when A's lease text comes back byte for byte (same holder, same
@@ -286,8 +286,8 @@ struct Break4EngineTests {
     }
 }
 
-@Suite("Break4: field cipher", .serialized)
-struct Break4CipherTests {
+@Suite("Adversarial: field cipher", .serialized)
+struct AdversarialCipherTests {
     static let types: [String: Set<String>] = [
         "Diary": ["secret", "photo"], "Diar": ["secret"], "D": ["x"], "Key": ["k"],
         "Wide": Set((0..<40).map { "f\($0)" }), String(repeating: "T", count: 300): ["secret"],
@@ -422,8 +422,8 @@ struct Break4CipherTests {
     }
 }
 
-@Suite("Break4: replication states", .serialized)
-struct Break4InspectionTests {
+@Suite("Adversarial: replication states", .serialized)
+struct AdversarialInspectionTests {
     @Test("replicationStates (one scan) equals the per-record load it replaced, odd rows included")
     func oneScanEqualsPerRecordLoads() throws {
         let cloud = InMemoryCloudDatabase()
@@ -460,7 +460,7 @@ struct Break4InspectionTests {
 //   sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (zeroblob(20000000)); SELECT length(x||x) FROM t;", ...)
 //   -> memstatus on: rc=7 "out of memory"; memstatus off: rc=0 (the 2 MiB limit is ignored).
 
-extension Break4CipherTests {
+extension AdversarialCipherTests {
     @Test("already-sealed fields of undeclared types pass through a re-seal unchanged, whatever type came before them")
     func resealKeepsSealedUndeclaredFields() throws {
         let originals = Self.records(120, seed: 77)
