@@ -156,8 +156,8 @@ enum SyncLedger {
             id: id, entity: statement.string(first), causalLength: statement.int64(first + 1),
             created: readStamp(statement, first + 2) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
             stamps: stamps,
-            unknown: statement.isNull(first + 4) ? [:] : decode([String: CloudField].self, statement.string(first + 4)) ?? [:],
-            tombstone: statement.isNull(first + 5) ? [:] : decode([String: CloudField].self, statement.string(first + 5)) ?? [:],
+            unknown: statement.isNull(first + 4) ? [:] : decodeCloudFields(statement.string(first + 4)) ?? [:],
+            tombstone: statement.isNull(first + 5) ? [:] : decodeCloudFields(statement.string(first + 5)) ?? [:],
             redirect: statement.isNull(first + 6) ? nil : UUID(bytes: statement.data(first + 6)),
             changeTag: statement.isNull(first + 7) ? nil : statement.string(first + 7),
             localVersion: statement.int64(first + 8), pending: statement.int64(first + 9) != 0)
