@@ -389,9 +389,13 @@ public final class SyncEngine {
 
     // MARK: Upload lease
 
-    private struct Lease: Codable {
+    struct Lease: Codable {
         var holder: UUID
         var expires: Int64
+
+        /// What `SyncLedger.encode(self)` writes (JSONEncoder, sorted keys), written directly: this runs before
+        /// requests, and JSONEncoder costs more than the statement that stores it.
+        var json: String { "{\"expires\":\(expires),\"holder\":\"\(holder.uuidString)\"}" }
     }
 
     /// Takes or renews the store's lease (so that of the processes sharing an app-group store, exactly one talks to
@@ -431,14 +435,14 @@ public final class SyncEngine {
             if var lease = try current(), lease.holder != instanceID, remaining(lease) > 0 {
                 if remaining(lease) > duration {
                     lease.expires = now + duration
-                    try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(SyncLedger.encode(lease))])
+                    try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(lease.json)])
                 }
                 wait(milliseconds: remaining(lease), forLease: true)
                 return false
             }
             let lease = Lease(holder: instanceID, expires: now + duration)
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                       [.text(SyncLedger.encode(lease))])
+                       [.text(lease.json)])
             return true
         }
     }
@@ -705,7 +709,7 @@ public final class SyncEngine {
     private var decodedToken: (json: String, token: ServerChangeToken?)?
 
     private func saveToken(_ token: ServerChangeToken) throws {
-        let json = SyncLedger.encode(token)
+        let json = token.ledgerJSON
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                    [.text(json)])
         // Keyed by the text: if the transaction rolls back, the stored text differs and is decoded again.
