@@ -182,7 +182,15 @@ final class Connection {
 
     /// Runs `sql` with `values` bound and returns the first column of the first row, or `nil` when there is none.
     func scalar(_ sql: String, _ values: [SQLiteValue] = []) throws -> SQLiteValue? {
-        let statement = try cachedStatement(sql)
+        try scalar(of: try cachedStatement(sql), values)
+    }
+
+    /// ``scalar(_:_:)`` for the statement of `key` (no SQL text hashed per call).
+    func scalar(_ key: StatementKey, _ values: [SQLiteValue] = []) throws -> SQLiteValue? {
+        try scalar(of: try cachedStatement(key), values)
+    }
+
+    private func scalar(of statement: Statement, _ values: [SQLiteValue]) throws -> SQLiteValue? {
         defer { statement.reset() }
         try statement.bind(values)
         return try statement.step() ? statement.value(0) : nil

@@ -404,7 +404,7 @@ public final class SyncEngine {
         func current() throws -> Lease? {
             // The lease rarely changes between requests: the same text holds the same lease as when it was last parsed.
             // (Compared byte for byte: String equality would also match canonically equivalent text.)
-            guard let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'sync_lease'") else { return nil }
+            guard let value = try db.scalar(Self.leaseSQL) else { return nil }
             guard case let .text(text) = value else { return try parse() }
             if var cached = leaseCache, Self.sameBytes(&cached.text, text) { return cached.lease }
             let lease = try parse()
@@ -507,7 +507,7 @@ public final class SyncEngine {
     /// The generation and the records seen are stored in the store, so a crash mid-resync resumes correctly.
     private func beginFullResync() throws {
         try db.transaction(.immediate) {
-            let active = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+            let active = try db.scalar(Self.resyncActiveSQL)
             guard active == nil else { return }
             try db.run("""
                 INSERT INTO replica_metadata (key, value) VALUES ('resync_generation', 1)
@@ -517,13 +517,21 @@ public final class SyncEngine {
         }
     }
 
+    /// Metadata reads run per request or per fetched batch, as statement keys.
+    private static let leaseSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'sync_lease'")
+    private static let resyncActiveSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+    private static let resyncGenerationSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+    private static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
+    private static let anyUnknownSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)")
+    private static let tokenSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'server_change_token'")
+
     private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
-        guard try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'") != nil,
-              case let .integer(generation)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+        guard try db.scalar(Self.resyncActiveSQL) != nil,
+              case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL)
         else { return }
         // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
-        let anyRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
-        let anyUnknown = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)") != .integer(0)
+        let anyRejected = try db.scalar(Self.anyRejectedSQL) != .integer(0)
+        let anyUnknown = try db.scalar(Self.anyUnknownSQL) != .integer(0)
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
             if anyRejected {
@@ -696,7 +704,7 @@ public final class SyncEngine {
     // MARK: Token
 
     private func loadToken() throws -> ServerChangeToken? {
-        guard case let .text(json)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'server_change_token'") else { return nil }
+        guard case let .text(json)? = try db.scalar(Self.tokenSQL) else { return nil }
         // The stored text decides the token: the same text as last time decodes to the same token (read before every
         // fetch, and JSONDecoder cost more than the query).
         if let decoded = decodedToken, decoded.json == json { return decoded.token }
