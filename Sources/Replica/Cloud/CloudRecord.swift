@@ -127,6 +127,9 @@ public struct ServerChangeToken: Hashable, Sendable, Codable {
         self.epoch = epoch
         self.sequence = sequence
     }
+
+    /// What `SyncLedger.encode(self)` writes (JSONEncoder, sorted keys), written directly: stored after every fetch.
+    var ledgerJSON: String { "{\"epoch\":\(epoch),\"sequence\":\(sequence)}" }
 }
 
 /// One page of a zone's changes (CloudKit's `fetchRecordZoneChanges` result).

@@ -388,8 +388,11 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// The main query's SELECT list and row layout for `Model` with `fields`.
     func selectList<Model: PersistentModel>(_ type: Model.Type, fields: [Int], alias: String = "t0") -> String {
-        let names = Model.entity.schemaEntity.fieldNames
-        return (["\(alias).\"id\""] + fields.map { "\(alias).\(quoted(names[$0]))" }).joined(separator: ", ")
+        Self.selectList(names: Model.entity.schemaEntity.fieldNames, fields: fields, alias: alias)
+    }
+
+    static func selectList(names: [String], fields: [Int], alias: String) -> String {
+        (["\(alias).\"id\""] + fields.map { "\(alias).\(quoted(names[$0]))" }).joined(separator: ", ")
     }
 
     func layout<Model: PersistentModel>(_ type: Model.Type, fields: [Int], statement: Statement) -> RowLayout {
@@ -437,11 +440,15 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// Runs `sql` and decodes every row into a `Model` (all fields).
     func decodeAll<Model: PersistentModel>(_ type: Model.Type, sql: String, _ args: [SQLiteValue]) throws -> [Model] {
-        let statement = try db.cachedStatement(sql)
+        try decodeAll(Model.self, statement: try db.cachedStatement(sql), fields: Model.entity.storage.allFields, args)
+    }
+
+    /// ``decodeAll(_:sql:_:)`` with the (cached) statement, which selects `fields` after the ID.
+    func decodeAll<Model: PersistentModel>(_ type: Model.Type, statement: Statement, fields: [Int], _ args: [SQLiteValue]) throws -> [Model] {
         defer { statement.reset() }
         try statement.bind(args)
         var result: [Model] = []
-        try stream(statement, fields: Array(Model.entity.schemaEntity.fieldNames.indices), batchSize: .max) { batch in
+        try stream(statement, fields: fields, batchSize: .max) { batch in
             result = batch
             return true
         }
@@ -493,11 +500,20 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     func loadModels<T: PersistentModel>(_ type: T.Type, ids: [UUID], prefetch: PrefetchTree) throws -> [UUID: T] {
         guard !ids.isEmpty else { return [:] }
-        let select = "SELECT \(selectList(T.self, fields: Array(T.entity.schemaEntity.fieldNames.indices))) FROM \(try table(T.entityName)) AS t0 "
-        // One ID (a `model(_:id:)` lookup) is a plain key lookup: no JSON list to build and walk.
-        var models = ids.count == 1
-            ? try decodeAll(T.self, sql: select + "WHERE t0.\"id\" = ?", [ids[0].sqliteValue])
-            : try decodeAll(T.self, sql: select + "WHERE t0.\"id\" IN (SELECT replica_unhex(value) FROM json_each(?))", [Self.idList(ids)])
+        let source = try table(T.entityName)
+        let storage = T.entity.storage
+        var models: [T]
+        if ids.count == 1 && source == storage.table {
+            // One ID on the stored table (a `model(_:id:)` lookup, no pending changes of the entity): the entity's
+            // prebuilt lookup statement.
+            models = try decodeAll(T.self, statement: try db.cachedStatement(storage.oneIDLookup), fields: storage.allFields, [ids[0].sqliteValue])
+        } else {
+            let select = "SELECT \(selectList(T.self, fields: storage.allFields)) FROM \(source) AS t0 "
+            // One ID is a plain key lookup: no JSON list to build and walk.
+            models = ids.count == 1
+                ? try decodeAll(T.self, sql: select + "WHERE t0.\"id\" = ?", [ids[0].sqliteValue])
+                : try decodeAll(T.self, sql: select + "WHERE t0.\"id\" IN (SELECT replica_unhex(value) FROM json_each(?))", [Self.idList(ids)])
+        }
         try complete(&models, toMany: nil, prefetch: prefetch)
         var result: [UUID: T] = [:]
         for model in models { result[model.id] = model }

@@ -155,7 +155,7 @@ struct StoreWriter {
     /// ID sorts after every ID there, through prepared statements with the ID bound from the statement's own buffer
     /// (no `Data`, no hashing of SQL text).
     private mutating func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
-        if ledgerBound == nil { ledgerBound = .some(try SyncLedger.MergeBatch.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+        if ledgerBound == nil { ledgerBound = .some(try SyncLedger.MergeBatch.largestID(SyncLedger.MergeBatch.ledgerLargestIDSQL, db)) }
         if !(ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true) {
             let ledger = try db.cachedStatement(Self.ledgerEntity)
             defer { ledger.reset() }

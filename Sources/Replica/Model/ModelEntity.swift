@@ -191,6 +191,14 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let prefetchByName: [String: Prefetch]
         let query: EntityQueryInfo
         let codableEncoder: ((Model) -> [SQLiteValue])?
+        /// The entity's stored table as a query source (quoted name), and the one-ID lookup that
+        /// ``QueryEngine/loadModels(_:ids:prefetch:)`` runs on it when the entity has no pending changes (every
+        /// field, `WHERE t0."id" = ?`): built once, its prepared statement cached by key (no SQL text to build or
+        /// hash per `model(_:id:)`). Kept by this storage, and by each connection that caches its statement.
+        let table: String
+        let oneIDLookup: StatementKey
+        /// Every field index, `0..<fieldNames.count` (the fields a full-row read selects).
+        let allFields: [Int]
 
         init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
              fieldIndexByKeyPath: [PartialKeyPath<Model>: Int], toManyMembers: [ToManyMember],
@@ -207,6 +215,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             self.hasToManyMembers = !toManyMembers.isEmpty
             self.prefetchByName = prefetchByName
             self.query = query
+            self.table = quoted(schemaEntity.name)
+            self.allFields = Array(fieldNames.indices)
+            self.oneIDLookup = StatementKey("SELECT \(QueryEngine.selectList(names: fieldNames, fields: allFields, alias: "t0")) FROM \(table) AS t0 WHERE t0.\"id\" = ?")
             if let codable = Model.self as? any CodablePersistentModel.Type {
                 self.codableEncoder = (makeCodableRowEncoder(codable, layout: RowEncodingLayout(entity: schemaEntity), fallback: fieldEncoders)
                     as! (Model) -> [SQLiteValue])

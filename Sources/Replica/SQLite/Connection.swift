@@ -3,7 +3,9 @@ import Foundation
 import Synchronization
 
 /// The SQL text of a statement run on a hot path, as a static constant: connections cache its prepared statement by
-/// the key's identity. Keys live for the whole process (declare them as `static let`).
+/// the key's identity. Declare keys as `static let`, or keep them in a structure that outlives their use (e.g. an
+/// entity's storage); a connection keeps every key it caches a statement for, so a key's identity is never reused
+/// while a statement is cached under it.
 final class StatementKey: Sendable {
     let sql: String
     init(_ sql: String) { self.sql = sql }
@@ -45,6 +47,8 @@ final class Connection {
     let liveStatements = LiveStatementCount()
     /// Statements of hot paths, cached by key identity (see ``StatementKey``).
     private var keyedCache: [ObjectIdentifier: Statement] = [:]
+    /// The keys of ``keyedCache``, kept alive with it (an identity stays unique only while its object lives).
+    private var cachedKeys: [StatementKey] = []
     /// Replica's SQL functions (`SQLFunctions`) are registered on this connection. Kept with the connection, not with
     /// its owner: registering them again on a reused connection would replace them, which expires every prepared
     /// statement of the connection (each would be prepared again at its next use).
@@ -150,6 +154,7 @@ final class Connection {
         if let statement = keyedCache[ObjectIdentifier(key)] { return statement }
         let statement = try Statement(connection: self, sql: key.sql)
         keyedCache[ObjectIdentifier(key)] = statement
+        cachedKeys.append(key)
         return statement
     }
 
@@ -177,7 +182,15 @@ final class Connection {
 
     /// Runs `sql` with `values` bound and returns the first column of the first row, or `nil` when there is none.
     func scalar(_ sql: String, _ values: [SQLiteValue] = []) throws -> SQLiteValue? {
-        let statement = try cachedStatement(sql)
+        try scalar(of: try cachedStatement(sql), values)
+    }
+
+    /// ``scalar(_:_:)`` for the statement of `key` (no SQL text hashed per call).
+    func scalar(_ key: StatementKey, _ values: [SQLiteValue] = []) throws -> SQLiteValue? {
+        try scalar(of: try cachedStatement(key), values)
+    }
+
+    private func scalar(of statement: Statement, _ values: [SQLiteValue]) throws -> SQLiteValue? {
         defer { statement.reset() }
         try statement.bind(values)
         return try statement.step() ? statement.value(0) : nil

@@ -456,6 +456,8 @@ final class EntityStatements: Sendable {
     let exists: String
     /// ``selectByID`` as a statement key (read once per merged record).
     let selectByIDKey: StatementKey
+    /// The largest ID of the table (read once per merge batch, see `SyncLedger.MergeBatch`).
+    let largestIDKey: StatementKey
     /// The entity's stored fields in storage order (``Schema/Entity/fieldNames``, computed once).
     let fieldNames: [String]
     /// Field positions in the order of their names' UTF-8 bytes: the order of the ledger's compact `stamps` form.
@@ -482,6 +484,7 @@ final class EntityStatements: Sendable {
         delete = "DELETE FROM \(table) WHERE \"id\" = ?"
         exists = "SELECT 1 FROM \(table) WHERE \"id\" = ?"
         selectByIDKey = StatementKey(selectByID)
+        largestIDKey = StatementKey("SELECT max(\"id\") FROM \(table)")
         let names = entity.fieldNames
         fieldNames = names
         fieldsInStampOrder = names.indices.sorted { names[$0].utf8.lexicographicallyPrecedes(names[$1].utf8) }

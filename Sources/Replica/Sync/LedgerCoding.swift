@@ -350,3 +350,151 @@ extension SyncLedger {
         return fast ?? decode([String: FieldStamp].self, json)
     }
 }
+
+// MARK: Preserved fields (the `unknown` and `tombstone` columns)
+
+extension SyncLedger {
+    /// The `unknown` or `tombstone` column (JSON of `[String: CloudField]`, as ``encode(_:)`` writes it): parsed by
+    /// hand when it has exactly the shape JSONEncoder writes for integer, text and null values (no whitespace, no
+    /// `\u` escapes, each key once); anything else (reals, blobs, other spellings) goes to JSONDecoder, so the result
+    /// is always what `decode([String: CloudField].self, json)` returns.
+    static func decodeCloudFields(_ json: String) -> [String: CloudField]? {
+        var text = json
+        if let fields = text.withUTF8({ bytes -> [String: CloudField]? in
+            var parser = CloudFieldsParser(bytes: bytes)
+            return parser.parse()
+        }) { return fields }
+        return decode([String: CloudField].self, json)
+    }
+}
+
+/// The fast path of ``SyncLedger/decodeCloudFields(_:)``: `nil` for anything it does not read exactly as JSONDecoder
+/// would.
+private struct CloudFieldsParser {
+    let bytes: UnsafeBufferPointer<UInt8>
+    var position = 0
+
+    init(bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
+
+    mutating func parse() -> [String: CloudField]? {
+        guard take(UInt8(ascii: "{")) else { return nil }
+        var fields: [String: CloudField] = [:]
+        if take(UInt8(ascii: "}")) { return position == bytes.count ? fields : nil }
+        repeat {
+            guard let name = string(), take(UInt8(ascii: ":")), let field = field(),
+                  fields.updateValue(field, forKey: name) == nil else { return nil }
+        } while take(UInt8(ascii: ","))
+        guard take(UInt8(ascii: "}")), position == bytes.count else { return nil }
+        return fields
+    }
+
+    private mutating func take(_ byte: UInt8) -> Bool {
+        guard position < bytes.count, bytes[position] == byte else { return false }
+        position += 1
+        return true
+    }
+
+    private mutating func take(_ literal: StaticString) -> Bool {
+        let count = literal.utf8CodeUnitCount
+        guard bytes.count - position >= count,
+              memcmp(bytes.baseAddress! + position, literal.utf8Start, count) == 0 else { return false }
+        position += count
+        return true
+    }
+
+    /// `{"isEncrypted":…,"stamp":…,"value":…}`, keys in any order, each once.
+    private mutating func field() -> CloudField? {
+        guard take(UInt8(ascii: "{")) else { return nil }
+        var isEncrypted: Bool?
+        var stamp: FieldStamp?
+        var value: SQLiteValue?
+        repeat {
+            if take("\"isEncrypted\":") {
+                guard isEncrypted == nil else { return nil }
+                if take("true") { isEncrypted = true } else if take("false") { isEncrypted = false } else { return nil }
+            } else if take("\"stamp\":") {
+                guard stamp == nil, let text = string(), let parsed = FieldStamp(text) else { return nil }
+                stamp = parsed
+            } else if take("\"value\":") {
+                guard value == nil, let parsed = sqliteValue() else { return nil }
+                value = parsed
+            } else {
+                return nil
+            }
+        } while take(UInt8(ascii: ","))
+        guard take(UInt8(ascii: "}")), let isEncrypted, let stamp, let value else { return nil }
+        return CloudField(value: value, stamp: stamp, isEncrypted: isEncrypted)
+    }
+
+    /// `{"null":{}}`, `{"integer":{"_0":N}}` or `{"text":{"_0":"…"}}`.
+    private mutating func sqliteValue() -> SQLiteValue? {
+        let result: SQLiteValue
+        if take("{\"null\":{}}") { return .null }
+        if take("{\"integer\":{\"_0\":") {
+            guard let number = integer() else { return nil }
+            result = .integer(number)
+        } else if take("{\"text\":{\"_0\":") {
+            guard let text = string() else { return nil }
+            result = .text(text)
+        } else {
+            return nil
+        }
+        return take("}}") ? result : nil
+    }
+
+    /// `-?(0|[1-9][0-9]*)` within Int64.
+    private mutating func integer() -> Int64? {
+        let start = position
+        if position < bytes.count, bytes[position] == UInt8(ascii: "-") { position += 1 }
+        let digits = position
+        while position < bytes.count, bytes[position] >= UInt8(ascii: "0"), bytes[position] <= UInt8(ascii: "9") { position += 1 }
+        guard position > digits, position - digits <= 19 else { return nil }
+        if bytes[digits] == UInt8(ascii: "0") && position - digits > 1 { return nil }
+        if position < bytes.count, bytes[position] == UInt8(ascii: ".") || bytes[position] == UInt8(ascii: "e")
+            || bytes[position] == UInt8(ascii: "E") { return nil }
+        return Int64(String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<position]), as: UTF8.self))
+    }
+
+    /// A JSON string without `\u` escapes or raw control characters.
+    private mutating func string() -> String? {
+        guard take(UInt8(ascii: "\"")) else { return nil }
+        let start = position
+        var escaped = false
+        while position < bytes.count {
+            let byte = bytes[position]
+            if byte == UInt8(ascii: "\"") { break }
+            if byte < 0x20 { return nil }
+            if byte == UInt8(ascii: "\\") {
+                escaped = true
+                position += 1
+                guard position < bytes.count else { return nil }
+            }
+            position += 1
+        }
+        guard position < bytes.count else { return nil }
+        let raw = UnsafeBufferPointer(rebasing: bytes[start..<position])
+        position += 1
+        guard escaped else { return String(decoding: raw, as: UTF8.self) }
+        var unescaped: [UInt8] = []
+        unescaped.reserveCapacity(raw.count)
+        var index = 0
+        while index < raw.count {
+            let byte = raw[index]
+            index += 1
+            guard byte == UInt8(ascii: "\\") else { unescaped.append(byte); continue }
+            switch raw[index] {
+            case UInt8(ascii: "\""): unescaped.append(UInt8(ascii: "\""))
+            case UInt8(ascii: "\\"): unescaped.append(UInt8(ascii: "\\"))
+            case UInt8(ascii: "/"): unescaped.append(UInt8(ascii: "/"))
+            case UInt8(ascii: "b"): unescaped.append(0x08)
+            case UInt8(ascii: "f"): unescaped.append(0x0C)
+            case UInt8(ascii: "n"): unescaped.append(0x0A)
+            case UInt8(ascii: "r"): unescaped.append(0x0D)
+            case UInt8(ascii: "t"): unescaped.append(0x09)
+            default: return nil
+            }
+            index += 1
+        }
+        return String(decoding: unescaped, as: UTF8.self)
+    }
+}

@@ -389,9 +389,13 @@ public final class SyncEngine {
 
     // MARK: Upload lease
 
-    private struct Lease: Codable {
+    struct Lease: Codable {
         var holder: UUID
         var expires: Int64
+
+        /// What `SyncLedger.encode(self)` writes (JSONEncoder, sorted keys), written directly: this runs before
+        /// requests, and JSONEncoder costs more than the statement that stores it.
+        var json: String { "{\"expires\":\(expires),\"holder\":\"\(holder.uuidString)\"}" }
     }
 
     /// Takes or renews the store's lease (so that of the processes sharing an app-group store, exactly one talks to
@@ -401,7 +405,7 @@ public final class SyncEngine {
             // The lease rarely changes between requests: the same text holds the same lease as when it was last parsed.
             // (Compared byte for byte: String equality would also match canonically equivalent text.)
             // The value read is the one parsed (another process may write the lease between two reads).
-            guard let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'sync_lease'") else { return nil }
+            guard let value = try db.scalar(Self.leaseSQL) else { return nil }
             guard case let .text(text) = value else { return try parse(value) }
             if var cached = leaseCache, Self.sameBytes(&cached.text, text) { return cached.lease }
             let lease = try parse(value)
@@ -431,14 +435,14 @@ public final class SyncEngine {
             if var lease = try current(), lease.holder != instanceID, remaining(lease) > 0 {
                 if remaining(lease) > duration {
                     lease.expires = now + duration
-                    try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(SyncLedger.encode(lease))])
+                    try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(lease.json)])
                 }
                 wait(milliseconds: remaining(lease), forLease: true)
                 return false
             }
             let lease = Lease(holder: instanceID, expires: now + duration)
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                       [.text(SyncLedger.encode(lease))])
+                       [.text(lease.json)])
             return true
         }
     }
@@ -503,7 +507,7 @@ public final class SyncEngine {
     /// The generation and the records seen are stored in the store, so a crash mid-resync resumes correctly.
     private func beginFullResync() throws {
         try db.transaction(.immediate) {
-            let active = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+            let active = try db.scalar(Self.resyncActiveSQL)
             guard active == nil else { return }
             try db.run("""
                 INSERT INTO replica_metadata (key, value) VALUES ('resync_generation', 1)
@@ -513,13 +517,21 @@ public final class SyncEngine {
         }
     }
 
+    /// Metadata reads run per request or per fetched batch, as statement keys.
+    private static let leaseSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'sync_lease'")
+    private static let resyncActiveSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
+    private static let resyncGenerationSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+    private static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
+    private static let anyUnknownSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)")
+    private static let tokenSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'server_change_token'")
+
     private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
-        guard try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_active'") != nil,
-              case let .integer(generation)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
+        guard try db.scalar(Self.resyncActiveSQL) != nil,
+              case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL)
         else { return }
         // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
-        let anyRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
-        let anyUnknown = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)") != .integer(0)
+        let anyRejected = try db.scalar(Self.anyRejectedSQL) != .integer(0)
+        let anyUnknown = try db.scalar(Self.anyUnknownSQL) != .integer(0)
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
             if anyRejected {
@@ -692,7 +704,7 @@ public final class SyncEngine {
     // MARK: Token
 
     private func loadToken() throws -> ServerChangeToken? {
-        guard case let .text(json)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'server_change_token'") else { return nil }
+        guard case let .text(json)? = try db.scalar(Self.tokenSQL) else { return nil }
         // The stored text decides the token: the same text as last time decodes to the same token (read before every
         // fetch, and JSONDecoder cost more than the query).
         if let decoded = decodedToken, decoded.json == json { return decoded.token }
@@ -705,7 +717,7 @@ public final class SyncEngine {
     private var decodedToken: (json: String, token: ServerChangeToken?)?
 
     private func saveToken(_ token: ServerChangeToken) throws {
-        let json = SyncLedger.encode(token)
+        let json = token.ledgerJSON
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                    [.text(json)])
         // Keyed by the text: if the transaction rolls back, the stored text differs and is decoded again.

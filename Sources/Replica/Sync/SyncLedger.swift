@@ -104,8 +104,10 @@ enum SyncLedger {
 
     // MARK: HLC
 
+    private static let loadHLCSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'hlc'")
+
     static func loadHLC(_ db: Connection, replica: UUID) throws -> HLC {
-        if case let .text(hex)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'hlc'"), let hlc = HLC(hex: Substring(hex)) {
+        if case let .text(hex)? = try db.scalar(loadHLCSQL), let hlc = HLC(hex: Substring(hex)) {
             return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
         }
         return .zero(replica)
@@ -156,8 +158,8 @@ enum SyncLedger {
             id: id, entity: statement.string(first), causalLength: statement.int64(first + 1),
             created: readStamp(statement, first + 2) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
             stamps: stamps,
-            unknown: statement.isNull(first + 4) ? [:] : decode([String: CloudField].self, statement.string(first + 4)) ?? [:],
-            tombstone: statement.isNull(first + 5) ? [:] : decode([String: CloudField].self, statement.string(first + 5)) ?? [:],
+            unknown: statement.isNull(first + 4) ? [:] : decodeCloudFields(statement.string(first + 4)) ?? [:],
+            tombstone: statement.isNull(first + 5) ? [:] : decodeCloudFields(statement.string(first + 5)) ?? [:],
             redirect: statement.isNull(first + 6) ? nil : UUID(bytes: statement.data(first + 6)),
             changeTag: statement.isNull(first + 7) ? nil : statement.string(first + 7),
             localVersion: statement.int64(first + 8), pending: statement.int64(first + 9) != 0)
@@ -264,7 +266,7 @@ enum SyncLedger {
         for snapshot in changes.inserted {
             guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
             let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
-            if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+            if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID(MergeBatch.ledgerLargestIDSQL, db)) }
             let isNew = ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true
             var state = (isNew ? nil : try load(snapshot.id, db)) ?? RecordState(
                 id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
@@ -766,10 +768,10 @@ enum SyncLedger {
         /// after the largest ID of both (IDs are 16-byte blobs, ordered bytewise). Imports of new records, whose IDs
         /// are time-ordered, skip two lookups that would find nothing; any other ID is looked up as usual.
         func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
-            if ledgerMax == nil { ledgerMax = .some(try Self.largestID("SELECT max(id) FROM replica_sync_record", db)) }
+            if ledgerMax == nil { ledgerMax = .some(try Self.largestID(Self.ledgerLargestIDSQL, db)) }
             if tableMax.count <= entityIndex { tableMax += [UUID??](repeating: nil, count: entityIndex + 1 - tableMax.count) }
             if tableMax[entityIndex] == nil {
-                tableMax[entityIndex] = .some(try Self.largestID("SELECT max(\"id\") FROM \(store.statements[entityIndex].table)", db))
+                tableMax[entityIndex] = .some(try Self.largestID(store.statements[entityIndex].largestIDKey, db))
             }
             if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
@@ -791,7 +793,9 @@ enum SyncLedger {
         /// column holds no blob (its largest value is of another storage class, and SQLite orders every blob after
         /// those). The largest blob itself when it is 16 bytes long; otherwise its first 16 bytes, zero-padded (a
         /// shorter blob precedes its padding; every 16-byte blob before a longer one is at most its prefix).
-        static func largestID(_ sql: String, _ db: Connection) throws -> UUID? {
+        static let ledgerLargestIDSQL = StatementKey("SELECT max(id) FROM replica_sync_record")
+
+        static func largestID(_ sql: StatementKey, _ db: Connection) throws -> UUID? {
             guard case let .blob(bytes)? = try db.scalar(sql) else { return nil }
             var padded = [UInt8](bytes.prefix(16))
             padded += [UInt8](repeating: 0, count: 16 - padded.count)
