@@ -187,7 +187,7 @@ extension SyncLedger {
                     return true
                 }
                 if copied == nil {
-                    _ = UnsafeMutableRawBufferPointer(rebasing: raw[i..<(i + utf8.count)]).copyBytes(from: utf8)
+                    UnsafeMutableRawBufferPointer(rebasing: raw[i..<(i + utf8.count)]).copyBytes(from: utf8)
                 }
                 i += utf8.count
                 writeVarint(UInt64(indices[position]), raw, &i)
