@@ -39,22 +39,25 @@ extension SimulationRun {
 
     func viewKey(_ device: SimDevice, _ store: String) -> String { "\(device.index)/\(store)" }
 
-    /// Reads every device's stores (through the app process, which opens all of them).
-    func collectViews() throws -> [String: StoreView] {
+    /// Reads every device's stores (through the app process, which opens all of them). Without `unknownTypes` the
+    /// views leave out the records of unknown types (the idempotence check does not compare them).
+    func collectViews(unknownTypes: Bool = true) throws -> [String: StoreView] {
         var views: [String: StoreView] = [:]
         for device in devices {
             guard let process = device.processes.first, let context = process.context else { continue }
             for store in process.stores {
                 var view = StoreView()
                 for entity in entities(of: store, on: device) {
-                    let access = EntityShapeRegistry.shared.accessor(for: entity)
+                    let access = device.info(entity).access
                     var rows: [UUID: [SQLiteValue]] = [:]
                     for (id, values) in try access.all(context) { rows[id] = values }
                     view.rows[entity.name] = rows
                 }
                 if let engine = process.engines[store.name] {
                     for state in try engine.engine.replicationStates() { view.states[state.id.id] = state }
-                    for record in try engine.engine.unknownTypeRecords() { view.unknownTypes[record.recordID] = record }
+                    if unknownTypes {
+                        for record in try engine.engine.unknownTypeRecords() { view.unknownTypes[record.recordID] = record }
+                    }
                 }
                 view.history = try context.fetchHistory(HistoryDescriptor(storeNames: [configurationName(store.name)]))
                 views[viewKey(device, store.name)] = view
@@ -65,11 +68,11 @@ extension SimulationRun {
 
     /// The values a device holds for a cloud record of `entity`: each field written in the current incarnation,
     /// else the declared default.
-    func materialize(_ record: CloudRecord, as entity: Schema.Entity) -> [SQLiteValue] {
+    func materialize(_ record: CloudRecord, as entity: SimEntity) -> [SQLiteValue] {
         let current = incarnation(of: record.causalLength)
-        return entity.fieldNames.map { name in
-            if let field = record.fields[name], field.stamp.incarnation == current { return field.value }
-            return entity.attribute(named: name)?.defaultValue ?? .null
+        return entity.fieldNames.indices.map { index in
+            if let field = record.fields[entity.fieldNames[index]], field.stamp.incarnation == current { return field.value }
+            return entity.defaults[index]
         }
     }
 
@@ -162,14 +165,15 @@ extension SimulationRun {
                 // Rows equal the cloud's records.
                 for entity in entities(of: store, on: device) {
                     let rows = view.rows[entity.name] ?? [:]
-                    let fieldNames = entity.fieldNames
+                    let info = device.info(entity)
+                    let fieldNames = info.fieldNames
                     for record in sortedRecords where record.recordType == entity.name {
                         let id = record.recordID
                         if record.isAlive {
                             guard let row = rows[id] else {
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)) is alive in the cloud (causal length \(record.causalLength)) but not on the device")
                             }
-                            let expected = materialize(record, as: entity)
+                            let expected = materialize(record, as: info)
                             for (index, name) in fieldNames.enumerated() where row[index] != expected[index] {
                                 if record.fields[name]?.isEncrypted == true { continue }
                                 let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
@@ -198,7 +202,7 @@ extension SimulationRun {
                         }
                         let current = incarnation(of: record.causalLength)
                         let known = knownFields[entity.name] ?? {
-                            let names = Set(entity.fieldNames)
+                            let names = Set(device.info(entity).fieldNames)
                             knownFields[entity.name] = names
                             return names
                         }()
@@ -232,10 +236,12 @@ extension SimulationRun {
                         guard let otherEntity = other.schema.entity(named: entity.name) else { continue }
                         let mine = view.rows[entity.name] ?? [:]
                         let theirs = otherView.rows[entity.name] ?? [:]
+                        let fieldNames = device.info(entity).fieldNames
+                        let otherIndices = fieldNames.map(other.info(otherEntity).fieldNames.firstIndex(of:))
                         for id in mine.keys.sorted(by: uuidPrecedes) {
                             guard let row = mine[id], let otherRow = theirs[id] else { continue }
-                            for (index, name) in entity.fieldNames.enumerated() {
-                                guard let otherIndex = otherEntity.fieldNames.firstIndex(of: name), row[index] != otherRow[otherIndex] else { continue }
+                            for (index, name) in fieldNames.enumerated() {
+                                guard let otherIndex = otherIndices[index], row[index] != otherRow[otherIndex] else { continue }
                                 let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
                                 throw InvariantViolation(.convergence, "\(alias(id)).\(name) is \(show(row[index], encrypted: encrypted)) on \(device.name) "
                                     + "but \(show(otherRow[otherIndex], encrypted: encrypted)) on \(other.name)")
@@ -359,6 +365,7 @@ extension SimulationRun {
                 for entity in entities(of: store, on: device) {
                     let actual = view.rows[entity.name] ?? [:]
                     let expected = model.rows[entity.name] ?? [:]
+                    let fieldNames = device.info(entity).fieldNames
                     for id in Set(actual.keys).union(expected.keys).sorted(by: uuidPrecedes) {
                         guard let row = actual[id] else {
                             throw InvariantViolation(.referenceModel, "\(device.name) local store '\(store.name)' lost \(alias(id))")
@@ -366,7 +373,7 @@ extension SimulationRun {
                         guard let wanted = expected[id] else {
                             throw InvariantViolation(.referenceModel, "\(device.name) local store '\(store.name)' has \(alias(id)), which was deleted or never saved")
                         }
-                        for (index, name) in entity.fieldNames.enumerated() where row[index] != wanted[index] {
+                        for (index, name) in fieldNames.enumerated() where row[index] != wanted[index] {
                             throw InvariantViolation(.referenceModel, "\(device.name) local store '\(store.name)': \(alias(id)).\(name) is "
                                 + "\(show(row[index], encrypted: false)) instead of \(show(wanted[index], encrypted: false))")
                         }
@@ -547,7 +554,7 @@ extension SimulationRun {
         if stats.cloudSaves != saves {
             throw InvariantViolation(.idempotence, "re-reading every zone made the devices upload \(stats.cloudSaves - saves) records again")
         }
-        let after = try collectViews()
+        let after = try collectViews(unknownTypes: false)
         for key in before.keys.sorted() {
             guard let old = before[key], let new = after[key] else { continue }
             let label = "store \(key.split(separator: "/").last.map(String.init) ?? key) on \(devices[Int(key.split(separator: "/")[0])!].name)"

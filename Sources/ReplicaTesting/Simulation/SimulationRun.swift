@@ -201,7 +201,7 @@ final class SimulationRun {
 
     /// The entities of `store` in `device`'s schema.
     func entities(of store: Scenario.Store, on device: SimDevice) -> [Schema.Entity] {
-        store.entities.compactMap { device.schema.entity(named: $0) }
+        device.entities(of: store)
     }
 
     func usesFile(_ store: Scenario.Store) -> Bool { scenario.storage == .file || store.kind == .appGroup }

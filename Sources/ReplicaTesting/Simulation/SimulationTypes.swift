@@ -205,9 +205,52 @@ final class SimDevice {
         self.directory = directory
     }
 
+    /// Per-entity facts of the device's schema, made on first use (see ``SimEntity``).
+    private var entityCache: [String: SimEntity] = [:]
+    /// The entities of each store in the device's schema (by store name), made on first use.
+    private var storeEntityCache: [String: [Schema.Entity]] = [:]
+
+    /// The cached facts about `entity` (an entity of the device's schema).
+    func info(_ entity: Schema.Entity) -> SimEntity {
+        if let cached = entityCache[entity.name] { return cached }
+        let made = SimEntity(entity)
+        entityCache[entity.name] = made
+        return made
+    }
+
+    /// The entities of `store` in the device's schema, in the store's order.
+    func entities(of store: Scenario.Store) -> [Schema.Entity] {
+        if let cached = storeEntityCache[store.name] { return cached }
+        let made = store.entities.compactMap { schema.entity(named: $0) }
+        storeEntityCache[store.name] = made
+        return made
+    }
+
     var name: String { spec.name }
     func isOffline(_ now: Int64) -> Bool { now < offlineUntil }
     func isPartitioned(_ now: Int64) -> Bool { now < partitionedUntil }
+}
+
+/// What the simulator derives from one entity of a device's schema, computed once instead of on every use: the field
+/// names (a computed property of `Schema.Entity`), the attribute of each field, the default a field takes when a
+/// record has no write of it, and the dynamic accessor (looking it up builds the shape's key text).
+final class SimEntity {
+    let entity: Schema.Entity
+    let fieldNames: [String]
+    /// The attribute at each field position (nil for a to-one relationship).
+    let attributes: [Schema.Attribute?]
+    /// Each field's declared default, or null.
+    let defaults: [SQLiteValue]
+    let access: any DynamicEntityAccess
+
+    init(_ entity: Schema.Entity) {
+        self.entity = entity
+        let names = entity.fieldNames
+        fieldNames = names
+        attributes = names.map { entity.attribute(named: $0) }
+        defaults = attributes.map { $0?.defaultValue ?? .null }
+        access = EntityShapeRegistry.shared.accessor(for: entity)
+    }
 }
 
 final class SimProcess {

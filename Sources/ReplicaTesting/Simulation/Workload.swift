@@ -67,7 +67,8 @@ extension SimulationRun {
             return
         }
         stats.workloadOperations += 1
-        let access = EntityShapeRegistry.shared.accessor(for: entity)
+        let info = device.info(entity)
+        let access = info.access
         let pool = poolKey(store, entity.name, device: device)
         switch operation {
         case .insert, .uniqueCollision:
@@ -77,7 +78,7 @@ extension SimulationRun {
             if try save(&outcome, context: context) {
                 pools[pool, default: []].append(id)
                 aliases[id] = store.isSynced ? "\(entity.name)#\(pools[pool]!.count - 1)" : "\(entity.name)@\(device.name)#\(pools[pool]!.count - 1)"
-                try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(entity.fieldNames.indices), before: nil)
+                try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(info.fieldNames.indices), before: nil)
                 wakeEngines(outcome)
             }
         case .reinsert:
@@ -87,7 +88,7 @@ extension SimulationRun {
             let values = try newRecordValues(entity, store: store, process: process, collide: false)
             _ = access.insert(context, id: id, values: values)
             if try save(&outcome, context: context) {
-                try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(entity.fieldNames.indices), before: nil)
+                try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(info.fieldNames.indices), before: nil)
                 wakeEngines(outcome)
             }
         case .delete:
@@ -104,7 +105,7 @@ extension SimulationRun {
             outcome.record = id
             guard let before = try access.values(context, id: id) else { outcome.result = "not here"; return }
             var values = before
-            let fieldNames = entity.fieldNames
+            let fieldNames = info.fieldNames
             if operation == .relationshipEdit {
                 let relationships = entity.toOneRelationships
                 let relationship = relationships[try dice.below(relationships.count)]
@@ -208,7 +209,8 @@ extension SimulationRun {
         let store = outcome.store
         let entity = outcome.entity
         let device = outcome.process.device
-        let names = entity.fieldNames
+        let info = device.info(entity)
+        let names = info.fieldNames
         if !store.isSynced {
             let key = "\(device.index)/\(store.name)"
             var model = reference.localStores[key] ?? LocalStoreModel()
@@ -251,13 +253,14 @@ extension SimulationRun {
                 throw InvariantViolation(.noLostWrites, "\(outcome.process.label): the acknowledged \(kind.rawValue) of \(alias(id)).\(name) got no stamp")
             }
             // Only attribute values identify their write (a reference value is just the parent's ID).
-            let isAttribute = entity.attribute(named: name) != nil
+            let attribute = info.attributes[index]
+            let isAttribute = attribute != nil
             if isAttribute, let before, let seen = reference.writerStamp(zone: store.name, id: id, field: name, value: before[index]), stamp <= seen {
                 throw InvariantViolation(.noLostWrites, "\(outcome.process.label) wrote \(alias(id)).\(name) after seeing an earlier write of it, "
                     + "but its stamp orders before that write (\(stamp) <= \(seen)): the newer write would lose")
             }
             fields.append((name, stamp, values[index], isAttribute))
-            if let attribute = entity.attribute(named: name), attribute.isEncrypted, !values[index].isNull {
+            if let attribute, attribute.isEncrypted, !values[index].isNull {
                 reference.encryptedPlaintexts[store.name, default: []].append(values[index])
             }
         }
@@ -288,7 +291,7 @@ extension SimulationRun {
     private func parentReference(_ relationship: Schema.Relationship, store: Scenario.Store, process: SimProcess) throws -> SQLiteValue {
         guard let context = process.context, let destination = process.device.schema.entity(named: relationship.destination),
               let id = try pickRecord(poolKey(store, destination.name, device: process.device)) else { return .null }
-        let access = EntityShapeRegistry.shared.accessor(for: destination)
+        let access = process.device.info(destination).access
         return try access.values(context, id: id) != nil ? id.sqliteValue : .null
     }
 
