@@ -39,9 +39,10 @@ extension SimulationRun {
 
     func viewKey(_ device: SimDevice, _ store: String) -> String { "\(device.index)/\(store)" }
 
-    /// Reads every device's stores (through the app process, which opens all of them). Without `unknownTypes` the
-    /// views leave out the records of unknown types (the idempotence check does not compare them).
-    func collectViews(unknownTypes: Bool = true) throws -> [String: StoreView] {
+    /// Reads every device's stores (through the app process, which opens all of them). With `before` (the views of
+    /// the idempotence check's first read) the views leave out the records of unknown types, which that check does
+    /// not compare, and keep the history of `before` when it is provably unchanged (see `storeHistory(_:storeName:unlessUnchangedFrom:)`).
+    func collectViews(before: [String: StoreView]? = nil) throws -> [String: StoreView] {
         var views: [String: StoreView] = [:]
         for device in devices {
             guard let process = device.processes.first, let context = process.context else { continue }
@@ -55,11 +56,16 @@ extension SimulationRun {
                 }
                 if let engine = process.engines[store.name] {
                     for state in try engine.engine.replicationStates() { view.states[state.id.id] = state }
-                    if unknownTypes {
+                    if before == nil {
                         for record in try engine.engine.unknownTypeRecords() { view.unknownTypes[record.recordID] = record }
                     }
                 }
-                view.history = try context.fetchHistory(HistoryDescriptor(storeNames: [configurationName(store.name)]))
+                let name = configurationName(store.name)
+                if let old = before?[viewKey(device, store.name)]?.history {
+                    view.history = try storeHistory(context, storeName: name, unlessUnchangedFrom: old)
+                } else {
+                    view.history = try context.fetchHistory(HistoryDescriptor(storeNames: [name]))
+                }
                 views[viewKey(device, store.name)] = view
             }
         }
@@ -554,7 +560,7 @@ extension SimulationRun {
         if stats.cloudSaves != saves {
             throw InvariantViolation(.idempotence, "re-reading every zone made the devices upload \(stats.cloudSaves - saves) records again")
         }
-        let after = try collectViews(unknownTypes: false)
+        let after = try collectViews(before: before)
         for key in before.keys.sorted() {
             guard let old = before[key], let new = after[key] else { continue }
             let label = "store \(key.split(separator: "/").last.map(String.init) ?? key) on \(devices[Int(key.split(separator: "/")[0])!].name)"
@@ -572,6 +578,22 @@ extension SimulationRun {
             }
         }
     }
+}
+
+/// A store's history, read in full only when it may differ from `before` (an earlier full read of it): the
+/// idempotence check compares the history after its re-read of every zone with the one before.
+/// History is append-only with increasing tokens, and the only removal is pruning, which takes a prefix and moves the
+/// store's expiry watermark (the simulator never prunes). So when reading after the token just before `before`'s
+/// first transaction is not expired (nothing from it on was pruned) and the newest transaction is still `before`'s
+/// last, the history holds the same transactions: `before` is returned, without reading and decoding every
+/// transaction again. Otherwise (or when `before` is empty) the whole history is read.
+func storeHistory(_ context: ModelContext, storeName: String, unlessUnchangedFrom before: [HistoryTransaction]) throws -> [HistoryTransaction] {
+    if let first = before.first?.token, let last = before.last?.token {
+        let fromFirst = HistoryToken(storeIdentity: first.storeIdentity, value: first.value - 1)
+        let newest = try? context.fetchHistory(HistoryDescriptor(after: fromFirst, storeNames: [storeName], reverse: true, fetchLimit: 1))
+        if let newest, newest.count == 1, newest[0].token == last { return before }
+    }
+    return try context.fetchHistory(HistoryDescriptor(storeNames: [storeName]))
 }
 
 /// The UUID stored in a 16-byte blob.

@@ -75,6 +75,10 @@ final class SimulationRun {
     var messageSlots: [FateSlot] = []
     var cloudSlots: [FateSlot] = []
     static let slotsPerStep = 6
+    /// The scenario's fate and workload weights, converted once (drawn from at every step).
+    let messageWeights: [UInt64]
+    let cloudWeights: [UInt64]
+    let workloadWeights: [UInt64]
 
     init(scenario: Scenario, options: SimulationOptions, dice: Dice) {
         self.scenario = scenario
@@ -95,6 +99,9 @@ final class SimulationRun {
             if !names.isEmpty { encrypted[entity.name] = Set(names) }
         }
         self.encryptedAttributes = encrypted
+        self.messageWeights = weights(scenario.faults.messageRates)
+        self.cloudWeights = weights(scenario.faults.cloudRates)
+        self.workloadWeights = scenario.workload.weights.map { UInt64($0) }
         self.encryptedStores = Set(scenario.stores.filter { store in store.isSynced && store.entities.contains { encrypted[$0] != nil } }.map(\.name))
     }
 
@@ -293,8 +300,6 @@ final class SimulationRun {
 
     /// Draws the fates of the messages and cloud requests of the next window (benign fates draw no parameter).
     private func drawFateSlots() throws {
-        let messageWeights = weights(scenario.faults.messageRates)
-        let cloudWeights = weights(scenario.faults.cloudRates)
         try dice.span(.simulationFate) {
             messageSlots = try (0..<Self.slotsPerStep).map { _ in
                 let kind = try dice.pick(messageWeights)
@@ -543,14 +548,17 @@ final class SimulationRun {
 
     // MARK: Digests
 
-    /// A state-digest line: the cloud's records and each store's history position and outbox size.
+    /// A state-digest line: the cloud's records and each store's history position and outbox size. Checks that
+    /// history tokens never go back (traced or not); the digest itself is computed only when the trace is recorded.
     func digest() throws {
         var cloudBytes: [UInt8] = []
-        for zone in zones {
-            cloudBytes += Array(zone.utf8)
-            for record in (mirror[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
-                withUnsafeBytes(of: record.recordID.uuid) { cloudBytes += $0 }
-                cloudBytes += Array("\(record.causalLength)|\(record.changeTag ?? "")".utf8)
+        if trace.isEnabled {
+            for zone in zones {
+                cloudBytes += Array(zone.utf8)
+                for record in (mirror[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) }) {
+                    withUnsafeBytes(of: record.recordID.uuid) { cloudBytes += $0 }
+                    cloudBytes += Array("\(record.causalLength)|\(record.changeTag ?? "")".utf8)
+                }
             }
         }
         var storeBytes: [UInt8] = []
@@ -563,12 +571,14 @@ final class SimulationRun {
                     throw InvariantViolation(.history, "the history token of \(device.name) store '\(store.name)' went back from \(last) to \(token)")
                 }
                 lastHistoryToken[key] = token
+                guard trace.isEnabled else { continue }
                 storeBytes += Array("\(key)=\(token);".utf8)
                 if let engine = process.engines[store.name] {
                     storeBytes += Array("p\(try engine.engine.status().pendingRecords);".utf8)
                 }
             }
         }
+        guard trace.isEnabled else { return }
         let cloudDigest = SimulationHash.fnv1a64Hex(cloudBytes)
         let storeDigest = SimulationHash.fnv1a64Hex(storeBytes)
         trace.event(now, "digest") { line in

@@ -53,7 +53,7 @@ extension SimulationRun {
     func workloadStep() throws {
         let device = devices[try dice.below(devices.count)]
         let process = device.processes[try dice.below(device.processes.count)]
-        var operation = WorkloadOperation(rawValue: try dice.pick(scenario.workload.weights.map { UInt64($0) })) ?? .insert
+        var operation = WorkloadOperation(rawValue: try dice.pick(workloadWeights)) ?? .insert
         var candidates = targets(for: operation, on: process)
         if candidates.isEmpty {
             operation = .insert
