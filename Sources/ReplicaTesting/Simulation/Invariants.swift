@@ -212,7 +212,9 @@ extension SimulationRun {
                             knownFields[entity.name] = names
                             return names
                         }()
-                        if record.isAlive {
+                        // The same comparisons first without building and sorting the name sets; on a difference they run
+                        // again in name order, for the message.
+                        if record.isAlive && !stampsAgree(state.stamps, record.fields, known: known, incarnation: current) {
                             for name in (Set(state.stamps.keys).union(record.fields.keys.filter { known.contains($0) })).sorted() {
                                 let cloudStamp = record.fields[name].flatMap { $0.stamp.incarnation == current ? $0.stamp : nil }
                                 if state.stamps[name] != cloudStamp {
@@ -220,6 +222,8 @@ extension SimulationRun {
                                         + "on the device but \(cloudStamp.map { "\($0)" } ?? "none") in the cloud")
                                 }
                             }
+                        }
+                        if record.isAlive && !unknownFieldsAgree(state.unknownFields, record.fields, known: known, incarnation: current) {
                             let unknownCloud = record.fields.filter { !known.contains($0.key) && $0.value.stamp.incarnation == current }
                             if unknownCloud.mapValues(\.stamp) != state.unknownFields.mapValues(\.stamp) {
                                 throw InvariantViolation(.convergence, "\(label): the fields of \(alias(id)) this app version does not know differ "
@@ -594,6 +598,30 @@ func storeHistory(_ context: ModelContext, storeName: String, unlessUnchangedFro
         if let newest, newest.count == 1, newest[0].token == last { return before }
     }
     return try context.fetchHistory(HistoryDescriptor(storeNames: [storeName]))
+}
+
+/// Whether a ledger's field stamps equal a cloud record's, compared over the ledger's field names and the cloud's
+/// fields in `known` (a cloud field counts only in `incarnation`): the convergence check's comparison, without
+/// building and sorting the union of names.
+func stampsAgree(_ stamps: [String: FieldStamp], _ fields: [String: CloudField], known: Set<String>, incarnation: Int64) -> Bool {
+    for (name, stamp) in stamps {
+        guard let field = fields[name], field.stamp.incarnation == incarnation, field.stamp == stamp else { return false }
+    }
+    for (name, field) in fields where stamps[name] == nil && field.stamp.incarnation == incarnation && known.contains(name) {
+        return false
+    }
+    return true
+}
+
+/// Whether a ledger's unknown fields have exactly the names and stamps of a cloud record's fields outside `known`
+/// in `incarnation` (the convergence check's comparison, without building the filtered dictionaries).
+func unknownFieldsAgree(_ unknown: [String: CloudField], _ fields: [String: CloudField], known: Set<String>, incarnation: Int64) -> Bool {
+    var count = 0
+    for (name, field) in fields where field.stamp.incarnation == incarnation && !known.contains(name) {
+        count += 1
+        guard unknown[name]?.stamp == field.stamp else { return false }
+    }
+    return count == unknown.count
 }
 
 /// The UUID stored in a 16-byte blob.
