@@ -840,18 +840,20 @@ extension SimulationRun {
     private func checkOutbox(_ engine: SimEngine, records: [CloudRecord], zone: String) throws {
         for record in records {
             guard let state = try engine.engine.replicationState(of: record.recordID), !state.isPending else { continue }
-            let label = "\(engine.process.label) dropped \(alias(record.recordID)) from its outbox"
+            // (The message text is built only for a violation.)
+            func label() -> String { "\(engine.process.label) dropped \(alias(record.recordID)) from its outbox" }
             guard let stored = mirror[zone]?[record.recordID] else {
-                throw InvariantViolation(.noLostWrites, "\(label), but the cloud does not have it")
+                throw InvariantViolation(.noLostWrites, "\(label()), but the cloud does not have it")
             }
             if stored.causalLength < state.causalLength {
-                throw InvariantViolation(.noLostWrites, "\(label) at causal length \(state.causalLength), but the cloud has \(stored.causalLength)")
+                throw InvariantViolation(.noLostWrites, "\(label()) at causal length \(state.causalLength), but the cloud has \(stored.causalLength)")
             }
             guard stored.causalLength == state.causalLength, state.isAlive else { continue }
-            for (name, stamp) in state.stamps.sorted(by: { $0.key < $1.key }) {
-                if stored.fields[name].map({ $0.stamp < stamp }) ?? true {
-                    throw InvariantViolation(.noLostWrites, "\(label), but the cloud lacks its write of '\(name)' (stamp \(stamp))")
-                }
+            func lacks(_ name: String, _ stamp: FieldStamp) -> Bool { stored.fields[name].map({ $0.stamp < stamp }) ?? true }
+            // Field order matters only for naming the first missing write.
+            guard state.stamps.contains(where: lacks) else { continue }
+            for (name, stamp) in state.stamps.sorted(by: { $0.key < $1.key }) where lacks(name, stamp) {
+                throw InvariantViolation(.noLostWrites, "\(label()), but the cloud lacks its write of '\(name)' (stamp \(stamp))")
             }
         }
     }
@@ -988,9 +990,15 @@ extension SimulationRun {
 
     /// Push notifications to every engine of `zone` (but the uploader).
     func schedulePushes(zone: String, except serial: Int?) {
-        for engine in currentEngines where engine.store == zone && engine.serial != serial && !engine.pushPending {
-            engine.pushPending = true
-            queue.push(now + Int64(scenario.timing.pushLatencyMs), .push(engine.serial))
+        // `currentEngines`' order (device, process, store), without building the list.
+        for device in devices {
+            for process in device.processes where process.isUp {
+                for store in process.stores where store.name == zone {
+                    guard let engine = process.engines[store.name], engine.serial != serial, !engine.pushPending else { continue }
+                    engine.pushPending = true
+                    queue.push(now + Int64(scenario.timing.pushLatencyMs), .push(engine.serial))
+                }
+            }
         }
     }
 
