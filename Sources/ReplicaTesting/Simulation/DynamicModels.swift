@@ -73,7 +73,7 @@ public struct DynamicRecord<S: EntitySlot>: PersistentModel {
     }
 
     /// The name of the entity registered for the slot.
-    public static var entityName: String { EntityShapeRegistry.shared.shape(S.index).name }
+    public static var entityName: String { EntityShapeRegistry.shared.name(S.index) }
 
     /// Every field of the registered shape as a ``RawField`` attribute (built once per slot).
     public static var entity: ModelEntity<DynamicRecord<S>> {
@@ -88,7 +88,7 @@ public struct DynamicRecord<S: EntitySlot>: PersistentModel {
     /// Reads the fields by position.
     public init(row: ModelRow) throws {
         id = row.id
-        let count = EntityShapeRegistry.shared.shape(S.index).fieldNames.count
+        let count = EntityShapeRegistry.shared.fieldCount(S.index)
         values = (0..<count).map { row[$0] }
     }
 
@@ -131,6 +131,12 @@ final class EntityShapeRegistry: Sendable {
     }
 
     func shape(_ slot: Int) -> Shape { state.withLock { $0.shapes[slot] } }
+
+    /// The entity name of `slot` (read on every query and decoded row: without copying the whole shape).
+    func name(_ slot: Int) -> String { state.withLock { $0.shapes[slot].name } }
+
+    /// The number of fields of `slot`.
+    func fieldCount(_ slot: Int) -> Int { state.withLock { $0.shapes[slot].fieldNames.count } }
 
     /// The model entity of `slot`, made on first use. Read on every query of a dynamic model: an array index and a
     /// class cast (casting an existential to a generic struct cost more than the query's own Swift work).

@@ -267,6 +267,9 @@ final class SimProcess {
     var isUp = false
     /// Restart delay drawn when an armed crash was set up.
     var pendingRestartDelay: Int64 = 1
+    /// The (store, entity) pairs each workload operation can apply to here, by operation (made on first use: the
+    /// process's stores and its device's schema never change).
+    var workloadTargets: [[(Scenario.Store, Schema.Entity)]?] = Array(repeating: nil, count: WorkloadOperation.allCases.count)
 
     init(device: SimDevice, index: Int, stores: [Scenario.Store], environment: ReplicaEnvironment, faults: FaultSwitch) {
         self.device = device

@@ -35,6 +35,7 @@ extension SimulationRun {
 
     /// The (store, entity) pairs an operation can apply to on `process`.
     private func targets(for operation: WorkloadOperation, on process: SimProcess) -> [(Scenario.Store, Schema.Entity)] {
+        if let cached = process.workloadTargets[operation.rawValue] { return cached }
         var result: [(Scenario.Store, Schema.Entity)] = []
         for store in process.stores {
             for entity in entities(of: store, on: process.device) {
@@ -47,6 +48,7 @@ extension SimulationRun {
                 result.append((store, entity))
             }
         }
+        process.workloadTargets[operation.rawValue] = result
         return result
     }
 
@@ -143,7 +145,8 @@ extension SimulationRun {
     private func report(_ outcome: Outcome) {
         let record = outcome.record.map(alias) ?? outcome.entity.name
         let fields = outcome.fields.isEmpty ? "" : " [\(outcome.fields.joined(separator: ", "))]"
-        note("\(outcome.operation.name) \(record)\(fields) on \(outcome.process.label) (\(outcome.store.name)): \(outcome.result)")
+        // As `note(_:)` words it, in one string.
+        witness.append("\(step). \(outcome.operation.name) \(record)\(fields) on \(outcome.process.label) (\(outcome.store.name)): \(outcome.result)")
         trace.event(now, "step") { line in
             line.add("n", step)
             line.add("action", outcome.operation.name)
