@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import Replica
 @testable import ReplicaTesting
@@ -69,6 +70,30 @@ struct SimulationHistoryReadTests {
         try save(context, 1)
         after = try storeHistory(context, storeName: "\(Self.store)-pruned", unlessUnchangedFrom: before)
         #expect(after == (try fullRead(context, "pruned")))
+    }
+
+    @Test("a transaction deleted between the first and the newest (a bug the check must see): the full history, shorter")
+    func middleDeleted() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sim-history-middle-\(getpid())", isDirectory: true)
+        try? FileManager.default.removeItem(at: directory)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let name = "\(Self.store)-middle"
+        let url = directory.appendingPathComponent("middle.store")
+        let container = try ModelContainer(for: Schema([HistoryNote.self]), configurations: [ModelConfiguration(name, url: url)],
+                                           environment: .seeded(seed: 7, directory: directory))
+        let context = ModelContext(container)
+        try save(context, 4)
+        let before = try context.fetchHistory(HistoryDescriptor(storeNames: [name]))
+        #expect(before.count == 4)
+        // What a faulty re-read could do behind the library's back: drop the second transaction, watermark untouched.
+        var db: OpaquePointer?
+        #expect(sqlite3_open_v2(url.path, &db, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK)
+        #expect(sqlite3_exec(db, "DELETE FROM replica_history_change WHERE token = \(before[1].token.value); DELETE FROM replica_history_transaction WHERE token = \(before[1].token.value)", nil, nil, nil) == SQLITE_OK)
+        sqlite3_close_v2(db)
+        let after = try storeHistory(context, storeName: name, unlessUnchangedFrom: before)
+        #expect(after.count == 3)
+        #expect(after == (try context.fetchHistory(HistoryDescriptor(storeNames: [name]))))
     }
 
     @Test("an empty earlier read: the full history")

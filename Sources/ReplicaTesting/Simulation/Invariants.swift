@@ -1,7 +1,7 @@
 // The check phase: every invariant, in order, over the quiesced world.
 
 import Foundation
-import Replica
+@_spi(Simulation) import Replica
 
 /// One device's view of one store after quiescence.
 struct StoreView {
@@ -588,14 +588,16 @@ extension SimulationRun {
 /// idempotence check compares the history after its re-read of every zone with the one before.
 /// History is append-only with increasing tokens, and the only removal is pruning, which takes a prefix and moves the
 /// store's expiry watermark (the simulator never prunes). So when reading after the token just before `before`'s
-/// first transaction is not expired (nothing from it on was pruned) and the newest transaction is still `before`'s
-/// last, the history holds the same transactions: `before` is returned, without reading and decoding every
-/// transaction again. Otherwise (or when `before` is empty) the whole history is read.
+/// first transaction is not expired (nothing from it on was pruned), the newest transaction is still `before`'s
+/// last and the store holds as many transactions as `before` (so none between them went missing either, should a
+/// bug delete one), the history holds the same transactions: `before` is returned, without reading and decoding
+/// every transaction again. Otherwise (or when `before` is empty) the whole history is read.
 func storeHistory(_ context: ModelContext, storeName: String, unlessUnchangedFrom before: [HistoryTransaction]) throws -> [HistoryTransaction] {
     if let first = before.first?.token, let last = before.last?.token {
         let fromFirst = HistoryToken(storeIdentity: first.storeIdentity, value: first.value - 1)
         let newest = try? context.fetchHistory(HistoryDescriptor(after: fromFirst, storeNames: [storeName], reverse: true, fetchLimit: 1))
-        if let newest, newest.count == 1, newest[0].token == last { return before }
+        if let newest, newest.count == 1, newest[0].token == last,
+           try context.historyTransactionCount(storeName: storeName) == before.count { return before }
     }
     return try context.fetchHistory(HistoryDescriptor(storeNames: [storeName]))
 }
