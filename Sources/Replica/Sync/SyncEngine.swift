@@ -521,7 +521,6 @@ public final class SyncEngine {
     private static let leaseSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'sync_lease'")
     private static let resyncActiveSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
     private static let resyncGenerationSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
-    private static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
     private static let anyUnknownSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)")
     private static let tokenSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'server_change_token'")
 
@@ -530,7 +529,7 @@ public final class SyncEngine {
               case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL)
         else { return }
         // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
-        let anyRejected = try db.scalar(Self.anyRejectedSQL) != .integer(0)
+        let anyRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0)
         let anyUnknown = try db.scalar(Self.anyUnknownSQL) != .integer(0)
         for record in batch.records {
             try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
@@ -590,21 +589,24 @@ public final class SyncEngine {
         var transient: CloudError?
         try db.transaction(.immediate) {
             var conflicts: [CloudRecord] = []
+            // Whether `replica_sync_rejected` holds entries, read at the first saved record: nothing below adds one
+            // before the conflicts merge, and this write transaction keeps other connections from adding any.
+            var mayHoldRejected: Bool?
             for result in results {
                 switch result {
                 case let .saved(id, changeTag):
-                    guard var state = try SyncLedger.load(id, db) else {
+                    guard try SyncLedger.acknowledgeSave(
+                        id, changeTag: changeTag, version: versions[id],
+                        clearingPending: container.environment.canaries.contains(.staleAckClearsPending), db)
+                    else {
                         _ = try SyncLedger.unknownRecordSaved(id, changeTag: changeTag, db)
                         continue
                     }
-                    state.changeTag = changeTag
-                    if versions[id] == state.localVersion || container.environment.canaries.contains(.staleAckClearsPending) {
-                        state.pending = false
-                    }
-                    try SyncLedger.store(state, db)
                     // The cloud's version is now this one: a version of it that could not be applied is superseded.
-                    try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [id.sqliteValue, .text(state.entity)])
-                    if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
+                    if mayHoldRejected == nil { mayHoldRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0) }
+                    if mayHoldRejected == true { try db.run(SyncLedger.deleteRejectedOfLedgerRecordSQL, [id.sqliteValue]) }
+                    if container.environment.canaries.contains(.tombstonesDroppedEarly), let state = try SyncLedger.load(id, db),
+                       !state.isAlive && !state.pending {
                         try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
                     }
                 case let .conflict(serverRecord):

@@ -249,6 +249,37 @@ enum SyncLedger {
         }
     }
 
+    /// The ledger update of a record whose upload the cloud saved: the new change tag, and out of the outbox unless a
+    /// local change came after the uploaded version (`?3`; `?4` clears it regardless). `state` follows `pending` as
+    /// ``storeSQL`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
+    private static let acknowledgeSaveSQL = StatementKey("""
+        UPDATE replica_sync_record SET change_tag = ?2,
+            pending = CASE WHEN ?4 OR local_version = ?3 THEN 0 ELSE pending END,
+            state = CASE WHEN ?4 OR local_version = ?3 THEN 'synced'
+                         WHEN pending = 1 AND state NOT IN ('rejected', 'undecryptable') THEN 'pending'
+                         WHEN pending = 0 THEN 'synced' ELSE state END
+        WHERE id = ?1
+        """)
+
+    /// Records that the cloud saved the upload of record `id` (built from local version `version`) under
+    /// `changeTag`: what loading its state, setting the tag (and clearing `pending` when `version` is still the local
+    /// version, or when `clearingPending`) and storing it did. Returns `false` when the ledger has no record `id`.
+    static func acknowledgeSave(_ id: UUID, changeTag: String, version: Int64?, clearingPending: Bool, _ db: Connection) throws -> Bool {
+        let statement = try db.cachedStatement(acknowledgeSaveSQL)
+        defer { statement.reset() }
+        try statement.bind(id, at: 0)
+        try statement.bind(version.map(SQLiteValue.integer) ?? .null, at: 2)
+        try statement.bind(clearingPending ? 1 : 0, at: 3)
+        try statement.withStaticText(changeTag, at: 1) { while try statement.step() {} }
+        return db.changes > 0
+    }
+
+    /// Deletes the version kept aside (`replica_sync_rejected`) of ledger record `id` (of the entity the ledger holds it
+    /// as), which the cloud's new version supersedes.
+    static let deleteRejectedOfLedgerRecordSQL = StatementKey("""
+        DELETE FROM replica_sync_rejected WHERE id = ?1 AND record_type = (SELECT entity FROM replica_sync_record WHERE id = ?1)
+        """)
+
     // MARK: Local changes
 
     /// Stamps what a local save changed: inserts stamp every field (a new incarnation if the ID has a tombstone),
@@ -746,7 +777,10 @@ enum SyncLedger {
         return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id, absorbing: absorbing)
     }
 
-    private static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
+    /// Whether `replica_sync_rejected` holds any entry (merges and acknowledged saves skip deleting the entry of
+    /// their record when it holds none).
+    static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
+    static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
 
     /// What the merges of one batch share: knowledge that saves each merge a statement. Create one per batch, inside
     /// the transaction that merges it.
@@ -761,7 +795,7 @@ enum SyncLedger {
         private var tableMax: [UUID??] = []
 
         init(_ db: Connection) throws {
-            mayHoldRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
+            mayHoldRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0)
         }
 
         /// Whether `id` is certainly in neither the ledger nor the table of the entity at `entityIndex`: it sorts
