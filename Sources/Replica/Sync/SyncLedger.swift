@@ -96,6 +96,9 @@ enum SyncLedger {
         var changeTag: String?
         var localVersion: Int64
         var pending: Bool
+        /// The stored `state` column (the ledger state ``storeSQL`` derives from `pending`), when read by
+        /// ``load(_:_:)``; `nil` otherwise.
+        var storedState: String? = nil
 
         var isAlive: Bool { causalLength % 2 == 1 }
         /// The causal length of the current (or last) incarnation.
@@ -121,7 +124,7 @@ enum SyncLedger {
     // MARK: Record state
 
     private static let loadSQL = StatementKey("""
-        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
+        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending, state
         FROM replica_sync_record WHERE id = ?
         """)
 
@@ -148,7 +151,30 @@ enum SyncLedger {
         defer { statement.reset() }
         try statement.bind(id, at: 0)
         guard try statement.step() else { return nil }
-        return readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
+        var state = readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
+        state.storedState = statement.isNull(10) ? nil : statement.string(10)
+        return state
+    }
+
+    /// Whether storing `state` with ``storeSQL`` over the row ``load(_:_:)`` read as `stored` would write the values
+    /// the row already holds: every column the upsert sets is equal (the stamps as the field registers `stamps`, in
+    /// storage order of `fieldNames`), including the `state` it derives from `pending`.
+    static func storeChangesNothing(_ state: RecordState, stamps: [FieldStamp?], fieldNames: [String], over stored: RecordState) -> Bool {
+        guard state.id == stored.id, state.entity == stored.entity, state.causalLength == stored.causalLength,
+              state.created == stored.created, state.redirect == stored.redirect, state.changeTag == stored.changeTag,
+              state.localVersion == stored.localVersion, state.pending == stored.pending,
+              state.unknown == stored.unknown, state.tombstone == stored.tombstone,
+              let storedState = stored.storedState else { return false }
+        // `storeSQL`'s CASE on the stored state.
+        let derived = state.pending ? (storedState == "rejected" || storedState == "undecryptable" ? storedState : "pending") : "synced"
+        guard derived == storedState else { return false }
+        var count = 0
+        for (index, stamp) in stamps.enumerated() {
+            guard let stamp else { continue }
+            count += 1
+            if stored.stamps[fieldNames[index]] != stamp { return false }
+        }
+        return count == stored.stamps.count
     }
 
     /// The record state in the columns of ``loadSQL`` (entity … pending) starting at `first` of the current row of
@@ -743,8 +769,12 @@ enum SyncLedger {
         // A merge that changes what this device would upload invalidates any upload already in flight.
         if changedLocally && localNewer { state.localVersion += 1 }
         state.pending = localNewer
-        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
-                                                              oneStampTail: statements.oneStampTail))
+        // A record merged again unchanged (e.g. this device's own upload coming back in a fetch) keeps its row as it is.
+        let unchanged = local.map { !changedLocally && storeChangesNothing(state, stamps: winners, fieldNames: fieldNames, over: $0) } ?? false
+        if !unchanged {
+            try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
+                                                                  oneStampTail: statements.oneStampTail))
+        }
         batch?.ledgerHolds(remote.recordID)
         for entry in endedChanges { try storeEndedIncarnation(id: remote.recordID, entity: entity.name, entry, db) }
         for (field, localStamp, winning) in conflicts {
