@@ -94,4 +94,49 @@ struct LedgerWriteAvoidanceTests {
         #expect(try device.engine.ledgerEntry(for: id)?.state == .synced)
         #expect(try device.engine.status().isUpToDate)
     }
+
+    /// The ledger states of the items of `records` on `device`: waiting for the trip, or not.
+    private func waitingItems(_ device: Device, _ records: [CloudRecord]) throws -> [UUID: Bool] {
+        var result: [UUID: Bool] = [:]
+        for record in records where record.recordType == "Item" {
+            guard let entry = try device.engine.ledgerEntry(for: PersistentIdentifier(entityName: "Item", id: record.recordID)) else { continue }
+            if case .waitingForParent = entry.state { result[record.recordID] = true } else { result[record.recordID] = false }
+        }
+        return result
+    }
+
+    @Test("waiting marks stay exact when batches hold children and their parent in any order and grouping, with duplicates",
+          arguments: 0..<6)
+    func waitingAcrossBatches(split: Int) throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1, models: [STrip.self, SItem.self, SStep.self])
+        let trip = a.context.insert(STrip(name: "Iceland"))
+        for title in ["lights", "spring", "glacier"] { a.context.insert(SItem(title: title, trip: Reference(trip))) }
+        try a.context.save()
+        try a.sync(cloud)
+        let records = cloud.records(in: "notes")
+        let parent = try #require(records.first { $0.recordType == "Trip" })
+        let items = records.filter { $0.recordType == "Item" }
+        // Children first; the parent in the batch `split` selects; a child delivered again in a batch of its own.
+        let batches: [[CloudRecord]] = switch split {
+        case 0: [items + [parent]]
+        case 1: [[items[0]], [items[1], parent, items[2]]]
+        case 2: [items, [items[0]], [parent]]
+        case 3: [[items[0], items[1]], [items[1]], [items[2], parent], [items[0]]]
+        case 4: [[items[2]], [items[2], items[0]], [parent, items[1]]]
+        default: [[items[0]], [parent], [items[0], items[1], items[2]]]
+        }
+        let device = try Device("B", seed: 2, models: [STrip.self, SItem.self, SStep.self])
+        var delivered: [CloudRecord] = []
+        for batch in batches {
+            #expect(try device.deliver(batch, cloud: cloud))
+            delivered += batch
+            let parentArrived = delivered.contains { $0.recordType == "Trip" }
+            for (_, waiting) in try waitingItems(device, delivered) { #expect(waiting == !parentArrived, "split \(split)") }
+            // The ledger's own view agrees with the status query over the whole table.
+            let expectedWaiting = parentArrived ? 0 : Set(delivered.filter { $0.recordType == "Item" }.map(\.recordID)).count
+            #expect(try device.engine.status().waitingForParent == expectedWaiting, "split \(split)")
+        }
+        #expect(try device.engine.ledgerEntries(in: .waitingForParent).isEmpty)
+    }
 }

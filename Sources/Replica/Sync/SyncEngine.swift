@@ -576,7 +576,7 @@ public final class SyncEngine {
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
             try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
-        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db)
+        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated

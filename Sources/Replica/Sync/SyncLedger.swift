@@ -99,6 +99,8 @@ enum SyncLedger {
         /// The stored `state` column (the ledger state ``storeSQL`` derives from `pending`), when read by
         /// ``load(_:_:)``; `nil` otherwise.
         var storedState: String? = nil
+        /// The stored `waiting_for` column (which no upsert writes), when read by ``load(_:_:)``; `nil` otherwise.
+        var storedWaitingFor: UUID?? = nil
 
         var isAlive: Bool { causalLength % 2 == 1 }
         /// The causal length of the current (or last) incarnation.
@@ -124,7 +126,8 @@ enum SyncLedger {
     // MARK: Record state
 
     private static let loadSQL = StatementKey("""
-        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending, state
+        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending, state,
+               waiting_for
         FROM replica_sync_record WHERE id = ?
         """)
 
@@ -153,6 +156,7 @@ enum SyncLedger {
         guard try statement.step() else { return nil }
         var state = readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
         state.storedState = statement.isNull(10) ? nil : statement.string(10)
+        state.storedWaitingFor = .some(statement.uuid(11))
         return state
     }
 
@@ -538,6 +542,7 @@ enum SyncLedger {
         if let reason {
             try reject(remote, reason: reason, db)
             batch?.mayHoldRejected = true
+            batch?.forget(remote.recordID)
             return MergeOutcome(change: nil)
         }
         if batch?.mayHoldRejected ?? true {
@@ -550,6 +555,7 @@ enum SyncLedger {
 
         guard let entityIndex else {
             try keepUnknownRecord(remote, db)
+            batch?.forget(remote.recordID)
             return MergeOutcome(change: nil)
         }
         let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
@@ -776,6 +782,8 @@ enum SyncLedger {
                                                                   oneStampTail: statements.oneStampTail))
         }
         batch?.ledgerHolds(remote.recordID)
+        // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
+        batch?.merged(remote.recordID, waitingFor: local.map { $0.storedWaitingFor } ?? .some(nil), plainTombstone: !alive && redirect == nil)
         for entry in endedChanges { try storeEndedIncarnation(id: remote.recordID, entity: entity.name, entry, db) }
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
@@ -809,6 +817,9 @@ enum SyncLedger {
 
     /// Whether `replica_sync_rejected` holds any entry (merges and acknowledged saves skip deleting the entry of
     /// their record when it holds none).
+    static let anyWaiterSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_record WHERE waiting_for IS NOT NULL)")
+    static let releaseWaitersSQL = StatementKey("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?")
+    static let setWaitingSQL = StatementKey("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?")
     static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
     static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
 
@@ -840,6 +851,42 @@ enum SyncLedger {
             if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
+        }
+
+        /// The `waiting_for` the ledger row of each record merged in this batch holds, where known: what
+        /// ``resolveReferences(after:tombstoned:store:db:batch:)`` would write again is left as it is.
+        private(set) var waitingFor: [UUID: UUID?] = [:]
+        /// Records whose last merge in this batch left a tombstone that redirects nowhere (not a losing duplicate): no
+        /// redirect chain starts there.
+        private(set) var plainTombstones: Set<UUID> = []
+        /// Whether some ledger row may wait for a parent (`nil`: not read yet). Only ever goes from `false` to `true`.
+        private var mayHaveWaiters: Bool?
+
+        /// Records what the merge of `id` left in its ledger row (`waitingFor` `nil`: unknown).
+        func merged(_ id: UUID, waitingFor: UUID??, plainTombstone: Bool) {
+            if let waitingFor { self.waitingFor[id] = waitingFor } else { self.waitingFor[id] = nil }
+            if plainTombstone { plainTombstones.insert(id) } else { plainTombstones.remove(id) }
+        }
+
+        /// Forgets what is known of record `id`'s ledger row.
+        func forget(_ id: UUID) {
+            waitingFor[id] = nil
+            plainTombstones.remove(id)
+        }
+
+        /// Records that the ledger row of `id` now waits for `parent` (`nil`: for nothing).
+        func setWaiting(_ id: UUID, for parent: UUID?) {
+            waitingFor[id] = .some(parent)
+            if parent != nil { mayHaveWaiters = true }
+        }
+
+        /// Runs `UPDATE … SET waiting_for = NULL WHERE waiting_for = parent` unless no ledger row can wait (read once
+        /// per batch, inside its write transaction, and kept up to date by ``setWaiting(_:for:)``).
+        func releaseWaiters(of parent: UUID, _ db: Connection) throws {
+            if mayHaveWaiters == nil { mayHaveWaiters = try db.scalar(SyncLedger.anyWaiterSQL) != .integer(0) }
+            guard mayHaveWaiters == true else { return }
+            try db.run(SyncLedger.releaseWaitersSQL, [parent.sqliteValue])
+            for (id, waiting) in waitingFor where waiting == parent { waitingFor[id] = .some(nil) }
         }
 
         /// Records that the ledger now holds `id`.
@@ -1017,17 +1064,21 @@ enum SyncLedger {
     /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change). A winner's
     /// registers that absorb a losing duplicate's fields keep those fields' own clocks: that change is added to
     /// `changes` (the merge's own changes, recorded in history but never re-stamped), not to the returned ones.
-    static func resolveReferences(after changes: inout StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+    ///
+    /// `batch`, the merges' shared knowledge, saves statements: tombstones known to redirect nowhere are not looked up,
+    /// and `waiting_for` is written only where it changes.
+    static func resolveReferences(after changes: inout StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection,
+                                  batch: MergeBatch? = nil) throws -> StoreChanges {
         var writer = StoreWriter(store: store, db: db)
         for id in tombstoned {
-            if let winner = try liveRedirectTarget(of: id.id, db) {
+            if batch?.plainTombstones.contains(id.id) != true, let winner = try liveRedirectTarget(of: id.id, db) {
                 // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
                 try writer.retargetReferences(from: id, to: winner)
                 try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &changes)
             } else {
                 try writer.applyDeleteRulesAfterRemoteDelete(of: id)
             }
-            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [id.id.sqliteValue])
+            if let batch { try batch.releaseWaiters(of: id.id, db) } else { try db.run(releaseWaitersSQL, [id.id.sqliteValue]) }
         }
         let live = changes.inserted + changes.updated.map(\.0)
         for snapshot in live where !snapshot.values.isEmpty {
@@ -1051,12 +1102,16 @@ enum SyncLedger {
                     waitingFor = waitingFor ?? target
                 }
             }
-            try db.run("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?", [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
+            if let batch {
+                if batch.waitingFor[snapshot.id] == .some(waitingFor) { continue }
+                batch.setWaiting(snapshot.id, for: waitingFor)
+            }
+            try db.run(setWaitingSQL, [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
         }
         // Only records of an entity some to-one relationship points to can have waiters.
         let referenced = Set(store.entities.flatMap { $0.toOneRelationships.map(\.destination) })
         for snapshot in changes.inserted where referenced.contains(snapshot.entityName) {
-            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
+            if let batch { try batch.releaseWaiters(of: snapshot.id, db) } else { try db.run(releaseWaitersSQL, [snapshot.id.sqliteValue]) }
         }
         return writer.changes
     }
