@@ -112,15 +112,27 @@ enum SyncLedger {
     private static let loadHLCSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'hlc'")
 
     static func loadHLC(_ db: Connection, replica: UUID) throws -> HLC {
-        if case let .text(hex)? = try db.scalar(loadHLCSQL), let hlc = HLC(hex: Substring(hex)) {
+        let statement = try db.cachedStatement(loadHLCSQL)
+        defer { statement.reset() }
+        guard try statement.step(), sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT else { return .zero(replica) }
+        // The fixed-width form, parsed in place (this runs in every save and every merged batch).
+        if sqlite3_column_bytes(statement.handle, 0) == 48, let text = sqlite3_column_text(statement.handle, 0),
+           let hlc = HLC.parse(UnsafeBufferPointer(start: text, count: 48), at: 0) {
+            return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
+        }
+        if let hlc = HLC(hex: Substring(statement.string(0))) {
             return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
         }
         return .zero(replica)
     }
 
+    private static let saveHLCSQL = StatementKey(
+        "INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+
     static func saveHLC(_ hlc: HLC, _ db: Connection) throws {
-        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   [.text(hlc.hex)])
+        let statement = try db.cachedStatement(saveHLCSQL)
+        defer { statement.reset() }
+        try statement.withStaticText(hlc.hex, at: 0) { while try statement.step() {} }
     }
 
     // MARK: Record state
@@ -907,10 +919,18 @@ enum SyncLedger {
         static let ledgerLargestIDSQL = StatementKey("SELECT max(id) FROM replica_sync_record")
 
         static func largestID(_ sql: StatementKey, _ db: Connection) throws -> UUID? {
-            guard case let .blob(bytes)? = try db.scalar(sql) else { return nil }
-            var padded = [UInt8](bytes.prefix(16))
-            padded += [UInt8](repeating: 0, count: 16 - padded.count)
-            return UUID(bytes: Data(padded))
+            let statement = try db.cachedStatement(sql)
+            defer { statement.reset() }
+            guard try statement.step() else { return nil }
+            // The usual case, a record ID, read in place.
+            if let id = statement.uuid(0) { return id }
+            guard sqlite3_column_type(statement.handle, 0) == SQLITE_BLOB else { return nil }
+            let bytes = statement.blob(0)
+            var uuid = UUID.unassigned.uuid
+            withUnsafeMutableBytes(of: &uuid) { raw in
+                for index in 0..<16 { raw[index] = index < bytes.count ? bytes[index] : 0 }
+            }
+            return UUID(uuid: uuid)
         }
     }
 
