@@ -524,6 +524,13 @@ public final class SyncEngine {
     private static let anyUnknownSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)")
     private static let tokenSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'server_change_token'")
 
+    private static let markSeenSQL = StatementKey("UPDATE replica_sync_record SET seen = ? WHERE id = ?")
+    private static let markRejectedSeenSQL = StatementKey("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?")
+    private static let markUnknownSeenSQL = StatementKey("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?")
+    private static let saveTokenSQL = StatementKey("""
+        INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value
+        """)
+
     private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
         guard try db.scalar(Self.resyncActiveSQL) != nil,
               case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL)
@@ -531,14 +538,18 @@ public final class SyncEngine {
         // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
         let anyRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0)
         let anyUnknown = try db.scalar(Self.anyUnknownSQL) != .integer(0)
+        // One statement per record and table (prepared once: their SQL is not hashed per record).
+        let markRecord = try db.cachedStatement(Self.markSeenSQL)
         for record in batch.records {
-            try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            defer { markRecord.reset() }
+            try markRecord.bind(generation, at: 0)
+            try markRecord.bind(record.recordID, at: 1)
+            while try markRecord.step() {}
             if anyRejected {
-                try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
-                           [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
+                try db.run(Self.markRejectedSeenSQL, [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
             }
             if anyUnknown {
-                try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+                try db.run(Self.markUnknownSeenSQL, [.integer(generation), record.recordID.sqliteValue])
             }
         }
         guard !batch.moreComing else { return }
@@ -720,8 +731,7 @@ public final class SyncEngine {
 
     private func saveToken(_ token: ServerChangeToken) throws {
         let json = token.ledgerJSON
-        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   [.text(json)])
+        try db.run(Self.saveTokenSQL, [.text(json)])
         // Keyed by the text: if the transaction rolls back, the stored text differs and is decoded again.
         decodedToken = (json, token)
     }

@@ -454,6 +454,9 @@ enum SyncLedger {
         FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?
         """)
 
+    /// Records of unknown types to upload again (read before every upload, usually finding none).
+    private static let pendingUnknownSQL = StatementKey("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?")
+
     /// Up to `limit` records of the outbox, in ID order, with the local version each was built from. Read in one
     /// read transaction, so each record's ledger state and data row are of the same moment (another process may be
     /// writing the store).
@@ -488,9 +491,12 @@ enum SyncLedger {
             // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
             // without them), whole and as received: this device may be the only one left that holds them.
             if result.count < limit {
-                for row in try db.rows("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?",
-                                       [.integer(Int64(limit - result.count))]) {
-                    guard case let .text(json) = row[0], var record = decode(CloudRecord.self, json) else { continue }
+                let statement = try db.cachedStatement(pendingUnknownSQL)
+                defer { statement.reset() }
+                try statement.bind(Int64(limit - result.count), at: 0)
+                while try statement.step() {
+                    guard sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT,
+                          var record = decode(CloudRecord.self, statement.string(0)) else { continue }
                     record.changeTag = nil
                     result.append((record, 0))
                 }
