@@ -327,7 +327,11 @@ enum SyncLedger {
     /// Stamps what a local save changed: inserts stamp every field (a new incarnation if the ID has a tombstone),
     /// updates stamp only the changed fields, deletes bump the causal length and keep preserved values. Every
     /// touched record enters the outbox.
-    static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment) throws {
+    ///
+    /// `ledgerBound`, when given, is the largest ID in the ledger as read earlier in the same write transaction (see
+    /// ``StoreWriter/ledgerBoundRead``); otherwise it is read here at the first insert.
+    static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment,
+                                   ledgerBound knownBound: UUID?? = nil) throws {
         guard !changes.isEmpty else { return }
         var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
         if environment.canaries.contains(.lwwByWallClock) {
@@ -335,7 +339,7 @@ enum SyncLedger {
         }
         // The largest ID in the ledger, read at the first insert: an inserted ID beyond it has no ledger row yet
         // (new IDs are time-ordered), so its lookup is skipped. Kept up to date by the inserts below.
-        var ledgerBound: UUID??
+        var ledgerBound: UUID?? = knownBound
         for snapshot in changes.inserted {
             guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
             let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
