@@ -139,4 +139,44 @@ struct LedgerWriteAvoidanceTests {
         }
         #expect(try device.engine.ledgerEntries(in: .waitingForParent).isEmpty)
     }
+
+    @Test("the largest-ID bound reads a 16-byte ID in place, pads a shorter blob, cuts a longer one and ignores other values")
+    func largestIDBound() throws {
+        let db = try Connection(location: .memory(name: "replica-largest-id-\(UUID().uuidString)"))
+        try db.execute("CREATE TABLE t (id)")
+        let key = StatementKey("SELECT max(id) FROM t")
+        #expect(try SyncLedger.MergeBatch.largestID(key, db) == nil)
+        try db.run("INSERT INTO t VALUES (42), ('text')")
+        #expect(try SyncLedger.MergeBatch.largestID(key, db) == nil)
+        let id = UUID(uuidString: "01234567-89AB-7CDE-8F01-23456789ABCD")!
+        try db.run("INSERT INTO t VALUES (?)", [id.sqliteValue])
+        #expect(try SyncLedger.MergeBatch.largestID(key, db) == id)
+        try db.run("INSERT INTO t VALUES (x'FF01')")
+        #expect(try SyncLedger.MergeBatch.largestID(key, db) == UUID(uuidString: "FF010000-0000-0000-0000-000000000000"))
+        try db.run("INSERT INTO t VALUES (x'FF0200000000000000000000000000000000AA')")
+        #expect(try SyncLedger.MergeBatch.largestID(key, db) == UUID(uuidString: "FF020000-0000-0000-0000-000000000000"))
+    }
+
+    @Test("one save that re-inserts a deleted ID beside new records starts a new incarnation (the ledger bound of the save is shared)")
+    func saveReusesLedgerBound() throws {
+        let cloud = InMemoryCloudDatabase()
+        let device = try Device("a", seed: 1)
+        let old = device.context.insert(SyncNote(title: "old"))
+        try device.context.save()
+        device.context.delete(old)
+        try device.context.save()
+        try device.sync(cloud)
+        #expect(try device.engine.replicationState(of: old.id)?.causalLength == 2)
+        // New IDs sort after the tombstone's: the bound skips their lookups, never the re-inserted one's.
+        let fresh = device.context.insert(SyncNote(title: "fresh"))
+        device.context.insert(SyncNote(id: old.id, title: "again"))
+        let later = device.context.insert(SyncNote(title: "later"))
+        try device.context.save()
+        #expect(try device.engine.replicationState(of: old.id)?.causalLength == 3)
+        #expect(try device.engine.replicationState(of: fresh.id)?.causalLength == 1)
+        #expect(try device.engine.replicationState(of: later.id)?.causalLength == 1)
+        try device.sync(cloud)
+        #expect(try Set(device.notes().map(\.title)) == ["fresh", "again", "later"])
+        #expect(try device.engine.status().isUpToDate)
+    }
 }
