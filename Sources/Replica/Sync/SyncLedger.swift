@@ -887,13 +887,13 @@ enum SyncLedger {
         /// Records what the merge of `id` left in its ledger row (`waitingFor` `nil`: unknown).
         func merged(_ id: UUID, waitingFor: UUID??, plainTombstone: Bool) {
             if let waitingFor { self.waitingFor[id] = waitingFor } else { self.waitingFor[id] = nil }
-            if plainTombstone { plainTombstones.insert(id) } else { plainTombstones.remove(id) }
+            if plainTombstone { plainTombstones.insert(id) } else if !plainTombstones.isEmpty { plainTombstones.remove(id) }
         }
 
         /// Forgets what is known of record `id`'s ledger row.
         func forget(_ id: UUID) {
             waitingFor[id] = nil
-            plainTombstones.remove(id)
+            if !plainTombstones.isEmpty { plainTombstones.remove(id) }
         }
 
         /// Records that the ledger row of `id` now waits for `parent` (`nil`: for nothing).
