@@ -876,7 +876,10 @@ enum SyncLedger {
         }
 
         /// The `waiting_for` the ledger row of each record merged in this batch holds, where known: what
-        /// ``resolveReferences(after:tombstoned:store:db:batch:)`` would write again is left as it is.
+        /// ``resolveReferences(after:tombstoned:store:db:batch:)`` would write again is left as it is. Valid for the
+        /// batch's write transaction only: no other connection writes meanwhile, the ledger upserts never set
+        /// `waiting_for`, and the batch's own `waiting_for` statements update it (``setWaiting(_:for:)``,
+        /// ``releaseWaiters(of:_:)``).
         private(set) var waitingFor: [UUID: UUID?] = [:]
         /// Records whose last merge in this batch left a tombstone that redirects nowhere (not a losing duplicate): no
         /// redirect chain starts there.
