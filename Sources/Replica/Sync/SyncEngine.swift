@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 
 /// One request the engine wants performed, tagged so its response can be matched.
@@ -405,9 +406,22 @@ public final class SyncEngine {
             // The lease rarely changes between requests: the same text holds the same lease as when it was last parsed.
             // (Compared byte for byte: String equality would also match canonically equivalent text.)
             // The value read is the one parsed (another process may write the lease between two reads).
-            guard let value = try db.scalar(Self.leaseSQL) else { return nil }
+            let statement = try db.cachedStatement(Self.leaseSQL)
+            let value: SQLiteValue
+            do {
+                defer { statement.reset() }
+                guard try statement.step() else { return nil }
+                // The same text as last time, compared in place: no String is made per request.
+                if sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT, var cached = leaseCache {
+                    let count = Int(sqlite3_column_bytes(statement.handle, 0))
+                    if let bytes = sqlite3_column_text(statement.handle, 0),
+                       cached.text.withUTF8({ $0.count == count && (count == 0 || memcmp($0.baseAddress!, bytes, count) == 0) }) {
+                        return cached.lease
+                    }
+                }
+                value = statement.value(0)
+            }
             guard case let .text(text) = value else { return try parse(value) }
-            if var cached = leaseCache, Self.sameBytes(&cached.text, text) { return cached.lease }
             let lease = try parse(value)
             leaseCache = (text, lease)
             return lease
@@ -445,12 +459,6 @@ public final class SyncEngine {
                        [.text(lease.json)])
             return true
         }
-    }
-
-    /// Whether `a` and `b` hold the same UTF-8 bytes (`a` is made contiguous if it is not).
-    private static func sameBytes(_ a: inout String, _ b: String) -> Bool {
-        var b = b
-        return a.withUTF8 { x in b.withUTF8 { y in x.count == y.count && (x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0) } }
     }
 
     /// Gives up the upload lease if this engine holds it, so another process can take over at once.
