@@ -173,9 +173,9 @@ enum SyncLedger {
     }
 
     /// Whether storing `state` with ``storeSQL`` over the row ``load(_:_:)`` read as `stored` would write the values
-    /// the row already holds: every column the upsert sets is equal (the stamps as the field registers `stamps`, in
-    /// storage order of `fieldNames`), including the `state` it derives from `pending`.
-    static func storeChangesNothing(_ state: RecordState, stamps: [FieldStamp?], fieldNames: [String], over stored: RecordState) -> Bool {
+    /// the row already holds: every column the upsert sets is equal, including the `state` it derives from `pending` —
+    /// except `stamps`, which the caller compares (a merge compares its field registers with the stored stamps).
+    static func storeChangesNothing(_ state: RecordState, over stored: RecordState) -> Bool {
         guard state.id == stored.id, state.entity == stored.entity, state.causalLength == stored.causalLength,
               state.created == stored.created, state.redirect == stored.redirect, state.changeTag == stored.changeTag,
               state.localVersion == stored.localVersion, state.pending == stored.pending,
@@ -183,14 +183,7 @@ enum SyncLedger {
               let storedState = stored.storedState else { return false }
         // `storeSQL`'s CASE on the stored state.
         let derived = state.pending ? (storedState == "rejected" || storedState == "undecryptable" ? storedState : "pending") : "synced"
-        guard derived == storedState else { return false }
-        var count = 0
-        for (index, stamp) in stamps.enumerated() {
-            guard let stamp else { continue }
-            count += 1
-            if stored.stamps[fieldNames[index]] != stamp { return false }
-        }
-        return count == stored.stamps.count
+        return derived == storedState
     }
 
     /// The record state in the columns of ``loadSQL`` (entity … pending) starting at `first` of the current row of
@@ -631,8 +624,13 @@ enum SyncLedger {
         var conflicts: [(String, FieldStamp, FieldStamp)] = []
         /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
         var knownRemoteFields = 0
+        // The local stamps by storage position, looked up once (the loop below and the comparison after it use them).
+        var localStamps = [FieldStamp?](repeating: nil, count: fieldNames.count)
+        if let local, !local.stamps.isEmpty {
+            for (index, name) in fieldNames.enumerated() { localStamps[index] = local.stamps[name] }
+        }
         for (index, name) in fieldNames.enumerated() {
-            let localStamp = local?.stamps[name]
+            let localStamp = localStamps[index]
             let localValue = localRow?[index + 1]
             let remoteField = remoteFields[index]
             if remoteField != nil { knownRemoteFields += 1 }
@@ -779,7 +777,7 @@ enum SyncLedger {
             for (index, winner) in winners.enumerated() {
                 guard let winner else { continue }
                 count += 1
-                if local.stamps[fieldNames[index]] != winner { return true }
+                if localStamps[index] != winner { return true }
             }
             return count != local.stamps.count
         }
@@ -798,7 +796,8 @@ enum SyncLedger {
         if changedLocally && localNewer { state.localVersion += 1 }
         state.pending = localNewer
         // A record merged again unchanged (e.g. this device's own upload coming back in a fetch) keeps its row as it is.
-        let unchanged = local.map { !changedLocally && storeChangesNothing(state, stamps: winners, fieldNames: fieldNames, over: $0) } ?? false
+        // (`changedLocally` covers the stamps.)
+        let unchanged = local.map { !changedLocally && storeChangesNothing(state, over: $0) } ?? false
         if !unchanged {
             try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
                                                                   oneStampTail: statements.oneStampTail))
