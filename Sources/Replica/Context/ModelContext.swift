@@ -196,7 +196,7 @@ public final class ModelContext {
                     }
                     if container.stores[index].configuration.isSynced {
                         try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
-                                                          environment: container.environment)
+                                                          environment: container.environment, ledgerBound: writer.ledgerBoundRead)
                     }
                     saved.append(writer.changes)
                 }

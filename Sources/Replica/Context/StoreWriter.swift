@@ -22,6 +22,9 @@ struct StoreWriter {
     /// synced store (nothing writes the ledger while it runs): an inserted ID beyond it has no ledger row, so
     /// ``idBelongsToAnotherEntity(_:)`` skips that lookup for new, time-ordered IDs.
     private var ledgerBound: UUID??
+    /// The bound ``apply(_:)`` read (`nil`: not read), for the ledger writes of the same save: nothing but those
+    /// writes the ledger in a save's write transaction, so it still holds when they begin.
+    var ledgerBoundRead: UUID?? { ledgerBound }
 
     /// An entity's description, SQL, prepared INSERT and the facts row checks need.
     private final class InsertContext {
@@ -74,7 +77,6 @@ struct StoreWriter {
     /// Applies `batch` (a context's pending changes in registration order; `nil` entries are skipped).
     mutating func apply(_ batch: [PendingChanges.Entry]) throws {
         ledgerBound = nil
-        defer { ledgerBound = nil }
         for index in batch.indices {
             switch batch[index].change {
             case .delete?, .replace?: try deleteRecord(batch[index].id)

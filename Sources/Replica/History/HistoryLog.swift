@@ -36,7 +36,7 @@ enum HistoryLog {
 
     private static let insertTransactionSQL = StatementKey("""
         INSERT INTO replica_history_transaction (timestamp, author, bundle_identifier, process_name, process_id)
-        VALUES (?, ?, ?, ?, ?) RETURNING token
+        VALUES (?, ?, ?, ?, ?)
         """)
     private static let insertChangeSQL = StatementKey(
         "INSERT INTO replica_history_change (token, seq, entity, kind, fields, ids, tombstone) VALUES (?, ?, ?, ?, ?, ?, ?)")
@@ -53,9 +53,10 @@ enum HistoryLog {
         defer { transaction.reset() }
         try transaction.bind([.integer(environment.clock.nowMilliseconds()), author.map(SQLiteValue.text) ?? .null,
                               .text(identity.bundleIdentifier), .text(identity.processName), .integer(Int64(identity.processID))])
-        guard try transaction.step() else { return nil }
-        let token = transaction.int64(0)
         while try transaction.step() {}
+        // The token is the row's rowid (an INTEGER PRIMARY KEY). Read from the connection rather than with `RETURNING`,
+        // which buffers its rows in a temporary table on every run and cost more than the insert itself.
+        let token = db.lastInsertRowID
 
         var rows = ChangeRows(token: token, statement: try db.cachedStatement(insertChangeSQL),
                               capacity: changes.inserted.count + changes.updated.count + changes.deleted.count)

@@ -201,6 +201,9 @@ final class Connection {
         try cachedStatement(sql).run(values)
     }
 
+    /// The rowid of the row the most recent successful INSERT on this connection added.
+    var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(handle) }
+
     /// Rows changed by the most recent INSERT, UPDATE or DELETE.
     var changes: Int { Int(sqlite3_changes(handle)) }
 

@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 
 /// One request the engine wants performed, tagged so its response can be matched.
@@ -405,9 +406,22 @@ public final class SyncEngine {
             // The lease rarely changes between requests: the same text holds the same lease as when it was last parsed.
             // (Compared byte for byte: String equality would also match canonically equivalent text.)
             // The value read is the one parsed (another process may write the lease between two reads).
-            guard let value = try db.scalar(Self.leaseSQL) else { return nil }
+            let statement = try db.cachedStatement(Self.leaseSQL)
+            let value: SQLiteValue
+            do {
+                defer { statement.reset() }
+                guard try statement.step() else { return nil }
+                // The same text as last time, compared in place: no String is made per request.
+                if sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT, var cached = leaseCache {
+                    let count = Int(sqlite3_column_bytes(statement.handle, 0))
+                    if let bytes = sqlite3_column_text(statement.handle, 0),
+                       cached.text.withUTF8({ $0.count == count && (count == 0 || memcmp($0.baseAddress!, bytes, count) == 0) }) {
+                        return cached.lease
+                    }
+                }
+                value = statement.value(0)
+            }
             guard case let .text(text) = value else { return try parse(value) }
-            if var cached = leaseCache, Self.sameBytes(&cached.text, text) { return cached.lease }
             let lease = try parse(value)
             leaseCache = (text, lease)
             return lease
@@ -445,12 +459,6 @@ public final class SyncEngine {
                        [.text(lease.json)])
             return true
         }
-    }
-
-    /// Whether `a` and `b` hold the same UTF-8 bytes (`a` is made contiguous if it is not).
-    private static func sameBytes(_ a: inout String, _ b: String) -> Bool {
-        var b = b
-        return a.withUTF8 { x in b.withUTF8 { y in x.count == y.count && (x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0) } }
     }
 
     /// Gives up the upload lease if this engine holds it, so another process can take over at once.
@@ -521,25 +529,35 @@ public final class SyncEngine {
     private static let leaseSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'sync_lease'")
     private static let resyncActiveSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_active'")
     private static let resyncGenerationSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'resync_generation'")
-    private static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
     private static let anyUnknownSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_unknown_record)")
     private static let tokenSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'server_change_token'")
+
+    private static let markSeenSQL = StatementKey("UPDATE replica_sync_record SET seen = ? WHERE id = ?")
+    private static let markRejectedSeenSQL = StatementKey("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?")
+    private static let markUnknownSeenSQL = StatementKey("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?")
+    private static let saveTokenSQL = StatementKey("""
+        INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value
+        """)
 
     private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
         guard try db.scalar(Self.resyncActiveSQL) != nil,
               case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL)
         else { return }
         // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
-        let anyRejected = try db.scalar(Self.anyRejectedSQL) != .integer(0)
+        let anyRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0)
         let anyUnknown = try db.scalar(Self.anyUnknownSQL) != .integer(0)
+        // One statement per record and table (prepared once: their SQL is not hashed per record).
+        let markRecord = try db.cachedStatement(Self.markSeenSQL)
         for record in batch.records {
-            try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+            defer { markRecord.reset() }
+            try markRecord.bind(generation, at: 0)
+            try markRecord.bind(record.recordID, at: 1)
+            while try markRecord.step() {}
             if anyRejected {
-                try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ? AND record_type = ?",
-                           [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
+                try db.run(Self.markRejectedSeenSQL, [.integer(generation), record.recordID.sqliteValue, .text(record.recordType)])
             }
             if anyUnknown {
-                try db.run("UPDATE replica_sync_unknown_record SET seen = ? WHERE id = ?", [.integer(generation), record.recordID.sqliteValue])
+                try db.run(Self.markUnknownSeenSQL, [.integer(generation), record.recordID.sqliteValue])
             }
         }
         guard !batch.moreComing else { return }
@@ -577,7 +595,7 @@ public final class SyncEngine {
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
             try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
-        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db)
+        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
@@ -590,21 +608,24 @@ public final class SyncEngine {
         var transient: CloudError?
         try db.transaction(.immediate) {
             var conflicts: [CloudRecord] = []
+            // Whether `replica_sync_rejected` holds entries, read at the first saved record: nothing below adds one
+            // before the conflicts merge, and this write transaction keeps other connections from adding any.
+            var mayHoldRejected: Bool?
             for result in results {
                 switch result {
                 case let .saved(id, changeTag):
-                    guard var state = try SyncLedger.load(id, db) else {
+                    guard try SyncLedger.acknowledgeSave(
+                        id, changeTag: changeTag, version: versions[id],
+                        clearingPending: container.environment.canaries.contains(.staleAckClearsPending), db)
+                    else {
                         _ = try SyncLedger.unknownRecordSaved(id, changeTag: changeTag, db)
                         continue
                     }
-                    state.changeTag = changeTag
-                    if versions[id] == state.localVersion || container.environment.canaries.contains(.staleAckClearsPending) {
-                        state.pending = false
-                    }
-                    try SyncLedger.store(state, db)
                     // The cloud's version is now this one: a version of it that could not be applied is superseded.
-                    try db.run("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?", [id.sqliteValue, .text(state.entity)])
-                    if !state.isAlive && !state.pending && container.environment.canaries.contains(.tombstonesDroppedEarly) {
+                    if mayHoldRejected == nil { mayHoldRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0) }
+                    if mayHoldRejected == true { try db.run(SyncLedger.deleteRejectedOfLedgerRecordSQL, [id.sqliteValue]) }
+                    if container.environment.canaries.contains(.tombstonesDroppedEarly), let state = try SyncLedger.load(id, db),
+                       !state.isAlive && !state.pending {
                         try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
                     }
                 case let .conflict(serverRecord):
@@ -718,8 +739,7 @@ public final class SyncEngine {
 
     private func saveToken(_ token: ServerChangeToken) throws {
         let json = token.ledgerJSON
-        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   [.text(json)])
+        try db.run(Self.saveTokenSQL, [.text(json)])
         // Keyed by the text: if the transaction rolls back, the stored text differs and is decoded again.
         decodedToken = (json, token)
     }

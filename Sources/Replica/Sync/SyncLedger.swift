@@ -96,6 +96,11 @@ enum SyncLedger {
         var changeTag: String?
         var localVersion: Int64
         var pending: Bool
+        /// The stored `state` column (the ledger state ``storeSQL`` derives from `pending`), when read by
+        /// ``load(_:_:)``; `nil` otherwise.
+        var storedState: String? = nil
+        /// The stored `waiting_for` column (which no upsert writes), when read by ``load(_:_:)``; `nil` otherwise.
+        var storedWaitingFor: UUID?? = nil
 
         var isAlive: Bool { causalLength % 2 == 1 }
         /// The causal length of the current (or last) incarnation.
@@ -107,21 +112,34 @@ enum SyncLedger {
     private static let loadHLCSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'hlc'")
 
     static func loadHLC(_ db: Connection, replica: UUID) throws -> HLC {
-        if case let .text(hex)? = try db.scalar(loadHLCSQL), let hlc = HLC(hex: Substring(hex)) {
+        let statement = try db.cachedStatement(loadHLCSQL)
+        defer { statement.reset() }
+        guard try statement.step(), sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT else { return .zero(replica) }
+        // The fixed-width form, parsed in place (this runs in every save and every merged batch).
+        if sqlite3_column_bytes(statement.handle, 0) == 48, let text = sqlite3_column_text(statement.handle, 0),
+           let hlc = HLC.parse(UnsafeBufferPointer(start: text, count: 48), at: 0) {
+            return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
+        }
+        if let hlc = HLC(hex: Substring(statement.string(0))) {
             return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
         }
         return .zero(replica)
     }
 
+    private static let saveHLCSQL = StatementKey(
+        "INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+
     static func saveHLC(_ hlc: HLC, _ db: Connection) throws {
-        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   [.text(hlc.hex)])
+        let statement = try db.cachedStatement(saveHLCSQL)
+        defer { statement.reset() }
+        try statement.withStaticText(hlc.hex, at: 0) { while try statement.step() {} }
     }
 
     // MARK: Record state
 
     private static let loadSQL = StatementKey("""
-        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
+        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending, state,
+               waiting_for
         FROM replica_sync_record WHERE id = ?
         """)
 
@@ -148,7 +166,24 @@ enum SyncLedger {
         defer { statement.reset() }
         try statement.bind(id, at: 0)
         guard try statement.step() else { return nil }
-        return readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
+        var state = readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
+        state.storedState = statement.isNull(10) ? nil : statement.string(10)
+        state.storedWaitingFor = .some(statement.uuid(11))
+        return state
+    }
+
+    /// Whether storing `state` with ``storeSQL`` over the row ``load(_:_:)`` read as `stored` would write the values
+    /// the row already holds: every column the upsert sets is equal, including the `state` it derives from `pending` —
+    /// except `stamps`, which the caller compares (a merge compares its field registers with the stored stamps).
+    static func storeChangesNothing(_ state: RecordState, over stored: RecordState) -> Bool {
+        guard state.id == stored.id, state.entity == stored.entity, state.causalLength == stored.causalLength,
+              state.created == stored.created, state.redirect == stored.redirect, state.changeTag == stored.changeTag,
+              state.localVersion == stored.localVersion, state.pending == stored.pending,
+              state.unknown == stored.unknown, state.tombstone == stored.tombstone,
+              let storedState = stored.storedState else { return false }
+        // `storeSQL`'s CASE on the stored state.
+        let derived = state.pending ? (storedState == "rejected" || storedState == "undecryptable" ? storedState : "pending") : "synced"
+        return derived == storedState
     }
 
     /// The record state in the columns of ``loadSQL`` (entity … pending) starting at `first` of the current row of
@@ -249,12 +284,47 @@ enum SyncLedger {
         }
     }
 
+    /// The ledger update of a record whose upload the cloud saved: the new change tag, and out of the outbox unless a
+    /// local change came after the uploaded version (`?3`; `?4` clears it regardless). `state` follows `pending` as
+    /// ``storeSQL`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
+    private static let acknowledgeSaveSQL = StatementKey("""
+        UPDATE replica_sync_record SET change_tag = ?2,
+            pending = CASE WHEN ?4 OR local_version = ?3 THEN 0 ELSE pending END,
+            state = CASE WHEN ?4 OR local_version = ?3 THEN 'synced'
+                         WHEN pending = 1 AND state NOT IN ('rejected', 'undecryptable') THEN 'pending'
+                         WHEN pending = 0 THEN 'synced' ELSE state END
+        WHERE id = ?1
+        """)
+
+    /// Records that the cloud saved the upload of record `id` (built from local version `version`) under
+    /// `changeTag`: what loading its state, setting the tag (and clearing `pending` when `version` is still the local
+    /// version, or when `clearingPending`) and storing it did. Returns `false` when the ledger has no record `id`.
+    static func acknowledgeSave(_ id: UUID, changeTag: String, version: Int64?, clearingPending: Bool, _ db: Connection) throws -> Bool {
+        let statement = try db.cachedStatement(acknowledgeSaveSQL)
+        defer { statement.reset() }
+        try statement.bind(id, at: 0)
+        try statement.bind(version.map(SQLiteValue.integer) ?? .null, at: 2)
+        try statement.bind(clearingPending ? 1 : 0, at: 3)
+        try statement.withStaticText(changeTag, at: 1) { while try statement.step() {} }
+        return db.changes > 0
+    }
+
+    /// Deletes the version kept aside (`replica_sync_rejected`) of ledger record `id` (of the entity the ledger holds it
+    /// as), which the cloud's new version supersedes.
+    static let deleteRejectedOfLedgerRecordSQL = StatementKey("""
+        DELETE FROM replica_sync_rejected WHERE id = ?1 AND record_type = (SELECT entity FROM replica_sync_record WHERE id = ?1)
+        """)
+
     // MARK: Local changes
 
     /// Stamps what a local save changed: inserts stamp every field (a new incarnation if the ID has a tombstone),
     /// updates stamp only the changed fields, deletes bump the causal length and keep preserved values. Every
     /// touched record enters the outbox.
-    static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment) throws {
+    ///
+    /// `ledgerBound`, when given, is the largest ID in the ledger as read earlier in the same write transaction (see
+    /// ``StoreWriter/ledgerBoundRead``); otherwise it is read here at the first insert.
+    static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment,
+                                   ledgerBound knownBound: UUID?? = nil) throws {
         guard !changes.isEmpty else { return }
         var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
         if environment.canaries.contains(.lwwByWallClock) {
@@ -262,7 +332,7 @@ enum SyncLedger {
         }
         // The largest ID in the ledger, read at the first insert: an inserted ID beyond it has no ledger row yet
         // (new IDs are time-ordered), so its lookup is skipped. Kept up to date by the inserts below.
-        var ledgerBound: UUID??
+        var ledgerBound: UUID?? = knownBound
         for snapshot in changes.inserted {
             guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
             let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
@@ -381,6 +451,9 @@ enum SyncLedger {
         FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?
         """)
 
+    /// Records of unknown types to upload again (read before every upload, usually finding none).
+    private static let pendingUnknownSQL = StatementKey("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?")
+
     /// Up to `limit` records of the outbox, in ID order, with the local version each was built from. Read in one
     /// read transaction, so each record's ledger state and data row are of the same moment (another process may be
     /// writing the store).
@@ -415,9 +488,12 @@ enum SyncLedger {
             // Records of types this schema does not know go back to a zone that lost them (a reset, or a zone re-created
             // without them), whole and as received: this device may be the only one left that holds them.
             if result.count < limit {
-                for row in try db.rows("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?",
-                                       [.integer(Int64(limit - result.count))]) {
-                    guard case let .text(json) = row[0], var record = decode(CloudRecord.self, json) else { continue }
+                let statement = try db.cachedStatement(pendingUnknownSQL)
+                defer { statement.reset() }
+                try statement.bind(Int64(limit - result.count), at: 0)
+                while try statement.step() {
+                    guard sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT,
+                          var record = decode(CloudRecord.self, statement.string(0)) else { continue }
                     record.changeTag = nil
                     result.append((record, 0))
                 }
@@ -481,6 +557,7 @@ enum SyncLedger {
         if let reason {
             try reject(remote, reason: reason, db)
             batch?.mayHoldRejected = true
+            batch?.forget(remote.recordID)
             return MergeOutcome(change: nil)
         }
         if batch?.mayHoldRejected ?? true {
@@ -493,6 +570,7 @@ enum SyncLedger {
 
         guard let entityIndex else {
             try keepUnknownRecord(remote, db)
+            batch?.forget(remote.recordID)
             return MergeOutcome(change: nil)
         }
         let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
@@ -546,8 +624,13 @@ enum SyncLedger {
         var conflicts: [(String, FieldStamp, FieldStamp)] = []
         /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
         var knownRemoteFields = 0
+        // The local stamps by storage position, looked up once (the loop below and the comparison after it use them).
+        var localStamps = [FieldStamp?](repeating: nil, count: fieldNames.count)
+        if let local, !local.stamps.isEmpty {
+            for (index, name) in fieldNames.enumerated() { localStamps[index] = local.stamps[name] }
+        }
         for (index, name) in fieldNames.enumerated() {
-            let localStamp = local?.stamps[name]
+            let localStamp = localStamps[index]
             let localValue = localRow?[index + 1]
             let remoteField = remoteFields[index]
             if remoteField != nil { knownRemoteFields += 1 }
@@ -694,7 +777,7 @@ enum SyncLedger {
             for (index, winner) in winners.enumerated() {
                 guard let winner else { continue }
                 count += 1
-                if local.stamps[fieldNames[index]] != winner { return true }
+                if localStamps[index] != winner { return true }
             }
             return count != local.stamps.count
         }
@@ -712,9 +795,16 @@ enum SyncLedger {
         // A merge that changes what this device would upload invalidates any upload already in flight.
         if changedLocally && localNewer { state.localVersion += 1 }
         state.pending = localNewer
-        try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
-                                                              oneStampTail: statements.oneStampTail))
+        // A record merged again unchanged (e.g. this device's own upload coming back in a fetch) keeps its row as it is.
+        // (`changedLocally` covers the stamps.)
+        let unchanged = local.map { !changedLocally && storeChangesNothing(state, over: $0) } ?? false
+        if !unchanged {
+            try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
+                                                                  oneStampTail: statements.oneStampTail))
+        }
         batch?.ledgerHolds(remote.recordID)
+        // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
+        batch?.merged(remote.recordID, waitingFor: local.map { $0.storedWaitingFor } ?? .some(nil), plainTombstone: !alive && redirect == nil)
         for entry in endedChanges { try storeEndedIncarnation(id: remote.recordID, entity: entity.name, entry, db) }
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
@@ -746,7 +836,13 @@ enum SyncLedger {
         return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id, absorbing: absorbing)
     }
 
-    private static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
+    /// Whether `replica_sync_rejected` holds any entry (merges and acknowledged saves skip deleting the entry of
+    /// their record when it holds none).
+    static let anyWaiterSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_record WHERE waiting_for IS NOT NULL)")
+    static let releaseWaitersSQL = StatementKey("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?")
+    static let setWaitingSQL = StatementKey("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?")
+    static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
+    static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
 
     /// What the merges of one batch share: knowledge that saves each merge a statement. Create one per batch, inside
     /// the transaction that merges it.
@@ -761,7 +857,7 @@ enum SyncLedger {
         private var tableMax: [UUID??] = []
 
         init(_ db: Connection) throws {
-            mayHoldRejected = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)") != .integer(0)
+            mayHoldRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0)
         }
 
         /// Whether `id` is certainly in neither the ledger nor the table of the entity at `entityIndex`: it sorts
@@ -776,6 +872,45 @@ enum SyncLedger {
             if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
+        }
+
+        /// The `waiting_for` the ledger row of each record merged in this batch holds, where known: what
+        /// ``resolveReferences(after:tombstoned:store:db:batch:)`` would write again is left as it is. Valid for the
+        /// batch's write transaction only: no other connection writes meanwhile, the ledger upserts never set
+        /// `waiting_for`, and the batch's own `waiting_for` statements update it (``setWaiting(_:for:)``,
+        /// ``releaseWaiters(of:_:)``).
+        private(set) var waitingFor: [UUID: UUID?] = [:]
+        /// Records whose last merge in this batch left a tombstone that redirects nowhere (not a losing duplicate): no
+        /// redirect chain starts there.
+        private(set) var plainTombstones: Set<UUID> = []
+        /// Whether some ledger row may wait for a parent (`nil`: not read yet). Only ever goes from `false` to `true`.
+        private var mayHaveWaiters: Bool?
+
+        /// Records what the merge of `id` left in its ledger row (`waitingFor` `nil`: unknown).
+        func merged(_ id: UUID, waitingFor: UUID??, plainTombstone: Bool) {
+            if let waitingFor { self.waitingFor[id] = waitingFor } else { self.waitingFor[id] = nil }
+            if plainTombstone { plainTombstones.insert(id) } else if !plainTombstones.isEmpty { plainTombstones.remove(id) }
+        }
+
+        /// Forgets what is known of record `id`'s ledger row.
+        func forget(_ id: UUID) {
+            waitingFor[id] = nil
+            if !plainTombstones.isEmpty { plainTombstones.remove(id) }
+        }
+
+        /// Records that the ledger row of `id` now waits for `parent` (`nil`: for nothing).
+        func setWaiting(_ id: UUID, for parent: UUID?) {
+            waitingFor[id] = .some(parent)
+            if parent != nil { mayHaveWaiters = true }
+        }
+
+        /// Runs `UPDATE … SET waiting_for = NULL WHERE waiting_for = parent` unless no ledger row can wait (read once
+        /// per batch, inside its write transaction, and kept up to date by ``setWaiting(_:for:)``).
+        func releaseWaiters(of parent: UUID, _ db: Connection) throws {
+            if mayHaveWaiters == nil { mayHaveWaiters = try db.scalar(SyncLedger.anyWaiterSQL) != .integer(0) }
+            guard mayHaveWaiters == true else { return }
+            try db.run(SyncLedger.releaseWaitersSQL, [parent.sqliteValue])
+            for (id, waiting) in waitingFor where waiting == parent { waitingFor[id] = .some(nil) }
         }
 
         /// Records that the ledger now holds `id`.
@@ -796,10 +931,18 @@ enum SyncLedger {
         static let ledgerLargestIDSQL = StatementKey("SELECT max(id) FROM replica_sync_record")
 
         static func largestID(_ sql: StatementKey, _ db: Connection) throws -> UUID? {
-            guard case let .blob(bytes)? = try db.scalar(sql) else { return nil }
-            var padded = [UInt8](bytes.prefix(16))
-            padded += [UInt8](repeating: 0, count: 16 - padded.count)
-            return UUID(bytes: Data(padded))
+            let statement = try db.cachedStatement(sql)
+            defer { statement.reset() }
+            guard try statement.step() else { return nil }
+            // The usual case, a record ID, read in place.
+            if let id = statement.uuid(0) { return id }
+            guard sqlite3_column_type(statement.handle, 0) == SQLITE_BLOB else { return nil }
+            let bytes = statement.blob(0)
+            var uuid = UUID.unassigned.uuid
+            withUnsafeMutableBytes(of: &uuid) { raw in
+                for index in 0..<16 { raw[index] = index < bytes.count ? bytes[index] : 0 }
+            }
+            return UUID(uuid: uuid)
         }
     }
 
@@ -953,17 +1096,21 @@ enum SyncLedger {
     /// their waiters. Returns the local changes made (to be stamped and uploaded like any local change). A winner's
     /// registers that absorb a losing duplicate's fields keep those fields' own clocks: that change is added to
     /// `changes` (the merge's own changes, recorded in history but never re-stamped), not to the returned ones.
-    static func resolveReferences(after changes: inout StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection) throws -> StoreChanges {
+    ///
+    /// `batch`, the merges' shared knowledge, saves statements: tombstones known to redirect nowhere are not looked up,
+    /// and `waiting_for` is written only where it changes.
+    static func resolveReferences(after changes: inout StoreChanges, tombstoned: [PersistentIdentifier], store: Store, db: Connection,
+                                  batch: MergeBatch? = nil) throws -> StoreChanges {
         var writer = StoreWriter(store: store, db: db)
         for id in tombstoned {
-            if let winner = try liveRedirectTarget(of: id.id, db) {
+            if batch?.plainTombstones.contains(id.id) != true, let winner = try liveRedirectTarget(of: id.id, db) {
                 // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
                 try writer.retargetReferences(from: id, to: winner)
                 try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &changes)
             } else {
                 try writer.applyDeleteRulesAfterRemoteDelete(of: id)
             }
-            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [id.id.sqliteValue])
+            if let batch { try batch.releaseWaiters(of: id.id, db) } else { try db.run(releaseWaitersSQL, [id.id.sqliteValue]) }
         }
         let live = changes.inserted + changes.updated.map(\.0)
         for snapshot in live where !snapshot.values.isEmpty {
@@ -987,12 +1134,16 @@ enum SyncLedger {
                     waitingFor = waitingFor ?? target
                 }
             }
-            try db.run("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?", [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
+            if let batch {
+                if batch.waitingFor[snapshot.id] == .some(waitingFor) { continue }
+                batch.setWaiting(snapshot.id, for: waitingFor)
+            }
+            try db.run(setWaitingSQL, [waitingFor?.sqliteValue ?? .null, snapshot.id.sqliteValue])
         }
         // Only records of an entity some to-one relationship points to can have waiters.
         let referenced = Set(store.entities.flatMap { $0.toOneRelationships.map(\.destination) })
         for snapshot in changes.inserted where referenced.contains(snapshot.entityName) {
-            try db.run("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?", [snapshot.id.sqliteValue])
+            if let batch { try batch.releaseWaiters(of: snapshot.id, db) } else { try db.run(releaseWaitersSQL, [snapshot.id.sqliteValue]) }
         }
         return writer.changes
     }
