@@ -836,11 +836,12 @@ enum SyncLedger {
         return MergeOutcome(change: .deleted(DeletedRecord(id: id, preservedValues: preserved)), tombstoned: id, absorbing: absorbing)
     }
 
-    /// Whether `replica_sync_rejected` holds any entry (merges and acknowledged saves skip deleting the entry of
-    /// their record when it holds none).
+    /// Whether any ledger record waits for another (a batch skips releasing waiters when none does).
     static let anyWaiterSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_record WHERE waiting_for IS NOT NULL)")
     static let releaseWaitersSQL = StatementKey("UPDATE replica_sync_record SET waiting_for = NULL WHERE waiting_for = ?")
     static let setWaitingSQL = StatementKey("UPDATE replica_sync_record SET waiting_for = ? WHERE id = ?")
+    /// Whether `replica_sync_rejected` holds any entry (merges and acknowledged saves skip deleting the entry of
+    /// their record when it holds none).
     static let anyRejectedSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_rejected)")
     static let deleteRejectedSQL = StatementKey("DELETE FROM replica_sync_rejected WHERE id = ? AND record_type = ?")
 
