@@ -624,13 +624,14 @@ enum SyncLedger {
         var conflicts: [(String, FieldStamp, FieldStamp)] = []
         /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
         var knownRemoteFields = 0
-        // The local stamps by storage position, looked up once (the loop below and the comparison after it use them).
-        var localStamps = [FieldStamp?](repeating: nil, count: fieldNames.count)
+        // The local stamps by storage position, looked up once (the loop below and the comparison after it use them);
+        // empty when there are none (a new record: no array to make).
+        var localStamps: [FieldStamp?] = []
         if let local, !local.stamps.isEmpty {
-            for (index, name) in fieldNames.enumerated() { localStamps[index] = local.stamps[name] }
+            localStamps = fieldNames.map { local.stamps[$0] }
         }
         for (index, name) in fieldNames.enumerated() {
-            let localStamp = localStamps[index]
+            let localStamp = localStamps.isEmpty ? nil : localStamps[index]
             let localValue = localRow?[index + 1]
             let remoteField = remoteFields[index]
             if remoteField != nil { knownRemoteFields += 1 }
@@ -777,7 +778,7 @@ enum SyncLedger {
             for (index, winner) in winners.enumerated() {
                 guard let winner else { continue }
                 count += 1
-                if localStamps[index] != winner { return true }
+                if (localStamps.isEmpty ? nil : localStamps[index]) != winner { return true }
             }
             return count != local.stamps.count
         }
@@ -804,7 +805,9 @@ enum SyncLedger {
         }
         batch?.ledgerHolds(remote.recordID)
         // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
-        batch?.merged(remote.recordID, waitingFor: local.map { $0.storedWaitingFor } ?? .some(nil), plainTombstone: !alive && redirect == nil)
+        // (Only records that can wait — of an entity with a to-one relationship — are worth remembering.)
+        batch?.merged(remote.recordID, waitingFor: local.map { $0.storedWaitingFor } ?? .some(nil), plainTombstone: !alive && redirect == nil,
+                      canWait: entity.relationships.contains { !$0.isToMany })
         for entry in endedChanges { try storeEndedIncarnation(id: remote.recordID, entity: entity.name, entry, db) }
         for (field, localStamp, winning) in conflicts {
             try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
@@ -881,27 +884,38 @@ enum SyncLedger {
         /// `waiting_for`, and the batch's own `waiting_for` statements update it (``setWaiting(_:for:)``,
         /// ``releaseWaiters(of:_:)``).
         private(set) var waitingFor: [UUID: UUID?] = [:]
+        /// The inverse of `waitingFor`'s known parents: the records known to wait for each parent, so that releasing a
+        /// parent's waiters costs what they are, not a scan of everything the batch merged.
+        private var waiters: [UUID: Set<UUID>] = [:]
         /// Records whose last merge in this batch left a tombstone that redirects nowhere (not a losing duplicate): no
         /// redirect chain starts there.
         private(set) var plainTombstones: Set<UUID> = []
         /// Whether some ledger row may wait for a parent (`nil`: not read yet). Only ever goes from `false` to `true`.
         private var mayHaveWaiters: Bool?
 
-        /// Records what the merge of `id` left in its ledger row (`waitingFor` `nil`: unknown).
-        func merged(_ id: UUID, waitingFor: UUID??, plainTombstone: Bool) {
-            if let waitingFor { self.waitingFor[id] = waitingFor } else { self.waitingFor[id] = nil }
+        /// Sets what is known of the `waiting_for` of `id`'s ledger row (`value` `nil`: unknown; `.some(nil)`: none).
+        private func know(_ id: UUID, waitingFor value: UUID??) {
+            if let known = waitingFor[id], let parent = known { waiters[parent]?.remove(id) }
+            waitingFor[id] = value
+            if let known = value, let parent = known { waiters[parent, default: []].insert(id) }
+        }
+
+        /// Records what the merge of `id` left in its ledger row (`waitingFor` `nil`: unknown). A record that cannot
+        /// wait (`canWait` false: its entity has no to-one relationship) is not remembered: nothing asks about it.
+        func merged(_ id: UUID, waitingFor: UUID??, plainTombstone: Bool, canWait: Bool = true) {
+            if canWait { know(id, waitingFor: waitingFor) } else if self.waitingFor[id] != nil { know(id, waitingFor: nil) }
             if plainTombstone { plainTombstones.insert(id) } else if !plainTombstones.isEmpty { plainTombstones.remove(id) }
         }
 
         /// Forgets what is known of record `id`'s ledger row.
         func forget(_ id: UUID) {
-            waitingFor[id] = nil
+            know(id, waitingFor: nil)
             if !plainTombstones.isEmpty { plainTombstones.remove(id) }
         }
 
         /// Records that the ledger row of `id` now waits for `parent` (`nil`: for nothing).
         func setWaiting(_ id: UUID, for parent: UUID?) {
-            waitingFor[id] = .some(parent)
+            know(id, waitingFor: .some(parent))
             if parent != nil { mayHaveWaiters = true }
         }
 
@@ -911,7 +925,8 @@ enum SyncLedger {
             if mayHaveWaiters == nil { mayHaveWaiters = try db.scalar(SyncLedger.anyWaiterSQL) != .integer(0) }
             guard mayHaveWaiters == true else { return }
             try db.run(SyncLedger.releaseWaitersSQL, [parent.sqliteValue])
-            for (id, waiting) in waitingFor where waiting == parent { waitingFor[id] = .some(nil) }
+            // (In any order: each assignment stands alone.)
+            for id in waiters.removeValue(forKey: parent) ?? [] { waitingFor[id] = .some(nil) }
         }
 
         /// Records that the ledger now holds `id`.
