@@ -252,6 +252,38 @@ struct AdversarialSession5Tests {
         #expect(reason == .null)
     }
 
+    @Test("a cloud version this device cannot apply, then a local edit of the record: the edit reaches the cloud and the kept version goes")
+    func localEditOverRejectedCloudVersion() async throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1), b = try Device("B", seed: 2)
+        var note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud)
+        try b.sync(cloud)
+        // A faulty client writes a rating of the wrong type.
+        var bad = try #require(cloud.records(in: "notes").first)
+        bad.fields["rating"] = CloudField(value: .text("lots"), stamp: foreignStamp(seededStart + 60_000))
+        _ = try cloud.modifyRecords([bad], in: "notes")
+        try a.sync(cloud)
+        #expect(try a.engine.db.scalar("SELECT count(*) FROM replica_sync_rejected") == .integer(1))
+        #expect(try a.notes().map(\.rating) == [1])
+        a.clock.advance(by: 120_000)
+        note.title = "two"
+        a.context.update(note)
+        try a.context.save()
+        let requests = try await drive(a, cloud)
+        #expect(requests < 50, "\(requests) requests")
+        let record = try #require(cloud.records(in: "notes").first)
+        #expect(record.fields["title"]?.value == .text("two"))
+        try b.sync(cloud)
+        try a.sync(cloud)
+        #expect(try a.notes().map(\.title) == ["two"])
+        #expect(try b.notes().map(\.title) == ["two"])
+        #expect(try a.engine.status().pendingRecords == 0)
+        // The cloud's version is now one this device wrote: the version kept aside is superseded.
+        #expect(try a.engine.db.scalar("SELECT count(*) FROM replica_sync_rejected") == .integer(0))
+    }
+
     // MARK: Merges
 
     @Test("versions of one record delivered repeatedly and out of order, within and across batches, while a local edit is pending")
