@@ -461,7 +461,9 @@ public final class SyncEngine {
         }
     }
 
-    /// Gives up the upload lease if this engine holds it, so another process can take over at once.
+    /// Gives up the upload lease if this engine holds it, so another process need not wait for it to expire: an engine
+    /// of another process that asks for the lease from now on takes it at once. One that already found it held and is
+    /// waiting keeps waiting until the expiry it saw (its wait is not shortened) and takes it then.
     public func releaseLease() {
         try? db.run("DELETE FROM replica_metadata WHERE key = 'sync_lease' AND json_extract(value, '$.holder') = ?",
                     [.text(instanceText)])
