@@ -112,7 +112,7 @@ extension StoreWriter {
             let (this, other) = table.columns(entity: entity, relationship: relationship.name)
             let (_, destinationSQL) = self.entity(relationship.destination)
             let remaining = try linkedBothWays(id, table: table, this: this, other: other).filter {
-                try db.scalar(destinationSQL.exists, [$0.sqliteValue]) != nil
+                try db.scalar(destinationSQL.selectByIDKey, [$0.sqliteValue]) != nil
             }
             if !remaining.isEmpty {
                 recordFailure(.deleteDenied(entity: entity, relationship: relationship.name, count: remaining.count))

@@ -167,21 +167,22 @@ struct StoreWriter {
             }
         }
         for (index, other) in store.entities.enumerated() where other.name != snapshot.entityName {
-            let exists = try db.cachedStatement(store.statements[index].exists)
+            let exists = try db.cachedStatement(store.statements[index].selectByIDKey)
             defer { exists.reset() }
             if try exists.withBound(id: snapshot.id, [], { try exists.step() }) { return true }
         }
         return false
     }
 
-    private static let ledgerEntity = StatementKey("SELECT entity FROM replica_sync_record WHERE id = ?")
+    /// The entity of a ledger record, by ID (also read when a remote record is checked, see `SyncLedger`).
+    static let ledgerEntity = StatementKey("SELECT entity FROM replica_sync_record WHERE id = ?")
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.
     /// - Throws: ``ReplicaError/recordNotFound(_:)`` when the record does not exist.
     /// Returns the record as stored after the update, or `nil` when nothing was written.
     private mutating func update(_ snapshot: Snapshot, fields: Set<Int>?) throws -> Snapshot? {
         let (entity, sql) = entity(snapshot.entityName)
-        guard let current = try db.rows(sql.selectByID, [snapshot.id.sqliteValue]).first else {
+        guard let current = try db.rows(sql.selectByIDKey, [snapshot.id.sqliteValue]).first else {
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
         let names = entity.fieldNames
@@ -290,7 +291,7 @@ struct StoreWriter {
     private mutating func beginDelete(_ id: PersistentIdentifier, viaCascade: Bool) throws -> DeleteFrame? {
         guard deleted.insert(id).inserted else { return nil }
         let (_, sql) = entity(id.entityName)
-        guard let row = try db.rows(sql.selectByID, [id.id.sqliteValue]).first else { return nil }
+        guard let row = try db.rows(sql.selectByIDKey, [id.id.sqliteValue]).first else { return nil }
         return DeleteFrame(id: id, row: row, viaCascade: viaCascade)
     }
 
@@ -425,7 +426,7 @@ extension StoreWriter {
                 if check.relationship.isToMany, let inverse = check.relationship.inverse {
                     remaining = try referencing(inverse)
                 } else {
-                    remaining = try check.targets.filter { try db.scalar(sql.exists, [$0.sqliteValue]) != nil }
+                    remaining = try check.targets.filter { try db.scalar(sql.selectByIDKey, [$0.sqliteValue]) != nil }
                 }
                 if !remaining.isEmpty {
                     failures.append(.deleteDenied(entity: check.entity, relationship: check.relationship.name, count: remaining.count))

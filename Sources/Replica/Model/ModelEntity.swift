@@ -193,7 +193,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let codableEncoder: ((Model) -> [SQLiteValue])?
         /// The entity's stored table as a query source (quoted name), and the one-ID lookup that
         /// ``QueryEngine/loadModels(_:ids:prefetch:)`` runs on it when the entity has no pending changes (every
-        /// field, `WHERE t0."id" = ?`): built once, its prepared statement cached by key (no SQL text to build or
+        /// field, `WHERE "id" = ?`): built once, its prepared statement cached by key (no SQL text to build or
         /// hash per `model(_:id:)`). Kept by this storage, and by each connection that caches its statement.
         let table: String
         let oneIDLookup: StatementKey
@@ -217,7 +217,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             self.query = query
             self.table = quoted(schemaEntity.name)
             self.allFields = Array(fieldNames.indices)
-            self.oneIDLookup = StatementKey("SELECT \(QueryEngine.selectList(names: fieldNames, fields: allFields, alias: "t0")) FROM \(table) AS t0 WHERE t0.\"id\" = ?")
+            // The text of the store's `EntityStatements.selectByID` (same columns, same order): a connection that
+            // both fetches and saves this entity prepares one statement for both.
+            self.oneIDLookup = StatementKey("SELECT \(([quoted("id")] + fieldNames.map(quoted)).joined(separator: ", ")) FROM \(table) WHERE \"id\" = ?")
             if let codable = Model.self as? any CodablePersistentModel.Type {
                 self.codableEncoder = (makeCodableRowEncoder(codable, layout: RowEncodingLayout(entity: schemaEntity), fallback: fieldEncoders)
                     as! (Model) -> [SQLiteValue])

@@ -6,9 +6,25 @@ import Synchronization
 /// the key's identity. Declare keys as `static let`, or keep them in a structure that outlives their use (e.g. an
 /// entity's storage); a connection keeps every key it caches a statement for, so a key's identity is never reused
 /// while a statement is cached under it.
+///
+/// Keys with the same text share one prepared statement per connection (e.g. the same lookup built by two stores, or
+/// by a store and a model type), found through the text's hash, computed once per key.
 final class StatementKey: Sendable {
     let sql: String
-    init(_ sql: String) { self.sql = sql }
+    /// `sql.hashValue`, computed once (a connection finds a statement another key with the same text prepared without
+    /// hashing the text again).
+    let textHash: Int
+    init(_ sql: String) {
+        self.sql = sql
+        self.textHash = sql.hashValue
+    }
+}
+
+/// A ``StatementKey`` compared by its SQL text, hashed by its precomputed hash.
+private struct StatementText: Hashable {
+    let key: StatementKey
+    func hash(into hasher: inout Hasher) { hasher.combine(key.textHash) }
+    static func == (lhs: StatementText, rhs: StatementText) -> Bool { lhs.key === rhs.key || lhs.key.sql == rhs.key.sql }
 }
 
 /// The number of allocated statements of one connection (see ``Connection/liveStatements``).
@@ -47,6 +63,9 @@ final class Connection {
     let liveStatements = LiveStatementCount()
     /// Statements of hot paths, cached by key identity (see ``StatementKey``).
     private var keyedCache: [ObjectIdentifier: Statement] = [:]
+    /// The statements of ``keyedCache``, each once, by text: a key whose identity misses finds the statement of an
+    /// earlier key with the same text here rather than preparing it again.
+    private var keyedByText: [StatementText: Statement] = [:]
     /// The keys of ``keyedCache``, kept alive with it (an identity stays unique only while its object lives).
     private var cachedKeys: [StatementKey] = []
     /// Replica's SQL functions (`SQLFunctions`) are registered on this connection. Kept with the connection, not with
@@ -114,7 +133,7 @@ final class Connection {
     func resetForReuse() -> Bool {
         // A statement outside the caches is still held by someone (e.g. a `ModelRow` kept past its fetch): it would be
         // finalized on its holder's thread while the next owner uses this connection on another. Not reusable.
-        guard liveStatements.value == cache.count + keyedCache.count else { return false }
+        guard liveStatements.value == cachedStatementCount else { return false }
         var statement = sqlite3_next_stmt(handle, nil)
         while let current = statement {
             if sqlite3_stmt_busy(current) != 0 { sqlite3_reset(current) }
@@ -128,6 +147,7 @@ final class Connection {
     deinit {
         cache.removeAll()
         keyedCache.removeAll()
+        keyedByText.removeAll()
         sqlite3_close_v2(handle)
     }
 
@@ -149,10 +169,18 @@ final class Connection {
     }
 
     /// The cached prepared statement for `key`, preparing it on first use: like ``cachedStatement(_:)`` without
-    /// hashing the SQL text on every call (long statements on per-record paths).
+    /// hashing the SQL text on every call (long statements on per-record paths). Keys with the same text share one
+    /// statement (a text asked for both by key and as a string is prepared once for each).
     func cachedStatement(_ key: StatementKey) throws -> Statement {
         if let statement = keyedCache[ObjectIdentifier(key)] { return statement }
-        let statement = try Statement(connection: self, sql: key.sql)
+        let text = StatementText(key: key)
+        let statement: Statement
+        if let shared = keyedByText[text] {
+            statement = shared
+        } else {
+            statement = try Statement(connection: self, sql: key.sql)
+            keyedByText[text] = statement
+        }
         keyedCache[ObjectIdentifier(key)] = statement
         cachedKeys.append(key)
         return statement
@@ -164,12 +192,20 @@ final class Connection {
     }
 
     /// Number of statements in the cache (for tests).
-    var cachedStatementCount: Int { cache.count + keyedCache.count }
+    var cachedStatementCount: Int { cache.count + keyedByText.count }
 
     /// Runs `sql` with `values` bound and returns every row, each as an array of column values.
     /// - Parameter cache: keep the prepared statement for reuse (pass `false` for SQL text that varies per call).
     func rows(_ sql: String, _ values: [SQLiteValue] = [], cache: Bool = true) throws -> [[SQLiteValue]] {
-        let statement = cache ? try cachedStatement(sql) : try Statement(connection: self, sql: sql)
+        try rows(of: cache ? try cachedStatement(sql) : try Statement(connection: self, sql: sql), values)
+    }
+
+    /// ``rows(_:_:cache:)`` for the cached statement of `key` (no SQL text hashed per call).
+    func rows(_ key: StatementKey, _ values: [SQLiteValue] = []) throws -> [[SQLiteValue]] {
+        try rows(of: try cachedStatement(key), values)
+    }
+
+    private func rows(of statement: Statement, _ values: [SQLiteValue]) throws -> [[SQLiteValue]] {
         defer { statement.reset() }
         try statement.bind(values)
         var result: [[SQLiteValue]] = []

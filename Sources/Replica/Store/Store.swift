@@ -453,8 +453,8 @@ final class EntityStatements: Sendable {
     let selectAll: String
     let selectByID: String
     let delete: String
-    let exists: String
-    /// ``selectByID`` as a statement key (read once per merged record).
+    /// ``selectByID`` as a statement key: reads a row by ID (once per merged or updated record) and tells whether one
+    /// exists (per inserted record of a synced store, per reference checked), one prepared statement for both.
     let selectByIDKey: StatementKey
     /// The largest ID of the table (read once per merge batch, see `SyncLedger.MergeBatch`).
     let largestIDKey: StatementKey
@@ -482,7 +482,6 @@ final class EntityStatements: Sendable {
         selectAll = "SELECT \(columnList) FROM \(table)"
         selectByID = "SELECT \(columnList) FROM \(table) WHERE \"id\" = ?"
         delete = "DELETE FROM \(table) WHERE \"id\" = ?"
-        exists = "SELECT 1 FROM \(table) WHERE \"id\" = ?"
         selectByIDKey = StatementKey(selectByID)
         largestIDKey = StatementKey("SELECT max(\"id\") FROM \(table)")
         let names = entity.fieldNames

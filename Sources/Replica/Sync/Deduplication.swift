@@ -19,7 +19,7 @@ extension SyncLedger {
         for snapshot in touched where !snapshot.values.isEmpty {
             guard let entity = store.entity(named: snapshot.entityName), !entity.uniquenessConstraints.isEmpty,
                   let sql = store.statements(for: entity.name),
-                  let row = try db.rows(sql.selectByID, [snapshot.id.sqliteValue]).first else { continue }
+                  let row = try db.rows(sql.selectByIDKey, [snapshot.id.sqliteValue]).first else { continue }
             for constraint in entity.uniquenessConstraints where !constraint.isEmpty {
                 let indices = constraint.compactMap { entity.fieldNames.firstIndex(of: $0) }
                 let key = indices.map { row[$0 + 1] }
@@ -46,7 +46,7 @@ extension SyncLedger {
     private static func absorb(_ loser: RecordState, into winner: RecordState, entity: Schema.Entity, store: Store, db: Connection,
                                changes: inout StoreChanges) throws {
         guard let sql = store.statements(for: entity.name),
-              let row = try db.rows(sql.selectByID, [loser.id.sqliteValue]).first else { return }
+              let row = try db.rows(sql.selectByIDKey, [loser.id.sqliteValue]).first else { return }
         var state = loser
         var carried = state.tombstone
         for (index, name) in entity.fieldNames.enumerated() {
@@ -77,7 +77,7 @@ extension SyncLedger {
     static func forwardRedirects(into winner: PersistentIdentifier, store: Store, db: Connection, changes: inout StoreChanges) throws {
         guard let entity = store.entity(named: winner.entityName), let sql = store.statements(for: winner.entityName),
               var state = try load(winner.id, db), state.isAlive,
-              var row = try db.rows(sql.selectByID, [winner.id.sqliteValue]).first else { return }
+              var row = try db.rows(sql.selectByIDKey, [winner.id.sqliteValue]).first else { return }
         var contributions: [[String: CloudField]] = []
         var visited: Set<UUID> = [winner.id]
         var frontier = [winner.id]

@@ -1025,7 +1025,7 @@ enum SyncLedger {
             if let reason = check(remote.fields[name]!.stamp, "field '\(name)'") { return reason }
         }
         guard let entity = store.entity(named: remote.recordType) else { return nil }
-        if case let .text(owner)? = try db.scalar("SELECT entity FROM replica_sync_record WHERE id = ?", [remote.recordID.sqliteValue]),
+        if case let .text(owner)? = try db.scalar(StoreWriter.ledgerEntity, [remote.recordID.sqliteValue]),
            owner != entity.name {
             return "the record ID belongs to a local \(owner)"
         }
@@ -1138,7 +1138,7 @@ enum SyncLedger {
                 guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
                       let destination = store.entity(named: relationship.destination),
                       let destinationSQL = store.statements(for: relationship.destination) else { continue }
-                if try db.scalar(destinationSQL.exists, [target.sqliteValue]) != nil { continue }
+                if try db.scalar(destinationSQL.selectByIDKey, [target.sqliteValue]) != nil { continue }
                 if let parent = try load(target, db), !parent.isAlive {
                     if let winner = try liveRedirectTarget(of: target, db) {
                         try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
