@@ -8,16 +8,11 @@ import Testing
 /// original comparisons over the union of names and over the filtered dictionaries.
 @Suite("Simulator: convergence stamp comparisons")
 struct SimulationConvergenceCompareTests {
-    /// A small deterministic generator (SplitMix64).
+    /// The property engine's deterministic SplitMix64, drawing below a bound.
     private struct Mix {
-        var state: UInt64
-        mutating func next(_ bound: Int) -> Int {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return Int((z ^ (z >> 31)) % UInt64(bound))
-        }
+        var generator: SplitMix64
+        init(state: UInt64) { generator = SplitMix64(seed: state) }
+        mutating func next(_ bound: Int) -> Int { Int(generator.next() % UInt64(bound)) }
     }
 
     private static let names = ["a", "b", "c", "d"]
