@@ -76,6 +76,9 @@ public final class SyncEngine {
     let container: ModelContainer
     let store: Store
     let db: Connection
+    /// The context whose connection `db` is, when the engine shares it (see
+    /// ``init(container:storeName:zone:options:encryption:sharingConnectionOf:)``); kept alive with the engine.
+    private let connectionOwner: ModelContext?
     /// Cloud field encryption (`Crypto/SyncEngine+Encryption.swift`); `nil` without.
     var encryption: FieldEncryptionController?
 
@@ -117,18 +120,44 @@ public final class SyncEngine {
     /// - Throws: ``ReplicaError/unknownStore(_:)`` or ``ReplicaError/storeNotSynced(_:)``; ``SQLiteError``;
     ///   ``FieldEncryptionError/encryptionNotConfigured(entity:field:)`` when the store has encrypted attributes and
     ///   `encryption` is `nil`.
-    public init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options(),
-                encryption: FieldEncryption? = nil) throws {
-        guard let store = container.stores.first(where: { $0.configuration.name == storeName }) else {
+    public convenience init(container: ModelContainer, storeName: String, zone: String? = nil, options: Options = Options(),
+                            encryption: FieldEncryption? = nil) throws {
+        try self.init(container: container, storeName: storeName, zone: zone, options: options, encryption: encryption, connectionOwner: nil)
+    }
+
+    /// For simulators and other single-threaded drivers: creates the engine of synced store `storeName` on the
+    /// SQLite connection that `context` uses for that store, instead of a connection of its own.
+    ///
+    /// Every commit on one connection empties the page cache of every other connection to the same database, and
+    /// each connection prepares every statement it runs once more; an engine and a context that take turns on one
+    /// thread save both by sharing one. The engine keeps `context` alive, and leaves the connection to it when it
+    /// goes away. Use the engine and the context from the same thread only, and never while the other is inside a
+    /// call (a save and a merge on one connection would run in one transaction).
+    /// - Parameters: as ``init(container:storeName:zone:options:encryption:)``; `context` must be a context of
+    ///   `container` (a programmer error otherwise, which traps).
+    /// - Throws: as ``init(container:storeName:zone:options:encryption:)``.
+    @_spi(Simulation) public convenience init(container: ModelContainer, storeName: String, zone: String? = nil,
+                                              options: Options = Options(), encryption: FieldEncryption? = nil,
+                                              sharingConnectionOf context: ModelContext) throws {
+        precondition(context.container === container, "Replica: the context given to SyncEngine belongs to another container")
+        try self.init(container: container, storeName: storeName, zone: zone, options: options, encryption: encryption,
+                      connectionOwner: context)
+    }
+
+    private init(container: ModelContainer, storeName: String, zone: String?, options: Options, encryption: FieldEncryption?,
+                 connectionOwner: ModelContext?) throws {
+        guard let storeIndex = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else {
             throw ReplicaError.unknownStore(storeName)
         }
+        let store = container.stores[storeIndex]
         guard store.configuration.isSynced else { throw ReplicaError.storeNotSynced(storeName) }
         self.container = container
         self.store = store
         self.storeName = storeName
         self.zone = zone ?? storeName
         self.options = options
-        self.db = try store.openConnection()
+        self.connectionOwner = connectionOwner
+        self.db = try connectionOwner?.connection(for: storeIndex) ?? store.openConnection()
         self.instanceID = container.environment.makeIdentifier()
         self.instanceText = instanceID.uuidString
         self.encryption = try FieldEncryptionController.make(encryption, store: store, zone: self.zone, db: db, random: container.environment.random)
@@ -136,7 +165,8 @@ public final class SyncEngine {
 
     deinit {
         if !crashed { releaseLease() }
-        store.reuse(db)
+        // A shared connection stays with its context (which goes back to the store when the context goes).
+        if connectionOwner == nil { store.reuse(db) }
     }
 
     /// Set by ``simulateCrash()``: the engine's end releases nothing but its connection.

@@ -242,14 +242,16 @@ final class SimulationRun {
                                                    configurations: configurations, environment: process.environment)
         }
         guard let container = process.container else { return }
-        process.context = ModelContext(container)
+        let context = ModelContext(container)
+        process.context = context
         var options = SyncEngine.Options()
         options.uploadBatchSize = 10
         options.fetchLimit = 10
         for store in process.stores where store.isSynced {
             let encryption = encryptedStores.contains(store.name) ? try FieldEncryption.rawKey(Self.worldKey) : nil
+            // One connection per store and process, as one thread drives the context and the engines.
             let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options,
-                                        encryption: encryption)
+                                        encryption: encryption, sharingConnectionOf: context)
             let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process)
             nextEngineSerial += 1
             engines[simEngine.serial] = simEngine
