@@ -38,6 +38,7 @@ struct AdversarialRedirectTests {
         try device.context.save()
         try device.sync(cloud)
         var tombstone = try #require(cloud.records(in: "notes").first { $0.recordID == person.id })
+        tombstone.changeTag = "forged"  // another version has another tag (see `CloudRecord.changeTag`)
         tombstone.causalLength = 2
         tombstone.redirect = address.id
         tombstone.fields = [:]

@@ -60,6 +60,7 @@ struct LedgerWriteAvoidanceTests {
     func changedMergeWrites() throws {
         let (device, _, record) = try syncedNote()
         var newer = record
+        newer.changeTag = "newer"  // another version has another tag (see `CloudRecord.changeTag`)
         let stamp = FieldStamp(incarnation: 1, clock: HLC(physical: (record.fields["title"]?.stamp.clock.physical ?? 0) + 1_000, logical: 0,
                                                           replica: UUID(uuidString: "00000000-0000-7000-8000-00000000000B")!))
         newer.fields["title"] = CloudField(value: .text("two"), stamp: stamp)

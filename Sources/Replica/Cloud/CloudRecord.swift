@@ -29,6 +29,11 @@ public struct CloudRecord: Hashable, Sendable, Codable {
     /// The record type (entity name).
     public var recordType: String
     /// The server's version of this record, set by the server on every save; `nil` for a record never saved.
+    ///
+    /// A tag names one version of one record, as CloudKit's `recordChangeTag` does: a cloud never returns different
+    /// contents under the same tag (also not after a zone is deleted and created again). The sync engine relies on
+    /// it: a fetched version whose tag its ledger already holds, with nothing changed locally since, is not merged
+    /// again (<https://developer.apple.com/documentation/cloudkit/ckrecord/recordchangetag>).
     public var changeTag: String?
     /// Odd while alive, even while deleted: insert 1, delete 2, re-insert 3, ...
     public var causalLength: Int64

@@ -574,6 +574,19 @@ enum SyncLedger {
             return MergeOutcome(change: nil)
         }
         let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
+        // A version this device holds already: the ledger has its change tag, and nothing changed here since that
+        // version was merged or acknowledged (nothing pending, nothing set aside as rejected or undecryptable — those
+        // set the tag of a version they did not apply). A change tag names one version of the record (CloudKit's
+        // `recordChangeTag`), and merging is idempotent, so merging it again would read the row and write nothing.
+        // Most fetched records are such: a device's own uploads coming back, and every record of a full re-read.
+        // The batch learns what the full merge would have told it.
+        if let local, !local.pending, local.storedState == "synced", let tag = remote.changeTag, local.changeTag == tag,
+           !canaries.contains(.nonIdempotentApply) {
+            batch?.ledgerHolds(remote.recordID)
+            batch?.merged(remote.recordID, waitingFor: local.storedWaitingFor, plainTombstone: !local.isAlive && local.redirect == nil,
+                          canWait: entity.relationships.contains { !$0.isToMany })
+            return MergeOutcome(change: nil, tombstoned: local.isAlive ? nil : PersistentIdentifier(entityName: entity.name, id: remote.recordID))
+        }
         // Looked up even without ledger state: a row can predate it (saved while the store was local-only, or by a
         // process that opened the file without sync), and its values are the local side of the merge.
         let localRow: [SQLiteValue]? = isNew ? nil : try {

@@ -1,0 +1,112 @@
+import CSQLite
+import Foundation
+import Testing
+@testable import Replica
+
+/// A fetched version the ledger already holds (same change tag, nothing pending or set aside since) is not merged
+/// again: merging is idempotent, so the merge skips reading the data row and writing anything. Versions whose tag the
+/// ledger took without applying them, or that meet local changes, still get the full merge.
+@Suite("Merging a version the ledger already holds")
+struct KnownVersionMergeTests {
+    /// The SQL texts a connection runs (SQLITE_TRACE_STMT: each statement as it starts).
+    final class StatementLog {
+        var texts: [String] = []
+
+        func record(_ db: Connection, _ body: () throws -> Void) rethrows {
+            sqlite3_trace_v2(db.handle, UInt32(SQLITE_TRACE_STMT), { _, context, _, text in
+                guard let context, let text else { return 0 }
+                Unmanaged<StatementLog>.fromOpaque(context).takeUnretainedValue().texts
+                    .append(String(cString: text.assumingMemoryBound(to: CChar.self)))
+                return 0
+            }, Unmanaged.passUnretained(self).toOpaque())
+            defer { sqlite3_trace_v2(db.handle, 0, nil, nil) }
+            try body()
+        }
+
+        /// Whether any statement read or wrote the data table of `entity`.
+        func touches(_ entity: String) -> Bool { texts.contains { $0.contains("\"\(entity)\"") } }
+        /// Whether any statement wrote the sync ledger.
+        var writesLedger: Bool {
+            texts.contains { $0.contains("replica_sync_record") && ($0.hasPrefix("INSERT") || $0.hasPrefix("UPDATE")) }
+        }
+    }
+
+    private func merge(_ record: CloudRecord, into device: Device) throws {
+        let store = device.container.stores[0]
+        try device.engine.db.transaction {
+            var hlc = try SyncLedger.loadHLC(device.engine.db, replica: store.identity)
+            _ = try SyncLedger.merge(record, store: store, db: device.engine.db, hlc: &hlc, wall: 0)
+        }
+    }
+
+    /// A device holding one note it uploaded (acknowledged), and the cloud's copy.
+    private func syncedNote() throws -> (Device, InMemoryCloudDatabase, CloudRecord) {
+        let cloud = InMemoryCloudDatabase()
+        let device = try Device("a", seed: 1)
+        device.context.insert(SyncNote(title: "one", body: "first", rating: 1))
+        try device.context.save()
+        try device.sync(cloud)
+        return (device, cloud, try #require(cloud.records(in: "notes").first))
+    }
+
+    @Test func anAcknowledgedVersionComingBackIsNotMergedAgain() throws {
+        let (device, _, record) = try syncedNote()
+        let log = StatementLog()
+        try log.record(device.engine.db) { try merge(record, into: device) }
+        #expect(!log.texts.isEmpty, "the trace sees the merge's statements")
+        #expect(!log.touches("SyncNote"), "the data row is neither read nor written: \(log.texts)")
+        #expect(!log.writesLedger)
+        #expect(try device.context.fetch(SyncNote.self).map(\.title) == ["one"])
+    }
+
+    @Test func aMergedVersionFetchedAgainIsNotMergedAgainButANewerOneIs() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("a", seed: 1), b = try Device("b", seed: 2)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud)
+        try b.sync(cloud)
+        let first = try #require(cloud.records(in: "notes").first)
+        let again = StatementLog()
+        try again.record(b.engine.db) { try merge(first, into: b) }
+        #expect(!again.touches("SyncNote"))
+
+        var edited = try #require(try a.context.model(SyncNote.self, id: note.id))
+        edited.rating = 2
+        a.context.update(edited)
+        try a.context.save()
+        try a.sync(cloud)
+        let second = try #require(cloud.records(in: "notes").first)
+        #expect(second.changeTag != first.changeTag)
+        let newer = StatementLog()
+        try newer.record(b.engine.db) { try merge(second, into: b) }
+        #expect(newer.touches("SyncNote"), "a newer version is merged into the row")
+        #expect(try b.context.model(SyncNote.self, id: note.id)?.rating == 2)
+    }
+
+    @Test func aKnownVersionMeetingALocalChangeIsMergedInFullAndTheChangeStaysPending() throws {
+        let (device, _, record) = try syncedNote()
+        var note = try #require(try device.context.fetch(SyncNote.self).first)
+        note.rating = 7
+        device.context.update(note)
+        try device.context.save()
+        let log = StatementLog()
+        try log.record(device.engine.db) { try merge(record, into: device) }
+        #expect(log.touches("SyncNote"), "with a local change pending, the full merge runs")
+        #expect(try device.context.model(SyncNote.self, id: record.recordID)?.rating == 7)
+        #expect(try device.engine.status().pendingRecords == 1)
+    }
+
+    @Test func aVersionTheLedgerSetAsideIsMergedInFull() throws {
+        let (device, _, record) = try syncedNote()
+        // The tag of a version set aside (rejected or undecryptable) is one the ledger did not apply.
+        for state in ["rejected", "undecryptable"] {
+            try device.engine.db.run("UPDATE replica_sync_record SET state = ?, reason = 'test' WHERE id = ?",
+                                     [.text(state), record.recordID.sqliteValue])
+            let log = StatementLog()
+            try log.record(device.engine.db) { try merge(record, into: device) }
+            #expect(log.touches("SyncNote"), "state \(state): the full merge runs")
+            #expect(try device.engine.ledgerEntry(for: PersistentIdentifier(entityName: "SyncNote", id: record.recordID))?.state == .synced)
+        }
+    }
+}
