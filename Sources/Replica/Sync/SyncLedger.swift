@@ -172,7 +172,23 @@ enum SyncLedger {
         return state
     }
 
-    /// Whether storing `state` with ``storeSQL`` over the row ``load(_:_:)`` read as `stored` would write the values
+    /// ``load(_:_:)`` for the merge of a record of the entity of `statements`: the state with an empty `stamps` map,
+    /// and instead the stamps by storage position and the number of fields stamped in all
+    /// (``readStampsByPosition(_:_:_:)``), read without building the map.
+    static func load(_ id: UUID, _ db: Connection, stampsBy statements: EntityStatements) throws
+        -> (state: RecordState, stamps: [FieldStamp?], stampCount: Int)? {
+        let statement = try db.cachedStatement(loadSQL)
+        defer { statement.reset() }
+        try statement.bind(id, at: 0)
+        guard try statement.step() else { return nil }
+        let stamps = readStampsByPosition(statement, 3, statements)
+        var state = readState(id, statement, from: 0, stamps: [:])
+        state.storedState = statement.isNull(10) ? nil : statement.string(10)
+        state.storedWaitingFor = .some(statement.uuid(11))
+        return (state, stamps.stamps, stamps.count)
+    }
+
+    /// Whether storing `state` with ``store(_:_:)`` over the row ``load(_:_:)`` read as `stored` would write the values
     /// the row already holds: every column the upsert sets is equal, including the `state` it derives from `pending` —
     /// except `stamps`, which the caller compares (a merge compares its field registers with the stored stamps).
     static func storeChangesNothing(_ state: RecordState, over stored: RecordState) -> Bool {
@@ -359,17 +375,35 @@ enum SyncLedger {
             state.localVersion += 1
             state.pending = true
             try storeLocalChange(state, db, stamps: statements.fieldNames.isEmpty ? encodeStamps([:])
-                                    : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail))
+                                    : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail), exists: stored != nil)
             if ledgerBound!.map({ $0.bytesPrecede(snapshot.id) }) ?? true { ledgerBound = .some(snapshot.id) }
         }
         for (snapshot, fields) in changes.updated {
-            guard store.entity(named: snapshot.entityName) != nil else { continue }
-            guard var state = try load(snapshot.id, db), state.isAlive else { continue }
+            guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
+            let statements = store.statements[entityIndex]
+            // The stamps by position, when they are all of fields the entity stores and so are the changed fields (as
+            // always, short of a store written by another schema): encoded by position, without building the map.
+            guard let loaded = try load(snapshot.id, db, stampsBy: statements), loaded.state.isAlive else { continue }
+            var state = loaded.state
             let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
-            for field in fields { state.stamps[field] = stamp }
+            var stamps = loaded.stamps
+            var byPosition = loaded.stampCount == stamps.reduce(0) { $1 == nil ? $0 : $0 + 1 }
+            if byPosition {
+                for field in fields {
+                    guard let index = statements.fieldIndex[field] else { byPosition = false; break }
+                    stamps[index] = stamp
+                }
+            }
             state.localVersion += 1
             state.pending = true
-            try storeLocalChange(state, db)
+            if byPosition {
+                try storeLocalChange(state, db, stamps: encodeStamps(names: statements.fieldNames, order: statements.fieldsInStampOrder,
+                                                                     stamps: stamps, oneStampTail: statements.oneStampTail))
+            } else {
+                state.stamps = try load(snapshot.id, db)?.stamps ?? [:]
+                for field in fields { state.stamps[field] = stamp }
+                try storeLocalChange(state, db)
+            }
         }
         for record in changes.deleted {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
@@ -544,12 +578,20 @@ enum SyncLedger {
         // common case (every check passes) is decided without sorting names or formatting reasons; the local state
         // read for the ownership check is the local side of the merge.
         var local: RecordState?
+        // The local stamps by storage position (empty when there is no local state) and how many fields they stamp
+        // in all: the merge reads them by position, never by name.
+        var localStamps: [FieldStamp?] = []
+        var localStampCount = 0
         var reason: String?
         var remoteFields = entityIndex.map { fieldsByPosition(remote, store.statements[$0]) } ?? []
         // A record ID beyond every ID in the ledger and in the entity's table is in neither: nothing to read.
         let isNew = try entityIndex.map { try batch?.isNew(remote.recordID, entityIndex: $0, store: store, db: db) ?? false } ?? false
         if let entityIndex, fits(remote, remoteFields, store.statements[entityIndex]) {
-            local = isNew ? nil : try load(remote.recordID, db)
+            if !isNew, let loaded = try load(remote.recordID, db, stampsBy: store.statements[entityIndex]) {
+                local = loaded.state
+                localStamps = loaded.stamps
+                localStampCount = loaded.stampCount
+            }
             if let local, local.entity != remote.recordType { reason = "the record ID belongs to a local \(local.entity)" }
         } else {
             reason = try rejectionReason(remote, store: store, db: db)
@@ -624,12 +666,6 @@ enum SyncLedger {
         var conflicts: [(String, FieldStamp, FieldStamp)] = []
         /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
         var knownRemoteFields = 0
-        // The local stamps by storage position, looked up once (the loop below and the comparison after it use them);
-        // empty when there are none (a new record: no array to make).
-        var localStamps: [FieldStamp?] = []
-        if let local, !local.stamps.isEmpty {
-            localStamps = fieldNames.map { local.stamps[$0] }
-        }
         for (index, name) in fieldNames.enumerated() {
             let localStamp = localStamps.isEmpty ? nil : localStamps[index]
             let localValue = localRow?[index + 1]
@@ -680,7 +716,7 @@ enum SyncLedger {
             // to it anywhere reach the winner: fold in what this device knew of the live record.
             if redirect != nil, let local, local.isAlive, local.causalLength == causalLength - 1, let localRow {
                 for (index, name) in fieldNames.enumerated() {
-                    guard let stamp = local.stamps[name] else { continue }
+                    guard let stamp = localStamps.isEmpty ? nil : localStamps[index] else { continue }
                     let field = CloudField(value: localRow[index + 1], stamp: stamp,
                                            isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
                     if tombstone[name].map({ $0.stamp < stamp }) ?? true { tombstone[name] = field }
@@ -724,7 +760,7 @@ enum SyncLedger {
                 if local.isAlive, let localRow {
                     var fields: [String: CloudField] = [:]
                     for (index, name) in fieldNames.enumerated() {
-                        guard let stamp = local.stamps[name] else { continue }
+                        guard let stamp = localStamps.isEmpty ? nil : localStamps[index] else { continue }
                         fields[name] = CloudField(value: localRow[index + 1], stamp: stamp,
                                                   isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
                     }
@@ -772,18 +808,18 @@ enum SyncLedger {
             for index in winners.indices { winners[index] = nil }
             unknown = [:]
         }
-        /// Whether the merged stamps differ from the local ones (compared without building a dictionary).
-        func stampsDiffer(from local: RecordState) -> Bool {
+        /// Whether the merged stamps differ from the local ones (compared by position, without building a map).
+        func stampsDiffer() -> Bool {
             var count = 0
             for (index, winner) in winners.enumerated() {
                 guard let winner else { continue }
                 count += 1
                 if (localStamps.isEmpty ? nil : localStamps[index]) != winner { return true }
             }
-            return count != local.stamps.count
+            return count != localStampCount
         }
         let changedLocally = local.map {
-            $0.causalLength != causalLength || $0.created != created || stampsDiffer(from: $0) || $0.unknown != unknown || $0.tombstone != tombstone
+            $0.causalLength != causalLength || $0.created != created || stampsDiffer() || $0.unknown != unknown || $0.tombstone != tombstone
                 || !endedChanges.isEmpty
         } ?? true
         state.causalLength = causalLength
