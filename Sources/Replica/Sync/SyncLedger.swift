@@ -903,13 +903,16 @@ enum SyncLedger {
         /// Whether `id` is certainly in neither the ledger nor the table of the entity at `entityIndex`: it sorts
         /// after the largest ID of both (IDs are 16-byte blobs, ordered bytewise). Imports of new records, whose IDs
         /// are time-ordered, skip two lookups that would find nothing; any other ID is looked up as usual.
+        ///
+        /// The table's largest ID is read only when the ledger's does not decide it already (a batch of records this
+        /// device holds, e.g. its own uploads coming back, reads only the ledger's).
         func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
             if ledgerMax == nil { ledgerMax = .some(try Self.largestID(Self.ledgerLargestIDSQL, db)) }
+            if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if tableMax.count <= entityIndex { tableMax += [UUID??](repeating: nil, count: entityIndex + 1 - tableMax.count) }
             if tableMax[entityIndex] == nil {
                 tableMax[entityIndex] = .some(try Self.largestID(store.statements[entityIndex].largestIDKey, db))
             }
-            if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
         }
