@@ -1134,13 +1134,16 @@ enum SyncLedger {
         return result
     }
 
+    private static let logConflictSQL = StatementKey(
+        "INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)")
+    private static let trimConflictsSQL = StatementKey(
+        "DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?")
+
     static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp,
                             duplicateOf winner: UUID? = nil, _ db: Connection) throws {
-        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
+        try db.run(logConflictSQL, [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
                     .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
-        try db.run("DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?",
-                   [.integer(Int64(conflictLogCapacity))])
+        try db.run(trimConflictsSQL, [.integer(Int64(conflictLogCapacity))])
     }
 
     // MARK: Relationships
