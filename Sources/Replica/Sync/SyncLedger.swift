@@ -96,7 +96,7 @@ enum SyncLedger {
         var changeTag: String?
         var localVersion: Int64
         var pending: Bool
-        /// The stored `state` column (the ledger state ``storeSQL`` derives from `pending`), when read by
+        /// The stored `state` column (the ledger state ``store(_:_:)`` derives from `pending`), when read by
         /// ``load(_:_:)``; `nil` otherwise.
         var storedState: String? = nil
         /// The stored `waiting_for` column (which no upsert writes), when read by ``load(_:_:)``; `nil` otherwise.
@@ -197,7 +197,7 @@ enum SyncLedger {
               state.localVersion == stored.localVersion, state.pending == stored.pending,
               state.unknown == stored.unknown, state.tombstone == stored.tombstone,
               let storedState = stored.storedState else { return false }
-        // `storeSQL`'s CASE on the stored state.
+        // `updateSQL`'s CASE on the stored state (for `store(_:_:)`).
         let derived = state.pending ? (storedState == "rejected" || storedState == "undecryptable" ? storedState : "pending") : "synced"
         return derived == storedState
     }
@@ -245,20 +245,32 @@ enum SyncLedger {
         }
     }
 
-    /// The ledger upsert both ``storeSQL`` and ``storeLocalSQL`` run, up to how each sets `state` (and `reason`).
-    private static let upsertPrefix = """
+    /// What ``store(_:_:)`` writes is an upsert of the record's row, run as the one of these two statements that
+    /// applies, tried in the order the caller expects to succeed (whichever changes no row hands over to the other,
+    /// in the same write transaction). Preparing both costs a connection less than preparing one
+    /// `INSERT … ON CONFLICT DO UPDATE` of the same columns, and each runs without first trying the other's work.
+    ///
+    /// A new row takes `state` from `pending` (``insertSQL``, `?12`). An existing row's `state` (``updateSQL``) depends
+    /// on its stored state and `?13`: 0 for ``store(_:_:)``, where `state` follows `pending` (a rejected or
+    /// undecryptable record keeps its state while pending); 1 for a record a local change touched (`pending` is set):
+    /// the record is pending again unless it could not be decrypted, and a rejection (about the content it had) is
+    /// cleared with its reason, in the same statement.
+    private static let insertSQL = StatementKey("""
         INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
                                          change_tag, local_version, pending, state)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
-            created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
-            tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
-            local_version = excluded.local_version, pending = excluded.pending,\n
-        """
+        ON CONFLICT (id) DO NOTHING
+        """)
 
-    private static let storeSQL = StatementKey(upsertPrefix + """
-            state = CASE WHEN excluded.pending = 1 AND replica_sync_record.state NOT IN ('rejected', 'undecryptable')
-                         THEN 'pending' WHEN excluded.pending = 0 THEN 'synced' ELSE replica_sync_record.state END
+    /// See ``insertSQL``.
+    private static let updateSQL = StatementKey("""
+        UPDATE replica_sync_record SET entity = ?2, causal_length = ?3, created = ?4, stamps = ?5, unknown = ?6,
+            tombstone = ?7, redirect = ?8, change_tag = ?9, local_version = ?10, pending = ?11,
+            state = CASE WHEN ?13 THEN CASE WHEN state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END
+                         WHEN ?11 = 1 AND state NOT IN ('rejected', 'undecryptable') THEN 'pending'
+                         WHEN ?11 = 0 THEN 'synced' ELSE state END,
+            reason = CASE WHEN ?13 AND state = 'rejected' THEN NULL ELSE reason END
+        WHERE id = ?1
         """)
 
     static func store(_ state: RecordState, _ db: Connection) throws {
@@ -267,42 +279,47 @@ enum SyncLedger {
 
     /// ``store(_:_:)`` with the `stamps` column already encoded (it then ignores `state.stamps`). Binds each
     /// parameter directly (no array of values; text and blobs without copies, valid until the statement has run):
-    /// this runs once per merged record.
-    static func store(_ state: RecordState, _ db: Connection, stamps: Data) throws {
-        try store(state, db, stamps: stamps, sql: storeSQL)
+    /// this runs once per merged record. `exists` is whether the ledger holds the record already, as far as the
+    /// caller knows: it only picks the statement tried first (see ``insertSQL``).
+    static func store(_ state: RecordState, _ db: Connection, stamps: Data, exists: Bool = true) throws {
+        try store(state, db, stamps: stamps, local: false, exists: exists)
     }
 
-    /// ``storeSQL`` for a record a local change touched (`pending` is set): the record is pending again unless it
-    /// could not be decrypted; a rejection (about the content it had) is cleared with its reason, in the same
-    /// statement.
-    private static let storeLocalSQL = StatementKey(upsertPrefix + """
-            state = CASE WHEN replica_sync_record.state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END,
-            reason = CASE WHEN replica_sync_record.state = 'rejected' THEN NULL ELSE replica_sync_record.reason END
-        """)
-
-    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, sql: StatementKey) throws {
-        let statement = try db.cachedStatement(sql)
-        defer { statement.reset() }
-        try statement.bind(state.id, at: 0)
-        try statement.bind(state.causalLength, at: 2)
-        try statement.bind(state.unknown.isEmpty ? .null : .text(encode(state.unknown)), at: 5)
-        try statement.bind(state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), at: 6)
-        try statement.bind(state.redirect?.sqliteValue ?? .null, at: 7)
-        try statement.bind(state.localVersion, at: 9)
-        try statement.bind(state.pending ? 1 : 0, at: 10)
-        try statement.bindStatic(state.pending ? "pending" : "synced", at: 11)
-        try statement.withStaticText(state.entity, at: 1) {
-            try statement.withStaticText(state.changeTag, at: 8) {
-                try statement.withStaticStamp(state.created, at: 3) {
-                    try statement.withStaticBlob(stamps, at: 4) { while try statement.step() {} }
+    /// Writes the ledger row of a record a local change touched (`local`) or not (see ``insertSQL``).
+    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, local: Bool, exists: Bool) throws {
+        let unknown = state.unknown.isEmpty ? nil : encode(state.unknown)
+        let tombstone = state.tombstone.isEmpty ? nil : encode(state.tombstone)
+        func run(_ sql: StatementKey, update: Bool) throws -> Bool {
+            let statement = try db.cachedStatement(sql)
+            defer { statement.reset() }
+            try statement.bind(state.id, at: 0)
+            if update { try statement.bind(local ? 1 : 0, at: 12) }
+            try statement.bind(state.causalLength, at: 2)
+            try statement.bind(unknown.map(SQLiteValue.text) ?? .null, at: 5)
+            try statement.bind(tombstone.map(SQLiteValue.text) ?? .null, at: 6)
+            try statement.bind(state.redirect?.sqliteValue ?? .null, at: 7)
+            try statement.bind(state.localVersion, at: 9)
+            try statement.bind(state.pending ? 1 : 0, at: 10)
+            if !update { try statement.bindStatic(state.pending ? "pending" : "synced", at: 11) }
+            try statement.withStaticText(state.entity, at: 1) {
+                try statement.withStaticText(state.changeTag, at: 8) {
+                    try statement.withStaticStamp(state.created, at: 3) {
+                        try statement.withStaticBlob(stamps, at: 4) { while try statement.step() {} }
+                    }
                 }
             }
+            return db.changes > 0
+        }
+        if exists {
+            if try !run(updateSQL, update: true) { _ = try run(insertSQL, update: false) }
+        } else {
+            if try !run(insertSQL, update: false) { _ = try run(updateSQL, update: true) }
         }
     }
 
     /// The ledger update of a record whose upload the cloud saved: the new change tag, and out of the outbox unless a
     /// local change came after the uploaded version (`?3`; `?4` clears it regardless). `state` follows `pending` as
-    /// ``storeSQL`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
+    /// ``store(_:_:)`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
     private static let acknowledgeSaveSQL = StatementKey("""
         UPDATE replica_sync_record SET change_tag = ?2,
             pending = CASE WHEN ?4 OR local_version = ?3 THEN 0 ELSE pending END,
@@ -354,7 +371,8 @@ enum SyncLedger {
             let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
             if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID(MergeBatch.ledgerLargestIDSQL, db)) }
             let isNew = ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true
-            var state = (isNew ? nil : try load(snapshot.id, db)) ?? RecordState(
+            let stored = isNew ? nil : try load(snapshot.id, db)
+            var state = stored ?? RecordState(
                 id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
                 stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
             if !state.isAlive {
@@ -438,8 +456,8 @@ enum SyncLedger {
 
     /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
     /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
-    private static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil) throws {
-        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), sql: storeLocalSQL)
+    private static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil, exists: Bool = true) throws {
+        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), local: true, exists: exists)
     }
 
     // MARK: Outgoing records
@@ -837,7 +855,7 @@ enum SyncLedger {
         let unchanged = local.map { !changedLocally && storeChangesNothing(state, over: $0) } ?? false
         if !unchanged {
             try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
-                                                                  oneStampTail: statements.oneStampTail))
+                                                                  oneStampTail: statements.oneStampTail), exists: local != nil)
         }
         batch?.ledgerHolds(remote.recordID)
         // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
