@@ -126,13 +126,21 @@ enum SyncLedger {
         return .zero(replica)
     }
 
-    private static let saveHLCSQL = StatementKey(
-        "INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+    private static let updateHLCSQL = StatementKey("UPDATE replica_metadata SET value = ? WHERE key = 'hlc'")
+    private static let insertHLCSQL = StatementKey("INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?)")
 
+    /// Stores the store's HLC: an update of its row, or (the store's first) an insert of it. The two statements, run
+    /// in the caller's write transaction, write what an upsert would, without trying an insert every time (this runs
+    /// in every save and every merged batch).
     static func saveHLC(_ hlc: HLC, _ db: Connection) throws {
-        let statement = try db.cachedStatement(saveHLCSQL)
-        defer { statement.reset() }
-        try statement.withStaticText(hlc.hex, at: 0) { while try statement.step() {} }
+        let hex = hlc.hex
+        func run(_ sql: StatementKey) throws {
+            let statement = try db.cachedStatement(sql)
+            defer { statement.reset() }
+            try statement.withStaticText(hex, at: 0) { while try statement.step() {} }
+        }
+        try run(updateHLCSQL)
+        if db.changes == 0 { try run(insertHLCSQL) }
     }
 
     // MARK: Record state
