@@ -603,7 +603,7 @@ enum SyncLedger {
         // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6). The
         // common case (every check passes) is decided without sorting names or formatting reasons; the local state
         // read for the ownership check is the local side of the merge.
-        var local: RecordState?
+        let local: RecordState?
         // The local stamps by storage position (empty when there is no local state) and how many fields they stamp
         // in all: the merge reads them by position, never by name.
         var localStamps: [FieldStamp?] = []
@@ -617,9 +617,12 @@ enum SyncLedger {
                 local = loaded.state
                 localStamps = loaded.stamps
                 localStampCount = loaded.stampCount
+            } else {
+                local = nil
             }
             if let local, local.entity != remote.recordType { reason = "the record ID belongs to a local \(local.entity)" }
         } else {
+            local = nil
             reason = try rejectionReason(remote, store: store, db: db)
         }
         if let reason {
@@ -659,28 +662,36 @@ enum SyncLedger {
         }
 
         var causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        let localPending = local?.pending == true
         if canaries.contains(.nonIdempotentApply), let local, local.causalLength == remote.causalLength, local.changeTag == remote.changeTag {
             causalLength += 1
         }
         let incarnation = causalLength % 2 == 1 ? causalLength : causalLength - 1
+        // (Compared field by field rather than by switching over `(local, remote)`, which copies both.)
+        let localCausalLength = local?.causalLength
         var created: FieldStamp
-        switch (local, remote) {
-        case let (l?, r) where l.causalLength == r.causalLength: created = min(l.created, r.created)
-        case let (l?, r) where l.causalLength > r.causalLength: created = l.created
-        default: created = remote.created
+        if let local, local.causalLength == remote.causalLength {
+            created = min(local.created, remote.created)
+        } else if let local, local.causalLength > remote.causalLength {
+            created = local.created
+        } else {
+            created = remote.created
         }
         if created.incarnation < incarnation { created.incarnation = incarnation }
         // A redirect belongs to the tombstone of a duplicate that lost: it holds only while that state wins. A live
         // record (a re-insert) redirects nowhere, and neither does a later, ordinary delete of it.
         let redirect: UUID?
-        switch (local, remote) {
-        case _ where causalLength % 2 == 1: redirect = nil
-        case let (l?, r) where l.causalLength > r.causalLength: redirect = l.redirect
-        case let (l?, r) where l.causalLength == r.causalLength:
+        if causalLength % 2 == 1 {
+            redirect = nil
+        } else if let localCausalLength, localCausalLength > remote.causalLength {
+            redirect = local!.redirect
+        } else if let localCausalLength, localCausalLength == remote.causalLength {
             // Both sides resolved the same incarnation (possibly against different winners): the smaller ID, so the
             // result does not depend on which side is remote.
-            if let a = l.redirect, let b = r.redirect { redirect = b.bytesPrecede(a) ? b : a } else { redirect = r.redirect ?? l.redirect }
-        default: redirect = remote.causalLength == causalLength ? remote.redirect : nil
+            let localRedirect = local!.redirect
+            if let a = localRedirect, let b = remote.redirect { redirect = b.bytesPrecede(a) ? b : a } else { redirect = remote.redirect ?? localRedirect }
+        } else {
+            redirect = remote.causalLength == causalLength ? remote.redirect : nil
         }
 
         // Field registers: the winning stamp of each field (storage order), `nil` where no write of the current
@@ -702,7 +713,7 @@ enum SyncLedger {
             if let remoteField, localStamp == nil || remoteField.stamp >= localStamp! {
                 winnerStamp = remoteField.stamp
                 winnerValue = remoteField.value
-                if let localStamp, localStamp < remoteField.stamp, local?.pending == true, localStamp.incarnation == incarnation,
+                if let localStamp, localStamp < remoteField.stamp, localPending, localStamp.incarnation == incarnation,
                    let localValue, localValue != remoteField.value {
                     conflicts.append((name, localStamp, remoteField.stamp))
                 }
