@@ -37,24 +37,22 @@ private func writeHex(_ value: UInt64, width: Int, into buffer: UnsafeMutableBuf
     }
 }
 
-/// The value of one hex digit, or `nil`.
-@inline(__always)
-private func hexValue(_ byte: UInt8) -> UInt64? {
-    switch byte {
-    case UInt8(ascii: "0")...UInt8(ascii: "9"): return UInt64(byte - UInt8(ascii: "0"))
-    case UInt8(ascii: "a")...UInt8(ascii: "f"): return UInt64(byte - UInt8(ascii: "a") + 10)
-    case UInt8(ascii: "A")...UInt8(ascii: "F"): return UInt64(byte - UInt8(ascii: "A") + 10)
-    default: return nil
-    }
-}
-
-/// Parses `count` hex digits at `start`.
+/// Parses `count` hex digits (`0-9`, `a-f`, `A-F`) at `start`; `nil` if any byte is not one.
 @inline(__always)
 private func parseHex(_ bytes: UnsafeBufferPointer<UInt8>, _ start: Int, _ count: Int) -> UInt64? {
+    precondition(start >= 0 && count >= 0 && start + count <= bytes.count)
+    guard let base = bytes.baseAddress else { return count == 0 ? 0 : nil }
     var value: UInt64 = 0
-    for i in start..<start + count {
-        guard let digit = hexValue(bytes[i]) else { return nil }
-        value = value << 4 | digit
+    var p = base + start
+    for _ in 0..<count {
+        let byte = p.pointee
+        p += 1
+        // A decimal digit, or (with the case bit set) a letter a-f.
+        let decimal = byte &- UInt8(ascii: "0")
+        let letter = (byte | 0x20) &- UInt8(ascii: "a")
+        let digit: UInt8
+        if decimal < 10 { digit = decimal } else if letter < 6 { digit = letter &+ 10 } else { return nil }
+        value = value << 4 | UInt64(digit)
     }
     return value
 }
@@ -269,8 +267,7 @@ extension SyncLedger {
         }
         // Each field takes at least two bytes (a length and an index).
         guard let fieldCount = readVarint(bytes, &i), fieldCount <= UInt64((bytes.count - i) / 2) else { return nil }
-        var result: [String: FieldStamp] = [:]
-        result.reserveCapacity(Int(fieldCount))
+        var result = [String: FieldStamp](minimumCapacity: Int(fieldCount))
         for _ in 0..<Int(fieldCount) {
             guard let length = readVarint(bytes, &i), length <= UInt64(bytes.count - i) else { return nil }
             let end = i + Int(length)
