@@ -971,8 +971,9 @@ enum SyncLedger {
 
         /// Sets what is known of the `waiting_for` of `id`'s ledger row (`value` `nil`: unknown; `.some(nil)`: none).
         private func know(_ id: UUID, waitingFor value: UUID??) {
-            if let known = waitingFor[id], let parent = known { waiters[parent]?.remove(id) }
-            waitingFor[id] = value
+            // (One lookup of `id`: the previous value comes back from the update.)
+            let previous = value.map { waitingFor.updateValue($0, forKey: id) } ?? waitingFor.removeValue(forKey: id)
+            if let previous, let parent = previous { waiters[parent]?.remove(id) }
             if let known = value, let parent = known { waiters[parent, default: []].insert(id) }
         }
 
