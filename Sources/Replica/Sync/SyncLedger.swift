@@ -1181,6 +1181,9 @@ enum SyncLedger {
                             duplicateOf winner: UUID? = nil, _ db: Connection) throws {
         try db.run(logConflictSQL, [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
                     .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
+        // The entry just logged has the largest `seq` (AUTOINCREMENT, never written explicitly, from 1): while it is
+        // within the capacity, the trim below would delete nothing.
+        if db.lastInsertRowID <= Int64(conflictLogCapacity) { return }
         try db.run(trimConflictsSQL, [.integer(Int64(conflictLogCapacity))])
     }
 
