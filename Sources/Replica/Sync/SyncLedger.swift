@@ -488,7 +488,7 @@ enum SyncLedger {
             try select.bind(state.id, at: 0)
             guard try select.step() else { return nil }
             let names = statements.fieldNames
-            fields.reserveCapacity(names.count + state.unknown.count)
+            fields = [String: CloudField](minimumCapacity: names.count + state.unknown.count)
             for (index, name) in names.enumerated() {
                 guard let stamp = oneStamp ?? state.stamps[name], stamp.incarnation == state.causalLength else { continue }
                 let encrypted = statements.attributes[index]?.options.contains(.allowsCloudEncryption) ?? false
@@ -1221,7 +1221,15 @@ enum SyncLedger {
                 guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
                       let destination = store.entity(named: relationship.destination),
                       let destinationSQL = store.statements(for: relationship.destination) else { continue }
-                if try db.scalar(destinationSQL.selectByIDKey, [target.sqliteValue]) != nil { continue }
+                // Whether the parent's row is here (its ID bound in place: no array of values, no copy of the row).
+                let select = try db.cachedStatement(destinationSQL.selectByIDKey)
+                let parentHere: Bool
+                do {
+                    defer { select.reset() }
+                    try select.bind(target, at: 0)
+                    parentHere = try select.step()
+                }
+                if parentHere { continue }
                 if let parent = try load(target, db), !parent.isAlive {
                     if let winner = try liveRedirectTarget(of: target, db) {
                         try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
