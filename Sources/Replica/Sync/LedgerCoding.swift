@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 
 // Forms of the sync bookkeeping that is read and written for every record a save or an import touches: field stamps
@@ -36,24 +37,22 @@ private func writeHex(_ value: UInt64, width: Int, into buffer: UnsafeMutableBuf
     }
 }
 
-/// The value of one hex digit, or `nil`.
-@inline(__always)
-private func hexValue(_ byte: UInt8) -> UInt64? {
-    switch byte {
-    case UInt8(ascii: "0")...UInt8(ascii: "9"): return UInt64(byte - UInt8(ascii: "0"))
-    case UInt8(ascii: "a")...UInt8(ascii: "f"): return UInt64(byte - UInt8(ascii: "a") + 10)
-    case UInt8(ascii: "A")...UInt8(ascii: "F"): return UInt64(byte - UInt8(ascii: "A") + 10)
-    default: return nil
-    }
-}
-
-/// Parses `count` hex digits at `start`.
+/// Parses `count` hex digits (`0-9`, `a-f`, `A-F`) at `start`; `nil` if any byte is not one.
 @inline(__always)
 private func parseHex(_ bytes: UnsafeBufferPointer<UInt8>, _ start: Int, _ count: Int) -> UInt64? {
+    precondition(start >= 0 && count >= 0 && start + count <= bytes.count)
+    guard let base = bytes.baseAddress else { return count == 0 ? 0 : nil }
     var value: UInt64 = 0
-    for i in start..<start + count {
-        guard let digit = hexValue(bytes[i]) else { return nil }
-        value = value << 4 | digit
+    var p = base + start
+    for _ in 0..<count {
+        let byte = p.pointee
+        p += 1
+        // A decimal digit, or (with the case bit set) a letter a-f.
+        let decimal = byte &- UInt8(ascii: "0")
+        let letter = (byte | 0x20) &- UInt8(ascii: "a")
+        let digit: UInt8
+        if decimal < 10 { digit = decimal } else if letter < 6 { digit = letter &+ 10 } else { return nil }
+        value = value << 4 | UInt64(digit)
     }
     return value
 }
@@ -268,8 +267,7 @@ extension SyncLedger {
         }
         // Each field takes at least two bytes (a length and an index).
         guard let fieldCount = readVarint(bytes, &i), fieldCount <= UInt64((bytes.count - i) / 2) else { return nil }
-        var result: [String: FieldStamp] = [:]
-        result.reserveCapacity(Int(fieldCount))
+        var result = [String: FieldStamp](minimumCapacity: Int(fieldCount))
         for _ in 0..<Int(fieldCount) {
             guard let length = readVarint(bytes, &i), length <= UInt64(bytes.count - i) else { return nil }
             let end = i + Int(length)
@@ -279,6 +277,91 @@ extension SyncLedger {
                   result.updateValue(distinct[Int(index)], forKey: name) == nil else { return nil }
         }
         return i == bytes.count ? result : nil
+    }
+
+    /// The stamps of the `stamps` column at `index` of the current row of `statement` by storage position of the
+    /// entity of `statements` (`nil`: no stamp), and how many fields the column stamps in all, names this entity does
+    /// not store included: the map ``readStamps(_:_:)`` reads (an unreadable or NULL column: none), looked up by
+    /// ``EntityStatements/fieldNames``. A column in the compact form with names in order (as every encoder writes
+    /// it) is read without building the map or hashing a name: its names are matched in one pass against the
+    /// entity's, which ``EntityStatements/oneStampTail`` lists in the same order.
+    static func readStampsByPosition(_ statement: Statement, _ index: Int32, _ statements: EntityStatements) -> (stamps: [FieldStamp?], count: Int) {
+        let fieldCount = statements.fieldNames.count
+        if let stamp = readOneStamp(statement, index, oneStampTail: statements.oneStampTail) {
+            return ([FieldStamp?](repeating: stamp, count: fieldCount), fieldCount)
+        }
+        if sqlite3_column_type(statement.handle, index) == SQLITE_BLOB,
+           let result = decodeStampsByPosition(statement.blob(index), statements) {
+            return result
+        }
+        let map = readStamps(statement, index) ?? [:]
+        return (statements.fieldNames.map { map[$0] }, map.count)
+    }
+
+    /// ``readStampsByPosition(_:_:_:)`` for a column in the compact form: `nil` when `bytes` are not a well-formed
+    /// instance of it (then ``decodeStamps(_:)`` finds no map either), when their names are not in strictly increasing
+    /// order (the map tells a repeated name from an unsorted one), or when a name is not ASCII: the caller then
+    /// decodes the map.
+    private static func decodeStampsByPosition(_ bytes: UnsafeRawBufferPointer, _ statements: EntityStatements) -> (stamps: [FieldStamp?], count: Int)? {
+        var i = 0
+        guard bytes.count >= 1, bytes[0] == stampsFormatVersion else { return nil }
+        i = 1
+        guard let stampCount = readVarint(bytes, &i), stampCount <= UInt64((bytes.count - i) / stampBytes) else { return nil }
+        let stampsStart = i
+        i += Int(stampCount) * stampBytes
+        guard let fieldCount = readVarint(bytes, &i), fieldCount <= UInt64((bytes.count - i) / 2) else { return nil }
+        let order = statements.fieldsInStampOrder
+        var result = [FieldStamp?](repeating: nil, count: statements.fieldNames.count)
+        return statements.oneStampTail.withUnsafeBytes { tail -> (stamps: [FieldStamp?], count: Int)? in
+            // Names are matched byte for byte, which is how `String` compares them only when they are ASCII (it
+            // compares non-ASCII text by canonical equivalence): anything else takes the map.
+            for byte in tail where byte >= 0x80 { return nil }
+            // The entity's names in stamp order, as the tail lists them: a varint count, then each name's varint
+            // length, bytes and stamp index (0).
+            var t = 0
+            guard let nameCount = readVarint(tail, &t), nameCount == UInt64(order.count) else { return nil }
+            var k = 0
+            /// The bytes of the entity's `k`th name in stamp order (at `t`), or `nil` past the last.
+            func entityName(_ t: Int) -> (start: Int, count: Int, next: Int)? {
+                guard k < order.count else { return nil }
+                var j = t
+                guard let length = readVarint(tail, &j), j + Int(length) < tail.count else { return nil }
+                return (j, Int(length), j + Int(length) + 1)
+            }
+            var previous: (start: Int, count: Int)?
+            for _ in 0..<Int(fieldCount) {
+                guard let length = readVarint(bytes, &i), length <= UInt64(bytes.count - i) else { return nil }
+                let name = (start: i, count: Int(length))
+                for offset in name.start..<(name.start + name.count) where bytes[offset] >= 0x80 { return nil }
+                i += name.count
+                guard let stampIndex = readVarint(bytes, &i), stampIndex < stampCount else { return nil }
+                if let previous, compare(bytes, previous, bytes, name) >= 0 { return nil }
+                previous = name
+                // Skip the entity's names that precede this one; an equal one takes the stamp.
+                while let candidate = entityName(t) {
+                    let order = compare(tail, (candidate.start, candidate.count), bytes, name)
+                    if order > 0 { break }
+                    if order == 0 {
+                        result[statements.fieldsInStampOrder[k]] = readStamp(bytes, at: stampsStart + Int(stampIndex) * stampBytes)
+                    }
+                    t = candidate.next
+                    k += 1
+                }
+            }
+            return i == bytes.count ? (result, Int(fieldCount)) : nil
+        }
+    }
+
+    /// The order of two byte strings (negative, zero, positive): their bytes, then their lengths.
+    @inline(__always)
+    private static func compare(_ a: UnsafeRawBufferPointer, _ x: (start: Int, count: Int), _ b: UnsafeRawBufferPointer,
+                                _ y: (start: Int, count: Int)) -> Int {
+        let common = min(x.count, y.count)
+        if common > 0 {
+            let order = memcmp(a.baseAddress! + x.start, b.baseAddress! + y.start, common)
+            if order != 0 { return Int(order) }
+        }
+        return x.count - y.count
     }
 
     /// Bytes of `value` as an unsigned LEB128 varint.

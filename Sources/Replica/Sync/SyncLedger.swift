@@ -96,7 +96,7 @@ enum SyncLedger {
         var changeTag: String?
         var localVersion: Int64
         var pending: Bool
-        /// The stored `state` column (the ledger state ``storeSQL`` derives from `pending`), when read by
+        /// The stored `state` column (the ledger state ``store(_:_:)`` derives from `pending`), when read by
         /// ``load(_:_:)``; `nil` otherwise.
         var storedState: String? = nil
         /// The stored `waiting_for` column (which no upsert writes), when read by ``load(_:_:)``; `nil` otherwise.
@@ -126,13 +126,21 @@ enum SyncLedger {
         return .zero(replica)
     }
 
-    private static let saveHLCSQL = StatementKey(
-        "INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+    private static let updateHLCSQL = StatementKey("UPDATE replica_metadata SET value = ? WHERE key = 'hlc'")
+    private static let insertHLCSQL = StatementKey("INSERT INTO replica_metadata (key, value) VALUES ('hlc', ?)")
 
+    /// Stores the store's HLC: an update of its row, or (the store's first) an insert of it. The two statements, run
+    /// in the caller's write transaction, write what an upsert would, without trying an insert every time (this runs
+    /// in every save and every merged batch).
     static func saveHLC(_ hlc: HLC, _ db: Connection) throws {
-        let statement = try db.cachedStatement(saveHLCSQL)
-        defer { statement.reset() }
-        try statement.withStaticText(hlc.hex, at: 0) { while try statement.step() {} }
+        let hex = hlc.hex
+        func run(_ sql: StatementKey) throws {
+            let statement = try db.cachedStatement(sql)
+            defer { statement.reset() }
+            try statement.withStaticText(hex, at: 0) { while try statement.step() {} }
+        }
+        try run(updateHLCSQL)
+        if db.changes == 0 { try run(insertHLCSQL) }
     }
 
     // MARK: Record state
@@ -172,7 +180,23 @@ enum SyncLedger {
         return state
     }
 
-    /// Whether storing `state` with ``storeSQL`` over the row ``load(_:_:)`` read as `stored` would write the values
+    /// ``load(_:_:)`` for the merge of a record of the entity of `statements`: the state with an empty `stamps` map,
+    /// and instead the stamps by storage position and the number of fields stamped in all
+    /// (``readStampsByPosition(_:_:_:)``), read without building the map.
+    static func load(_ id: UUID, _ db: Connection, stampsBy statements: EntityStatements) throws
+        -> (state: RecordState, stamps: [FieldStamp?], stampCount: Int)? {
+        let statement = try db.cachedStatement(loadSQL)
+        defer { statement.reset() }
+        try statement.bind(id, at: 0)
+        guard try statement.step() else { return nil }
+        let stamps = readStampsByPosition(statement, 3, statements)
+        var state = readState(id, statement, from: 0, stamps: [:])
+        state.storedState = statement.isNull(10) ? nil : statement.string(10)
+        state.storedWaitingFor = .some(statement.uuid(11))
+        return (state, stamps.stamps, stamps.count)
+    }
+
+    /// Whether storing `state` with ``store(_:_:)`` over the row ``load(_:_:)`` read as `stored` would write the values
     /// the row already holds: every column the upsert sets is equal, including the `state` it derives from `pending` —
     /// except `stamps`, which the caller compares (a merge compares its field registers with the stored stamps).
     static func storeChangesNothing(_ state: RecordState, over stored: RecordState) -> Bool {
@@ -181,7 +205,7 @@ enum SyncLedger {
               state.localVersion == stored.localVersion, state.pending == stored.pending,
               state.unknown == stored.unknown, state.tombstone == stored.tombstone,
               let storedState = stored.storedState else { return false }
-        // `storeSQL`'s CASE on the stored state.
+        // `updateSQL`'s CASE on the stored state (for `store(_:_:)`).
         let derived = state.pending ? (storedState == "rejected" || storedState == "undecryptable" ? storedState : "pending") : "synced"
         return derived == storedState
     }
@@ -229,20 +253,32 @@ enum SyncLedger {
         }
     }
 
-    /// The ledger upsert both ``storeSQL`` and ``storeLocalSQL`` run, up to how each sets `state` (and `reason`).
-    private static let upsertPrefix = """
+    /// What ``store(_:_:)`` writes is an upsert of the record's row, run as the one of these two statements that
+    /// applies, tried in the order the caller expects to succeed (whichever changes no row hands over to the other,
+    /// in the same write transaction). Preparing both costs a connection less than preparing one
+    /// `INSERT … ON CONFLICT DO UPDATE` of the same columns, and each runs without first trying the other's work.
+    ///
+    /// A new row takes `state` from `pending` (``insertSQL``, `?12`). An existing row's `state` (``updateSQL``) depends
+    /// on its stored state and `?13`: 0 for ``store(_:_:)``, where `state` follows `pending` (a rejected or
+    /// undecryptable record keeps its state while pending); 1 for a record a local change touched (`pending` is set):
+    /// the record is pending again unless it could not be decrypted, and a rejection (about the content it had) is
+    /// cleared with its reason, in the same statement.
+    private static let insertSQL = StatementKey("""
         INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
                                          change_tag, local_version, pending, state)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, causal_length = excluded.causal_length,
-            created = excluded.created, stamps = excluded.stamps, unknown = excluded.unknown,
-            tombstone = excluded.tombstone, redirect = excluded.redirect, change_tag = excluded.change_tag,
-            local_version = excluded.local_version, pending = excluded.pending,\n
-        """
+        ON CONFLICT (id) DO NOTHING
+        """)
 
-    private static let storeSQL = StatementKey(upsertPrefix + """
-            state = CASE WHEN excluded.pending = 1 AND replica_sync_record.state NOT IN ('rejected', 'undecryptable')
-                         THEN 'pending' WHEN excluded.pending = 0 THEN 'synced' ELSE replica_sync_record.state END
+    /// See ``insertSQL``.
+    private static let updateSQL = StatementKey("""
+        UPDATE replica_sync_record SET entity = ?2, causal_length = ?3, created = ?4, stamps = ?5, unknown = ?6,
+            tombstone = ?7, redirect = ?8, change_tag = ?9, local_version = ?10, pending = ?11,
+            state = CASE WHEN ?13 THEN CASE WHEN state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END
+                         WHEN ?11 = 1 AND state NOT IN ('rejected', 'undecryptable') THEN 'pending'
+                         WHEN ?11 = 0 THEN 'synced' ELSE state END,
+            reason = CASE WHEN ?13 AND state = 'rejected' THEN NULL ELSE reason END
+        WHERE id = ?1
         """)
 
     static func store(_ state: RecordState, _ db: Connection) throws {
@@ -251,42 +287,47 @@ enum SyncLedger {
 
     /// ``store(_:_:)`` with the `stamps` column already encoded (it then ignores `state.stamps`). Binds each
     /// parameter directly (no array of values; text and blobs without copies, valid until the statement has run):
-    /// this runs once per merged record.
-    static func store(_ state: RecordState, _ db: Connection, stamps: Data) throws {
-        try store(state, db, stamps: stamps, sql: storeSQL)
+    /// this runs once per merged record. `exists` is whether the ledger holds the record already, as far as the
+    /// caller knows: it only picks the statement tried first (see ``insertSQL``).
+    static func store(_ state: RecordState, _ db: Connection, stamps: Data, exists: Bool = true) throws {
+        try store(state, db, stamps: stamps, local: false, exists: exists)
     }
 
-    /// ``storeSQL`` for a record a local change touched (`pending` is set): the record is pending again unless it
-    /// could not be decrypted; a rejection (about the content it had) is cleared with its reason, in the same
-    /// statement.
-    private static let storeLocalSQL = StatementKey(upsertPrefix + """
-            state = CASE WHEN replica_sync_record.state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END,
-            reason = CASE WHEN replica_sync_record.state = 'rejected' THEN NULL ELSE replica_sync_record.reason END
-        """)
-
-    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, sql: StatementKey) throws {
-        let statement = try db.cachedStatement(sql)
-        defer { statement.reset() }
-        try statement.bind(state.id, at: 0)
-        try statement.bind(state.causalLength, at: 2)
-        try statement.bind(state.unknown.isEmpty ? .null : .text(encode(state.unknown)), at: 5)
-        try statement.bind(state.tombstone.isEmpty ? .null : .text(encode(state.tombstone)), at: 6)
-        try statement.bind(state.redirect?.sqliteValue ?? .null, at: 7)
-        try statement.bind(state.localVersion, at: 9)
-        try statement.bind(state.pending ? 1 : 0, at: 10)
-        try statement.bindStatic(state.pending ? "pending" : "synced", at: 11)
-        try statement.withStaticText(state.entity, at: 1) {
-            try statement.withStaticText(state.changeTag, at: 8) {
-                try statement.withStaticStamp(state.created, at: 3) {
-                    try statement.withStaticBlob(stamps, at: 4) { while try statement.step() {} }
+    /// Writes the ledger row of a record a local change touched (`local`) or not (see ``insertSQL``).
+    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, local: Bool, exists: Bool) throws {
+        let unknown = state.unknown.isEmpty ? nil : encode(state.unknown)
+        let tombstone = state.tombstone.isEmpty ? nil : encode(state.tombstone)
+        func run(_ sql: StatementKey, update: Bool) throws -> Bool {
+            let statement = try db.cachedStatement(sql)
+            defer { statement.reset() }
+            try statement.bind(state.id, at: 0)
+            if update { try statement.bind(local ? 1 : 0, at: 12) }
+            try statement.bind(state.causalLength, at: 2)
+            try statement.bind(unknown.map(SQLiteValue.text) ?? .null, at: 5)
+            try statement.bind(tombstone.map(SQLiteValue.text) ?? .null, at: 6)
+            try statement.bind(state.redirect?.sqliteValue ?? .null, at: 7)
+            try statement.bind(state.localVersion, at: 9)
+            try statement.bind(state.pending ? 1 : 0, at: 10)
+            if !update { try statement.bindStatic(state.pending ? "pending" : "synced", at: 11) }
+            try statement.withStaticText(state.entity, at: 1) {
+                try statement.withStaticText(state.changeTag, at: 8) {
+                    try statement.withStaticStamp(state.created, at: 3) {
+                        try statement.withStaticBlob(stamps, at: 4) { while try statement.step() {} }
+                    }
                 }
             }
+            return db.changes > 0
+        }
+        if exists {
+            if try !run(updateSQL, update: true) { _ = try run(insertSQL, update: false) }
+        } else {
+            if try !run(insertSQL, update: false) { _ = try run(updateSQL, update: true) }
         }
     }
 
     /// The ledger update of a record whose upload the cloud saved: the new change tag, and out of the outbox unless a
     /// local change came after the uploaded version (`?3`; `?4` clears it regardless). `state` follows `pending` as
-    /// ``storeSQL`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
+    /// ``store(_:_:)`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
     private static let acknowledgeSaveSQL = StatementKey("""
         UPDATE replica_sync_record SET change_tag = ?2,
             pending = CASE WHEN ?4 OR local_version = ?3 THEN 0 ELSE pending END,
@@ -338,7 +379,8 @@ enum SyncLedger {
             let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
             if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID(MergeBatch.ledgerLargestIDSQL, db)) }
             let isNew = ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true
-            var state = (isNew ? nil : try load(snapshot.id, db)) ?? RecordState(
+            let stored = isNew ? nil : try load(snapshot.id, db)
+            var state = stored ?? RecordState(
                 id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
                 stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
             if !state.isAlive {
@@ -359,17 +401,35 @@ enum SyncLedger {
             state.localVersion += 1
             state.pending = true
             try storeLocalChange(state, db, stamps: statements.fieldNames.isEmpty ? encodeStamps([:])
-                                    : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail))
+                                    : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail), exists: stored != nil)
             if ledgerBound!.map({ $0.bytesPrecede(snapshot.id) }) ?? true { ledgerBound = .some(snapshot.id) }
         }
         for (snapshot, fields) in changes.updated {
-            guard store.entity(named: snapshot.entityName) != nil else { continue }
-            guard var state = try load(snapshot.id, db), state.isAlive else { continue }
+            guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
+            let statements = store.statements[entityIndex]
+            // The stamps by position, when they are all of fields the entity stores and so are the changed fields (as
+            // always, short of a store written by another schema): encoded by position, without building the map.
+            guard let loaded = try load(snapshot.id, db, stampsBy: statements), loaded.state.isAlive else { continue }
+            var state = loaded.state
             let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
-            for field in fields { state.stamps[field] = stamp }
+            var stamps = loaded.stamps
+            var byPosition = loaded.stampCount == stamps.reduce(0) { $1 == nil ? $0 : $0 + 1 }
+            if byPosition {
+                for field in fields {
+                    guard let index = statements.fieldIndex[field] else { byPosition = false; break }
+                    stamps[index] = stamp
+                }
+            }
             state.localVersion += 1
             state.pending = true
-            try storeLocalChange(state, db)
+            if byPosition {
+                try storeLocalChange(state, db, stamps: encodeStamps(names: statements.fieldNames, order: statements.fieldsInStampOrder,
+                                                                     stamps: stamps, oneStampTail: statements.oneStampTail))
+            } else {
+                state.stamps = try load(snapshot.id, db)?.stamps ?? [:]
+                for field in fields { state.stamps[field] = stamp }
+                try storeLocalChange(state, db)
+            }
         }
         for record in changes.deleted {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
@@ -404,8 +464,8 @@ enum SyncLedger {
 
     /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
     /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
-    private static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil) throws {
-        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), sql: storeLocalSQL)
+    private static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil, exists: Bool = true) throws {
+        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), local: true, exists: exists)
     }
 
     // MARK: Outgoing records
@@ -428,7 +488,7 @@ enum SyncLedger {
             try select.bind(state.id, at: 0)
             guard try select.step() else { return nil }
             let names = statements.fieldNames
-            fields.reserveCapacity(names.count + state.unknown.count)
+            fields = [String: CloudField](minimumCapacity: names.count + state.unknown.count)
             for (index, name) in names.enumerated() {
                 guard let stamp = oneStamp ?? state.stamps[name], stamp.incarnation == state.causalLength else { continue }
                 let encrypted = statements.attributes[index]?.options.contains(.allowsCloudEncryption) ?? false
@@ -543,15 +603,26 @@ enum SyncLedger {
         // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6). The
         // common case (every check passes) is decided without sorting names or formatting reasons; the local state
         // read for the ownership check is the local side of the merge.
-        var local: RecordState?
+        let local: RecordState?
+        // The local stamps by storage position (empty when there is no local state) and how many fields they stamp
+        // in all: the merge reads them by position, never by name.
+        var localStamps: [FieldStamp?] = []
+        var localStampCount = 0
         var reason: String?
         var remoteFields = entityIndex.map { fieldsByPosition(remote, store.statements[$0]) } ?? []
         // A record ID beyond every ID in the ledger and in the entity's table is in neither: nothing to read.
         let isNew = try entityIndex.map { try batch?.isNew(remote.recordID, entityIndex: $0, store: store, db: db) ?? false } ?? false
         if let entityIndex, fits(remote, remoteFields, store.statements[entityIndex]) {
-            local = isNew ? nil : try load(remote.recordID, db)
+            if !isNew, let loaded = try load(remote.recordID, db, stampsBy: store.statements[entityIndex]) {
+                local = loaded.state
+                localStamps = loaded.stamps
+                localStampCount = loaded.stampCount
+            } else {
+                local = nil
+            }
             if let local, local.entity != remote.recordType { reason = "the record ID belongs to a local \(local.entity)" }
         } else {
+            local = nil
             reason = try rejectionReason(remote, store: store, db: db)
         }
         if let reason {
@@ -604,28 +675,36 @@ enum SyncLedger {
         }
 
         var causalLength = max(local?.causalLength ?? 0, remote.causalLength)
+        let localPending = local?.pending == true
         if canaries.contains(.nonIdempotentApply), let local, local.causalLength == remote.causalLength, local.changeTag == remote.changeTag {
             causalLength += 1
         }
         let incarnation = causalLength % 2 == 1 ? causalLength : causalLength - 1
+        // (Compared field by field rather than by switching over `(local, remote)`, which copies both.)
+        let localCausalLength = local?.causalLength
         var created: FieldStamp
-        switch (local, remote) {
-        case let (l?, r) where l.causalLength == r.causalLength: created = min(l.created, r.created)
-        case let (l?, r) where l.causalLength > r.causalLength: created = l.created
-        default: created = remote.created
+        if let local, local.causalLength == remote.causalLength {
+            created = min(local.created, remote.created)
+        } else if let local, local.causalLength > remote.causalLength {
+            created = local.created
+        } else {
+            created = remote.created
         }
         if created.incarnation < incarnation { created.incarnation = incarnation }
         // A redirect belongs to the tombstone of a duplicate that lost: it holds only while that state wins. A live
         // record (a re-insert) redirects nowhere, and neither does a later, ordinary delete of it.
         let redirect: UUID?
-        switch (local, remote) {
-        case _ where causalLength % 2 == 1: redirect = nil
-        case let (l?, r) where l.causalLength > r.causalLength: redirect = l.redirect
-        case let (l?, r) where l.causalLength == r.causalLength:
+        if causalLength % 2 == 1 {
+            redirect = nil
+        } else if let localCausalLength, localCausalLength > remote.causalLength {
+            redirect = local!.redirect
+        } else if let localCausalLength, localCausalLength == remote.causalLength {
             // Both sides resolved the same incarnation (possibly against different winners): the smaller ID, so the
             // result does not depend on which side is remote.
-            if let a = l.redirect, let b = r.redirect { redirect = b.bytesPrecede(a) ? b : a } else { redirect = r.redirect ?? l.redirect }
-        default: redirect = remote.causalLength == causalLength ? remote.redirect : nil
+            let localRedirect = local!.redirect
+            if let a = localRedirect, let b = remote.redirect { redirect = b.bytesPrecede(a) ? b : a } else { redirect = remote.redirect ?? localRedirect }
+        } else {
+            redirect = remote.causalLength == causalLength ? remote.redirect : nil
         }
 
         // Field registers: the winning stamp of each field (storage order), `nil` where no write of the current
@@ -637,12 +716,6 @@ enum SyncLedger {
         var conflicts: [(String, FieldStamp, FieldStamp)] = []
         /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
         var knownRemoteFields = 0
-        // The local stamps by storage position, looked up once (the loop below and the comparison after it use them);
-        // empty when there are none (a new record: no array to make).
-        var localStamps: [FieldStamp?] = []
-        if let local, !local.stamps.isEmpty {
-            localStamps = fieldNames.map { local.stamps[$0] }
-        }
         for (index, name) in fieldNames.enumerated() {
             let localStamp = localStamps.isEmpty ? nil : localStamps[index]
             let localValue = localRow?[index + 1]
@@ -653,7 +726,7 @@ enum SyncLedger {
             if let remoteField, localStamp == nil || remoteField.stamp >= localStamp! {
                 winnerStamp = remoteField.stamp
                 winnerValue = remoteField.value
-                if let localStamp, localStamp < remoteField.stamp, local?.pending == true, localStamp.incarnation == incarnation,
+                if let localStamp, localStamp < remoteField.stamp, localPending, localStamp.incarnation == incarnation,
                    let localValue, localValue != remoteField.value {
                     conflicts.append((name, localStamp, remoteField.stamp))
                 }
@@ -693,7 +766,7 @@ enum SyncLedger {
             // to it anywhere reach the winner: fold in what this device knew of the live record.
             if redirect != nil, let local, local.isAlive, local.causalLength == causalLength - 1, let localRow {
                 for (index, name) in fieldNames.enumerated() {
-                    guard let stamp = local.stamps[name] else { continue }
+                    guard let stamp = localStamps.isEmpty ? nil : localStamps[index] else { continue }
                     let field = CloudField(value: localRow[index + 1], stamp: stamp,
                                            isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
                     if tombstone[name].map({ $0.stamp < stamp }) ?? true { tombstone[name] = field }
@@ -737,7 +810,7 @@ enum SyncLedger {
                 if local.isAlive, let localRow {
                     var fields: [String: CloudField] = [:]
                     for (index, name) in fieldNames.enumerated() {
-                        guard let stamp = local.stamps[name] else { continue }
+                        guard let stamp = localStamps.isEmpty ? nil : localStamps[index] else { continue }
                         fields[name] = CloudField(value: localRow[index + 1], stamp: stamp,
                                                   isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
                     }
@@ -785,18 +858,18 @@ enum SyncLedger {
             for index in winners.indices { winners[index] = nil }
             unknown = [:]
         }
-        /// Whether the merged stamps differ from the local ones (compared without building a dictionary).
-        func stampsDiffer(from local: RecordState) -> Bool {
+        /// Whether the merged stamps differ from the local ones (compared by position, without building a map).
+        func stampsDiffer() -> Bool {
             var count = 0
             for (index, winner) in winners.enumerated() {
                 guard let winner else { continue }
                 count += 1
                 if (localStamps.isEmpty ? nil : localStamps[index]) != winner { return true }
             }
-            return count != local.stamps.count
+            return count != localStampCount
         }
         let changedLocally = local.map {
-            $0.causalLength != causalLength || $0.created != created || stampsDiffer(from: $0) || $0.unknown != unknown || $0.tombstone != tombstone
+            $0.causalLength != causalLength || $0.created != created || stampsDiffer() || $0.unknown != unknown || $0.tombstone != tombstone
                 || !endedChanges.isEmpty
         } ?? true
         state.causalLength = causalLength
@@ -814,7 +887,7 @@ enum SyncLedger {
         let unchanged = local.map { !changedLocally && storeChangesNothing(state, over: $0) } ?? false
         if !unchanged {
             try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
-                                                                  oneStampTail: statements.oneStampTail))
+                                                                  oneStampTail: statements.oneStampTail), exists: local != nil)
         }
         batch?.ledgerHolds(remote.recordID)
         // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
@@ -880,13 +953,16 @@ enum SyncLedger {
         /// Whether `id` is certainly in neither the ledger nor the table of the entity at `entityIndex`: it sorts
         /// after the largest ID of both (IDs are 16-byte blobs, ordered bytewise). Imports of new records, whose IDs
         /// are time-ordered, skip two lookups that would find nothing; any other ID is looked up as usual.
+        ///
+        /// The table's largest ID is read only when the ledger's does not decide it already (a batch of records this
+        /// device holds, e.g. its own uploads coming back, reads only the ledger's).
         func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
             if ledgerMax == nil { ledgerMax = .some(try Self.largestID(Self.ledgerLargestIDSQL, db)) }
+            if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if tableMax.count <= entityIndex { tableMax += [UUID??](repeating: nil, count: entityIndex + 1 - tableMax.count) }
             if tableMax[entityIndex] == nil {
                 tableMax[entityIndex] = .some(try Self.largestID(store.statements[entityIndex].largestIDKey, db))
             }
-            if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
         }
@@ -908,8 +984,9 @@ enum SyncLedger {
 
         /// Sets what is known of the `waiting_for` of `id`'s ledger row (`value` `nil`: unknown; `.some(nil)`: none).
         private func know(_ id: UUID, waitingFor value: UUID??) {
-            if let known = waitingFor[id], let parent = known { waiters[parent]?.remove(id) }
-            waitingFor[id] = value
+            // (One lookup of `id`: the previous value comes back from the update.)
+            let previous = value.map { waitingFor.updateValue($0, forKey: id) } ?? waitingFor.removeValue(forKey: id)
+            if let previous, let parent = previous { waiters[parent]?.remove(id) }
             if let known = value, let parent = known { waiters[parent, default: []].insert(id) }
         }
 
@@ -1108,13 +1185,19 @@ enum SyncLedger {
         return result
     }
 
+    private static let logConflictSQL = StatementKey(
+        "INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)")
+    private static let trimConflictsSQL = StatementKey(
+        "DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?")
+
     static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp,
                             duplicateOf winner: UUID? = nil, _ db: Connection) throws {
-        try db.run("INSERT INTO replica_sync_conflict (id, entity, field, local_stamp, winning_stamp, kind, winner) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
+        try db.run(logConflictSQL, [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
                     .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
-        try db.run("DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?",
-                   [.integer(Int64(conflictLogCapacity))])
+        // The entry just logged has the largest `seq` (AUTOINCREMENT, never written explicitly, from 1): while it is
+        // within the capacity, the trim below would delete nothing.
+        if db.lastInsertRowID <= Int64(conflictLogCapacity) { return }
+        try db.run(trimConflictsSQL, [.integer(Int64(conflictLogCapacity))])
     }
 
     // MARK: Relationships
@@ -1151,7 +1234,15 @@ enum SyncLedger {
                 guard case let .blob(bytes) = snapshot.values[entity.attributes.count + offset], let target = UUID(bytes: bytes),
                       let destination = store.entity(named: relationship.destination),
                       let destinationSQL = store.statements(for: relationship.destination) else { continue }
-                if try db.scalar(destinationSQL.selectByIDKey, [target.sqliteValue]) != nil { continue }
+                // Whether the parent's row is here (its ID bound in place: no array of values, no copy of the row).
+                let select = try db.cachedStatement(destinationSQL.selectByIDKey)
+                let parentHere: Bool
+                do {
+                    defer { select.reset() }
+                    try select.bind(target, at: 0)
+                    parentHere = try select.step()
+                }
+                if parentHere { continue }
                 if let parent = try load(target, db), !parent.isAlive {
                     if let winner = try liveRedirectTarget(of: target, db) {
                         try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
