@@ -260,6 +260,12 @@ public final class ModelContext {
         }
     }
 
+    /// Whether a change of a record of `entityName` is pending. O(1) without pending changes, else O(pending changes).
+    func hasPendingChanges(ofEntity entityName: String) -> Bool {
+        guard !pending.isEmpty else { return false }
+        return pending.entries.contains { $0.change != nil && $0.id.entityName == entityName }
+    }
+
     // MARK: Internals
 
     func storeIndex<Model: PersistentModel>(of type: Model.Type) -> Int {

@@ -396,13 +396,18 @@ final class QueryEngine: QuerySources, ModelLoading {
     }
 
     func layout<Model: PersistentModel>(_ type: Model.Type, fields: [Int], statement: Statement) -> RowLayout {
-        let schema = Model.entity.schemaEntity
-        var columns = [Int32](repeating: -1, count: schema.fieldNames.count)
+        // The entity and its field count are read once (the schema's `fieldNames` builds a new array per call).
+        let entity = Model.entity
+        let schema = entity.schemaEntity
+        let count = entity.storage.fieldNames.count
+        var columns = [Int32](repeating: -1, count: count)
         for (position, field) in fields.enumerated() { columns[field] = Int32(position + 1) }
-        let defaults: [SQLiteValue] = schema.fieldNames.indices.map { index in
-            index < schema.attributes.count ? (schema.attributes[index].defaultValue ?? .null) : .null
-        }
-        return RowLayout(entity: schema, fieldIndexByName: Model.entity.fieldIndexByName, statement: statement,
+        // Attributes come first in field order: their declared defaults, then NULL for the to-one relationships.
+        var defaults: [SQLiteValue] = []
+        defaults.reserveCapacity(count)
+        for attribute in schema.attributes where defaults.count < count { defaults.append(attribute.defaultValue ?? .null) }
+        while defaults.count < count { defaults.append(.null) }
+        return RowLayout(entity: schema, fieldIndexByName: entity.fieldIndexByName, statement: statement,
                          columns: columns, defaults: defaults)
     }
 
@@ -410,11 +415,12 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// Steps `statement` (bound, positioned before its first row) and decodes one `Model` per row straight from the
     /// statement, handing them to `handle` in batches of at most `batchSize`. Stops when `handle` returns `false`.
-    func stream<Model: PersistentModel>(_ statement: Statement, fields: [Int], batchSize: Int,
+    /// `expectedRows`: room to reserve in the first batch when the caller knows how many rows there are at most.
+    func stream<Model: PersistentModel>(_ statement: Statement, fields: [Int], batchSize: Int, expectedRows: Int? = nil,
                                         _ handle: (inout [Model]) throws -> Bool) throws {
         let layout = layout(Model.self, fields: fields, statement: statement)
         var batch: [Model] = []
-        batch.reserveCapacity(min(batchSize, 4096))
+        batch.reserveCapacity(min(batchSize, expectedRows ?? 4096))
         do {
             let statementHandle = statement.handle
             while try statement.step() {
@@ -496,6 +502,30 @@ final class QueryEngine: QuerySources, ModelLoading {
             }
             for index in models.indices { assign(&models[index], members[models[index].id] ?? []) }
         }
+    }
+
+    /// The model `id` (or `nil`), as ``loadModels(_:ids:prefetch:)`` with one ID and nothing to prefetch returns it:
+    /// when the entity has no pending changes to overlay, one run of the entity's prebuilt lookup statement with the
+    /// ID bound from the statement's own buffer, and no dictionary of results.
+    func loadModel<T: PersistentModel>(_ type: T.Type, id: UUID) throws -> T? {
+        if includePendingChanges && context.hasPendingChanges(ofEntity: T.entityName) {
+            return try loadModels(T.self, ids: [id], prefetch: PrefetchTree())[id]
+        }
+        let storage = T.entity.storage
+        let statement = try db.cachedStatement(storage.oneIDLookup)
+        var models: [T] = []
+        do {
+            defer { statement.reset() }
+            try statement.withBound(id: id, []) {
+                try stream(statement, fields: storage.allFields, batchSize: .max, expectedRows: 1) { batch in
+                    models = batch
+                    return true
+                }
+            }
+        }
+        try complete(&models, toMany: nil, prefetch: PrefetchTree())
+        register(models)
+        return models.first { $0.id == id }
     }
 
     func loadModels<T: PersistentModel>(_ type: T.Type, ids: [UUID], prefetch: PrefetchTree) throws -> [UUID: T] {
