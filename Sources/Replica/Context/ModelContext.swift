@@ -39,8 +39,9 @@ public final class ModelContext {
     private var pending = PendingChanges()
     /// First-registration order of pending IDs.
     private var pendingOrder: [PersistentIdentifier] { pending.order }
-    /// The model type looked up last and its store (most code works with one type at a time).
-    private var lastModelStore: (type: ObjectIdentifier, index: Int)?
+    /// The store of each model type looked up so far, in first-use order (a handful of types; a linear search of
+    /// type identities costs less than reading a type's entity, which some model types compute).
+    private var modelStores: [(type: ObjectIdentifier, index: Int)] = []
 
     /// Creates a context on `container`.
     public init(_ container: ModelContainer) {
@@ -270,12 +271,12 @@ public final class ModelContext {
 
     func storeIndex<Model: PersistentModel>(of type: Model.Type) -> Int {
         let key = ObjectIdentifier(Model.self)
-        if let last = lastModelStore, last.type == key { return last.index }
+        for known in modelStores where known.type == key { return known.index }
         let name = Model.entity.name
         guard let index = container.storeIndexByEntity[name] else {
             preconditionFailure("Replica: \(Model.self) (entity '\(name)') is not in the container's schema")
         }
-        lastModelStore = (key, index)
+        modelStores.append((key, index))
         return index
     }
 
