@@ -107,13 +107,29 @@ private final class ModelBatch<Model: PersistentModel>: ReadBatch {
 
     var count: Int { models.count }
 
+    /// Batches of at most this many models are searched rather than indexed (e.g. the one model of `model(_:id:)`).
+    static var searchLimit: Int { 8 }
+
     func snapshot(of pid: PersistentIdentifier) -> Snapshot? {
         guard pid.entityName == Model.entityName else { return nil }
         let id = pid.id
+        if models.count <= Self.searchLimit {
+            // The last copy of the record in the batch, as the index below finds it.
+            var position = models.count
+            while position > 0 {
+                position -= 1
+                if models[position].id == id { return Model.entity.fieldSnapshot(of: models[position]) }
+            }
+            return nil
+        }
         if index == nil {
             var built: [UUID: Int] = [:]
             built.reserveCapacity(models.count)
-            for (position, model) in models.enumerated() { built[model.id] = position }
+            var position = 0
+            while position < models.count {
+                built[models[position].id] = position
+                position += 1
+            }
             index = built
         }
         return index?[id].map { Model.entity.fieldSnapshot(of: models[$0]) }
