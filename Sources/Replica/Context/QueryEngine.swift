@@ -395,9 +395,10 @@ final class QueryEngine: QuerySources, ModelLoading {
         (["\(alias).\"id\""] + fields.map { "\(alias).\(quoted(names[$0]))" }).joined(separator: ", ")
     }
 
-    func layout<Model: PersistentModel>(_ type: Model.Type, fields: [Int], statement: Statement) -> RowLayout {
+    /// `entity`: `Model.entity`, when the caller has it (reading it again can cost more than the rest).
+    func layout<Model: PersistentModel>(_ type: Model.Type, fields: [Int], statement: Statement, entity: ModelEntity<Model>? = nil) -> RowLayout {
         // The entity and its field count are read once (the schema's `fieldNames` builds a new array per call).
-        let entity = Model.entity
+        let entity = entity ?? Model.entity
         let schema = entity.schemaEntity
         let count = entity.storage.fieldNames.count
         var columns = [Int32](repeating: -1, count: count)
@@ -417,8 +418,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     /// statement, handing them to `handle` in batches of at most `batchSize`. Stops when `handle` returns `false`.
     /// `expectedRows`: room to reserve in the first batch when the caller knows how many rows there are at most.
     func stream<Model: PersistentModel>(_ statement: Statement, fields: [Int], batchSize: Int, expectedRows: Int? = nil,
-                                        _ handle: (inout [Model]) throws -> Bool) throws {
-        let layout = layout(Model.self, fields: fields, statement: statement)
+                                        entity: ModelEntity<Model>? = nil, _ handle: (inout [Model]) throws -> Bool) throws {
+        let layout = layout(Model.self, fields: fields, statement: statement, entity: entity)
         var batch: [Model] = []
         batch.reserveCapacity(min(batchSize, expectedRows ?? 4096))
         do {
@@ -511,13 +512,14 @@ final class QueryEngine: QuerySources, ModelLoading {
         if includePendingChanges && context.hasPendingChanges(ofEntity: T.entityName) {
             return try loadModels(T.self, ids: [id], prefetch: PrefetchTree())[id]
         }
-        let storage = T.entity.storage
+        let entity = T.entity
+        let storage = entity.storage
         let statement = try db.cachedStatement(storage.oneIDLookup)
         var models: [T] = []
         do {
             defer { statement.reset() }
             try statement.withBound(id: id, []) {
-                try stream(statement, fields: storage.allFields, batchSize: .max, expectedRows: 1) { batch in
+                try stream(statement, fields: storage.allFields, batchSize: .max, expectedRows: 1, entity: entity) { batch in
                     models = batch
                     return true
                 }

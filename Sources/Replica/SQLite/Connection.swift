@@ -73,7 +73,7 @@ final class Connection {
     /// identity, kind and numbers (see ``cachedStatement(owner:kind:variant:sql:)``). Each is also in ``cache``.
     private var variantCache: [VariantKey: Statement] = [:]
     /// The owners of ``variantCache``'s keys, kept alive with it (an identity stays unique only while its object lives).
-    private var variantOwners: [ObjectIdentifier: AnyObject] = [:]
+    private var variantOwners: [AnyObject] = []
     /// Replica's SQL functions (`SQLFunctions`) are registered on this connection. Kept with the connection, not with
     /// its owner: registering them again on a reused connection would replace them, which expires every prepared
     /// statement of the connection (each would be prepared again at its next use).
@@ -202,7 +202,7 @@ final class Connection {
         if let statement = variantCache[key] { return statement }
         let statement = try cachedStatement(sql())
         variantCache[key] = statement
-        if variantOwners[key.owner] == nil { variantOwners[key.owner] = owner }
+        if !variantOwners.contains(where: { $0 === owner }) { variantOwners.append(owner) }
         return statement
     }
 
