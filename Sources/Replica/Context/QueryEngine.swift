@@ -478,7 +478,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     /// Assigns the members of the to-many relationships of `models`: one query per relationship.
     func loadToMany<Model: PersistentModel>(_ models: inout [Model], only names: Set<String>?) throws {
         let entity = Model.entity
-        guard !entity.toManyMembers.isEmpty else { return }
+        // The stored flag: reading the members array in unspecialized generic code looks up its type metadata.
+        guard entity.storage.hasToManyMembers else { return }
         let owners = Self.idList(models.map(\.id))
         for (relationship, assign, _) in entity.toManyMembers {
             if let names, !names.contains(relationship.name) { continue }
@@ -527,7 +528,9 @@ final class QueryEngine: QuerySources, ModelLoading {
         }
         try complete(&models, toMany: nil, prefetch: PrefetchTree())
         register(models)
-        return models.first { $0.id == id }
+        // At most one row (the ID is the primary key).
+        guard let model = models.first, model.id == id else { return nil }
+        return model
     }
 
     func loadModels<T: PersistentModel>(_ type: T.Type, ids: [UUID], prefetch: PrefetchTree) throws -> [UUID: T] {
