@@ -57,6 +57,13 @@ struct StatementCacheLookupTests {
         #expect(db.resetForReuse())
     }
 
+        /// History field lists split as `String.split(separator: ",")` splits them, for ASCII text and other text.
+    @Test func historyFieldListsSplitLikeCharacters() {
+        for text in ["a", "a,b", "name,count,note", ",a,,b,", "", ",", "caf\u{E9},na\u{EF}ve", "a,\u{301}b,c", "x,\u{1F600},y"] {
+            #expect(HistoryLog.splitFieldList(text) == text.split(separator: ",").map(String.init))
+        }
+    }
+
     /// Updates of changing column sets write what they should (the statement of each set is reused).
     @Test func updatesOfChangingColumnSets() throws {
         let container = try ModelContainer(for: LookupItem.self, configurations: ModelConfiguration("lookup", isStoredInMemoryOnly: true))

@@ -232,12 +232,26 @@ enum HistoryLog {
         let statement = try db.cachedStatement(changesInRangeSQL)
         defer { statement.reset() }
         try statement.bind([.integer(minToken), .integer(maxToken)])
+        // The field list of the previous update row, split (runs of updates often change the same fields).
+        var lastFields: (text: String, names: [String])? = nil
         while try statement.step() {
             let entity = statement.string(1)
             if let wanted, !wanted.contains(entity) { continue }
             let token = statement.int64(0)
             let kind = Kind(rawValue: statement.int64(2)) ?? .update
-            let fields = statement.isNull(3) ? [] : statement.string(3).split(separator: ",").map(String.init)
+            let fields: [String]
+            if statement.isNull(3) {
+                fields = []
+            } else {
+                let text = statement.string(3)
+                // Byte equality (`==` on strings is canonical equivalence, which could pair different texts).
+                if let last = lastFields, last.text.utf8.elementsEqual(text.utf8) {
+                    fields = last.names
+                } else {
+                    fields = splitFieldList(text)
+                    lastFields = (text, fields)
+                }
+            }
             let tombstone = statement.isNull(5) ? HistoryTombstone() : decodeTombstone(statement.string(5))
             // The packed IDs are read in place (valid until the next step), and the changes are appended to the
             // token's list in place.
@@ -265,6 +279,14 @@ enum HistoryLog {
                 timestamp: Date(timeIntervalSince1970: Double(ms) / 1000), bundleIdentifier: text(row[3]),
                 processName: text(row[4]), processID: pid, changes: changesByToken[token] ?? [])
         }
+    }
+
+    /// The names of a change row's comma-separated field list (empty names left out). ASCII text is split by bytes;
+    /// other text by characters (a comma followed by a combining mark is not a separator there).
+    static func splitFieldList(_ text: String) -> [String] {
+        let utf8 = text.utf8
+        guard utf8.allSatisfy({ $0 < 0x80 }) else { return text.split(separator: ",").map(String.init) }
+        return utf8.split(separator: UInt8(ascii: ",")).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// Deletes history up to and including `token` (or every transaction older than `date`), and moves the
