@@ -109,9 +109,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     func table(_ entity: String) throws -> String {
         if let source = tableSources[entity] { return source }
         var source = quoted(entity)
-        if includePendingChanges, let schema = schemaEntity(entity) {
-            let changes = context.pendingChanges(entities: [entity])
-            if !changes.isEmpty { source = try overlay(schema, changes) }
+        if includePendingChanges, context.hasPendingChanges(ofEntity: entity), let schema = schemaEntity(entity) {
+            source = try overlay(schema, context.pendingChanges(entities: [entity]))
         }
         tableSources[entity] = source
         return source
@@ -388,11 +387,29 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// The main query's SELECT list and row layout for `Model` with `fields`.
     func selectList<Model: PersistentModel>(_ type: Model.Type, fields: [Int], alias: String = "t0") -> String {
-        Self.selectList(names: Model.entity.schemaEntity.fieldNames, fields: fields, alias: alias)
+        Self.selectList(names: Model.entity.storage.fieldNames, fields: fields, alias: alias)
     }
 
     static func selectList(names: [String], fields: [Int], alias: String) -> String {
-        (["\(alias).\"id\""] + fields.map { "\(alias).\(quoted(names[$0]))" }).joined(separator: ", ")
+        // `alias."id", alias."a", ...`, appended to one string (no array of interpolated parts to join).
+        var text = ""
+        text.reserveCapacity((alias.utf8.count + 4) * (fields.count + 1) + fields.reduce(0) { $0 + names[$1].utf8.count + 2 })
+        text += alias
+        text += ".\"id\""
+        for field in fields {
+            text += ", "
+            text += alias
+            text += "."
+            let name = names[field]
+            if name.utf8.contains(UInt8(ascii: "\"")) {
+                text += quoted(name)
+            } else {
+                text += "\""
+                text += name
+                text += "\""
+            }
+        }
+        return text
     }
 
     /// `entity`: `Model.entity`, when the caller has it (reading it again can cost more than the rest).
