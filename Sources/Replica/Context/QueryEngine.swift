@@ -556,8 +556,8 @@ final class QueryEngine: QuerySources, ModelLoading {
         let storage = T.entity.storage
         var models: [T]
         if ids.count == 1 && source == storage.table {
-            // One ID on the stored table (a `model(_:id:)` lookup, no pending changes of the entity): the entity's
-            // prebuilt lookup statement.
+            // One ID on the stored table (e.g. a prefetched reference, no pending changes of the entity): the
+            // entity's prebuilt lookup statement (`model(_:id:)` runs it through `loadModel(_:id:)`).
             models = try decodeAll(T.self, statement: try db.cachedStatement(storage.oneIDLookup), fields: storage.allFields, [ids[0].sqliteValue])
         } else {
             let select = "SELECT \(selectList(T.self, fields: storage.allFields)) FROM \(source) AS t0 "

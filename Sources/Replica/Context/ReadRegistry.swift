@@ -4,9 +4,10 @@ import Foundation
 /// the fields that differ from the copy the app last read). Internal.
 ///
 /// Registering a fetch's result costs O(1): the batch shares the result array's storage, and the base of a record is
-/// computed only when ``ModelContext/update(_:)`` asks for it (an index of the batch is built on first use). Saved
-/// inserts register their snapshots (a large save as one batch, like a fetch), and saved updates and deletes forget
-/// the record, in the same recency order, so the base is always the newest copy the context handed out or wrote.
+/// computed only when ``ModelContext/update(_:)`` asks for it (an index of the batch is built on first use; a batch
+/// of a few models is searched instead). Saved inserts register their snapshots (a large save as one batch, like a
+/// fetch), and saved updates and deletes forget the record, in the same recency order, so the base is always the
+/// newest copy the context handed out or wrote.
 ///
 /// Bounded: batches beyond ``batchLimit`` or holding more than ``modelLimit`` models in all are dropped oldest first;
 /// a record whose copy was dropped has no base, and its update writes every field that differs from the stored row
