@@ -152,20 +152,24 @@ enum HistoryLog {
 
     /// The highest pruned token value (0 when nothing was pruned).
     static func prunedThrough(_ db: Connection) throws -> Int64 {
-        if case let .integer(value)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'history_pruned_through'") {
+        if case let .integer(value)? = try db.scalar(prunedThroughSQL) {
             return value
         }
         return 0
     }
 
+    private static let prunedThroughSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'history_pruned_through'")
+
     /// The newest token value in the store (0 when there is no history).
     static func latestToken(_ db: Connection) throws -> Int64 {
         // sqlite_sequence keeps the last AUTOINCREMENT value even when every row was pruned.
-        if case let .integer(value)? = try db.scalar("SELECT seq FROM sqlite_sequence WHERE name = 'replica_history_transaction'") {
+        if case let .integer(value)? = try db.scalar(latestTokenSQL) {
             return value
         }
         return 0
     }
+
+    private static let latestTokenSQL = StatementKey("SELECT seq FROM sqlite_sequence WHERE name = 'replica_history_transaction'")
 
     /// The changes of the transactions with tokens in a range (bound: first, last), in order: a range search of
     /// the change table's primary key (token, seq).
