@@ -182,7 +182,15 @@ struct StoreWriter {
     /// Returns the record as stored after the update, or `nil` when nothing was written.
     private mutating func update(_ snapshot: Snapshot, fields: Set<Int>?) throws -> Snapshot? {
         let (entity, sql) = entity(snapshot.entityName)
-        guard let current = try db.rows(sql.selectByIDKey, [snapshot.id.sqliteValue]).first else {
+        // The stored row (at most one: the ID is the primary key), read with the ID bound from the statement's buffer.
+        let select = try db.cachedStatement(sql.selectByIDKey)
+        let row: [SQLiteValue]? = try {
+            defer { select.reset() }
+            return try select.withBound(id: snapshot.id, []) {
+                try select.step() ? (0..<select.columnCount).map { select.value($0) } : nil
+            }
+        }()
+        guard let current = row else {
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
         let names = sql.fieldNames
