@@ -50,10 +50,17 @@ enum HistoryLog {
         guard !changes.isEmpty else { return nil }
         let identity = environment.processIdentity
         let transaction = try db.cachedStatement(insertTransactionSQL)
+        // Reset clears the bindings: the texts are bound without a copy, valid only while the closures run.
         defer { transaction.reset() }
-        try transaction.bind([.integer(environment.clock.nowMilliseconds()), author.map(SQLiteValue.text) ?? .null,
-                              .text(identity.bundleIdentifier), .text(identity.processName), .integer(Int64(identity.processID))])
-        while try transaction.step() {}
+        try transaction.bind(environment.clock.nowMilliseconds(), at: 0)
+        try transaction.bind(Int64(identity.processID), at: 4)
+        try transaction.withStaticText(author, at: 1) {
+            try transaction.withStaticText(identity.bundleIdentifier, at: 2) {
+                try transaction.withStaticText(identity.processName, at: 3) {
+                    while try transaction.step() {}
+                }
+            }
+        }
         // The token is the row's rowid (an INTEGER PRIMARY KEY). Read from the connection rather than with `RETURNING`,
         // which buffers its rows in a temporary table on every run and cost more than the insert itself.
         let token = db.lastInsertRowID
@@ -134,18 +141,23 @@ enum HistoryLog {
             count = 0
         }
 
-        /// Writes one change row; `ids` is bound without a copy (the statement is reset, clearing it, before return).
+        /// Writes one change row; `ids` and the texts are bound without a copy (the statement is reset, clearing
+        /// them, before return).
         mutating func write(entity: String, kind: Kind, fields: String?, ids: UnsafeRawBufferPointer, tombstone: String?) throws {
+            let statement = self.statement
             defer { statement.reset() }
             try statement.bind(token, at: 0)
             try statement.bind(seq, at: 1)
-            try statement.bind(entity, at: 2)
             try statement.bind(kind.rawValue, at: 3)
-            try statement.bind(fields.map(SQLiteValue.text) ?? .null, at: 4)
             let code = sqlite3_bind_blob(statement.handle, 6, ids.baseAddress, Int32(ids.count), nil)
             if code != SQLITE_OK { throw SQLiteError(code: code, connection: sqlite3_db_handle(statement.handle), sql: statement.sql) }
-            try statement.bind(tombstone.map(SQLiteValue.text) ?? .null, at: 6)
-            while try statement.step() {}
+            try statement.withStaticText(entity, at: 2) {
+                try statement.withStaticText(fields, at: 4) {
+                    try statement.withStaticText(tombstone, at: 6) {
+                        while try statement.step() {}
+                    }
+                }
+            }
             seq += 1
         }
     }
