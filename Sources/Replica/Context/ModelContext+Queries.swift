@@ -20,7 +20,7 @@ extension ModelContext {
     /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``.
     public func model<Model: PersistentModel>(_ type: Model.Type = Model.self, id: UUID) throws -> Model? {
         let engine = try queryEngine(Model.self, includePendingChanges: true)
-        return try engine.loadModels(Model.self, ids: [id], prefetch: PrefetchTree())[id]
+        return try engine.loadModel(Model.self, id: id)
     }
 
     /// The models `descriptor` selects, sorted and paged, read in SQL. Traps if `Model`'s entity is not in the

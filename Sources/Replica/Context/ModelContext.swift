@@ -39,8 +39,9 @@ public final class ModelContext {
     private var pending = PendingChanges()
     /// First-registration order of pending IDs.
     private var pendingOrder: [PersistentIdentifier] { pending.order }
-    /// The model type looked up last and its store (most code works with one type at a time).
-    private var lastModelStore: (type: ObjectIdentifier, index: Int)?
+    /// The store of each model type looked up so far, in first-use order (a handful of types; a linear search of
+    /// type identities costs less than reading a type's entity, which some model types compute).
+    private var modelStores: [(type: ObjectIdentifier, index: Int)] = []
 
     /// Creates a context on `container`.
     public init(_ container: ModelContainer) {
@@ -260,16 +261,22 @@ public final class ModelContext {
         }
     }
 
+    /// Whether a change of a record of `entityName` is pending. O(1) without pending changes, else O(pending changes).
+    func hasPendingChanges(ofEntity entityName: String) -> Bool {
+        guard !pending.isEmpty else { return false }
+        return pending.entries.contains { $0.change != nil && $0.id.entityName == entityName }
+    }
+
     // MARK: Internals
 
     func storeIndex<Model: PersistentModel>(of type: Model.Type) -> Int {
         let key = ObjectIdentifier(Model.self)
-        if let last = lastModelStore, last.type == key { return last.index }
+        for known in modelStores where known.type == key { return known.index }
         let name = Model.entity.name
         guard let index = container.storeIndexByEntity[name] else {
             preconditionFailure("Replica: \(Model.self) (entity '\(name)') is not in the container's schema")
         }
-        lastModelStore = (key, index)
+        modelStores.append((key, index))
         return index
     }
 

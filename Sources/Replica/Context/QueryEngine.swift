@@ -109,9 +109,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     func table(_ entity: String) throws -> String {
         if let source = tableSources[entity] { return source }
         var source = quoted(entity)
-        if includePendingChanges, let schema = schemaEntity(entity) {
-            let changes = context.pendingChanges(entities: [entity])
-            if !changes.isEmpty { source = try overlay(schema, changes) }
+        if includePendingChanges, context.hasPendingChanges(ofEntity: entity), let schema = schemaEntity(entity) {
+            source = try overlay(schema, context.pendingChanges(entities: [entity]))
         }
         tableSources[entity] = source
         return source
@@ -388,21 +387,45 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// The main query's SELECT list and row layout for `Model` with `fields`.
     func selectList<Model: PersistentModel>(_ type: Model.Type, fields: [Int], alias: String = "t0") -> String {
-        Self.selectList(names: Model.entity.schemaEntity.fieldNames, fields: fields, alias: alias)
+        Self.selectList(names: Model.entity.storage.fieldNames, fields: fields, alias: alias)
     }
 
     static func selectList(names: [String], fields: [Int], alias: String) -> String {
-        (["\(alias).\"id\""] + fields.map { "\(alias).\(quoted(names[$0]))" }).joined(separator: ", ")
+        // `alias."id", alias."a", ...`, appended to one string (no array of interpolated parts to join).
+        var text = ""
+        text.reserveCapacity((alias.utf8.count + 4) * (fields.count + 1) + fields.reduce(0) { $0 + names[$1].utf8.count + 2 })
+        text += alias
+        text += ".\"id\""
+        for field in fields {
+            text += ", "
+            text += alias
+            text += "."
+            let name = names[field]
+            if name.utf8.contains(UInt8(ascii: "\"")) {
+                text += quoted(name)
+            } else {
+                text += "\""
+                text += name
+                text += "\""
+            }
+        }
+        return text
     }
 
-    func layout<Model: PersistentModel>(_ type: Model.Type, fields: [Int], statement: Statement) -> RowLayout {
-        let schema = Model.entity.schemaEntity
-        var columns = [Int32](repeating: -1, count: schema.fieldNames.count)
+    /// `entity`: `Model.entity`, when the caller has it (reading it again can cost more than the rest).
+    func layout<Model: PersistentModel>(_ type: Model.Type, fields: [Int], statement: Statement, entity: ModelEntity<Model>? = nil) -> RowLayout {
+        // The entity and its field count are read once (the schema's `fieldNames` builds a new array per call).
+        let entity = entity ?? Model.entity
+        let schema = entity.schemaEntity
+        let count = entity.storage.fieldNames.count
+        var columns = [Int32](repeating: -1, count: count)
         for (position, field) in fields.enumerated() { columns[field] = Int32(position + 1) }
-        let defaults: [SQLiteValue] = schema.fieldNames.indices.map { index in
-            index < schema.attributes.count ? (schema.attributes[index].defaultValue ?? .null) : .null
-        }
-        return RowLayout(entity: schema, fieldIndexByName: Model.entity.fieldIndexByName, statement: statement,
+        // Attributes come first in field order: their declared defaults, then NULL for the to-one relationships.
+        var defaults: [SQLiteValue] = []
+        defaults.reserveCapacity(count)
+        for attribute in schema.attributes where defaults.count < count { defaults.append(attribute.defaultValue ?? .null) }
+        while defaults.count < count { defaults.append(.null) }
+        return RowLayout(entity: schema, fieldIndexByName: entity.fieldIndexByName, statement: statement,
                          columns: columns, defaults: defaults)
     }
 
@@ -410,11 +433,12 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// Steps `statement` (bound, positioned before its first row) and decodes one `Model` per row straight from the
     /// statement, handing them to `handle` in batches of at most `batchSize`. Stops when `handle` returns `false`.
-    func stream<Model: PersistentModel>(_ statement: Statement, fields: [Int], batchSize: Int,
-                                        _ handle: (inout [Model]) throws -> Bool) throws {
-        let layout = layout(Model.self, fields: fields, statement: statement)
+    /// `expectedRows`: room to reserve in the first batch when the caller knows how many rows there are at most.
+    func stream<Model: PersistentModel>(_ statement: Statement, fields: [Int], batchSize: Int, expectedRows: Int? = nil,
+                                        entity: ModelEntity<Model>? = nil, _ handle: (inout [Model]) throws -> Bool) throws {
+        let layout = layout(Model.self, fields: fields, statement: statement, entity: entity)
         var batch: [Model] = []
-        batch.reserveCapacity(min(batchSize, 4096))
+        batch.reserveCapacity(min(batchSize, expectedRows ?? 4096))
         do {
             let statementHandle = statement.handle
             while try statement.step() {
@@ -471,7 +495,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     /// Assigns the members of the to-many relationships of `models`: one query per relationship.
     func loadToMany<Model: PersistentModel>(_ models: inout [Model], only names: Set<String>?) throws {
         let entity = Model.entity
-        guard !entity.toManyMembers.isEmpty else { return }
+        // The stored flag: reading the members array in unspecialized generic code looks up its type metadata.
+        guard entity.storage.hasToManyMembers else { return }
         let owners = Self.idList(models.map(\.id))
         for (relationship, assign, _) in entity.toManyMembers {
             if let names, !names.contains(relationship.name) { continue }
@@ -498,14 +523,41 @@ final class QueryEngine: QuerySources, ModelLoading {
         }
     }
 
+    /// The model `id` (or `nil`), as ``loadModels(_:ids:prefetch:)`` with one ID and nothing to prefetch returns it:
+    /// when the entity has no pending changes to overlay, one run of the entity's prebuilt lookup statement with the
+    /// ID bound from the statement's own buffer, and no dictionary of results.
+    func loadModel<T: PersistentModel>(_ type: T.Type, id: UUID) throws -> T? {
+        if includePendingChanges && context.hasPendingChanges(ofEntity: T.entityName) {
+            return try loadModels(T.self, ids: [id], prefetch: PrefetchTree())[id]
+        }
+        let entity = T.entity
+        let storage = entity.storage
+        let statement = try db.cachedStatement(storage.oneIDLookup)
+        var models: [T] = []
+        do {
+            defer { statement.reset() }
+            try statement.withBound(id: id, []) {
+                try stream(statement, fields: storage.allFields, batchSize: .max, expectedRows: 1, entity: entity) { batch in
+                    models = batch
+                    return true
+                }
+            }
+        }
+        try complete(&models, toMany: nil, prefetch: PrefetchTree())
+        register(models)
+        // At most one row (the ID is the primary key).
+        guard let model = models.first, model.id == id else { return nil }
+        return model
+    }
+
     func loadModels<T: PersistentModel>(_ type: T.Type, ids: [UUID], prefetch: PrefetchTree) throws -> [UUID: T] {
         guard !ids.isEmpty else { return [:] }
         let source = try table(T.entityName)
         let storage = T.entity.storage
         var models: [T]
         if ids.count == 1 && source == storage.table {
-            // One ID on the stored table (a `model(_:id:)` lookup, no pending changes of the entity): the entity's
-            // prebuilt lookup statement.
+            // One ID on the stored table (e.g. a prefetched reference, no pending changes of the entity): the
+            // entity's prebuilt lookup statement (`model(_:id:)` runs it through `loadModel(_:id:)`).
             models = try decodeAll(T.self, statement: try db.cachedStatement(storage.oneIDLookup), fields: storage.allFields, [ids[0].sqliteValue])
         } else {
             let select = "SELECT \(selectList(T.self, fields: storage.allFields)) FROM \(source) AS t0 "

@@ -4,9 +4,10 @@ import Foundation
 /// the fields that differ from the copy the app last read). Internal.
 ///
 /// Registering a fetch's result costs O(1): the batch shares the result array's storage, and the base of a record is
-/// computed only when ``ModelContext/update(_:)`` asks for it (an index of the batch is built on first use). Saved
-/// inserts register their snapshots (a large save as one batch, like a fetch), and saved updates and deletes forget
-/// the record, in the same recency order, so the base is always the newest copy the context handed out or wrote.
+/// computed only when ``ModelContext/update(_:)`` asks for it (an index of the batch is built on first use; a batch
+/// of a few models is searched instead). Saved inserts register their snapshots (a large save as one batch, like a
+/// fetch), and saved updates and deletes forget the record, in the same recency order, so the base is always the
+/// newest copy the context handed out or wrote.
 ///
 /// Bounded: batches beyond ``batchLimit`` or holding more than ``modelLimit`` models in all are dropped oldest first;
 /// a record whose copy was dropped has no base, and its update writes every field that differs from the stored row
@@ -107,13 +108,29 @@ private final class ModelBatch<Model: PersistentModel>: ReadBatch {
 
     var count: Int { models.count }
 
+    /// Batches of at most this many models are searched rather than indexed (e.g. the one model of `model(_:id:)`).
+    static var searchLimit: Int { 8 }
+
     func snapshot(of pid: PersistentIdentifier) -> Snapshot? {
         guard pid.entityName == Model.entityName else { return nil }
         let id = pid.id
+        if models.count <= Self.searchLimit {
+            // The last copy of the record in the batch, as the index below finds it.
+            var position = models.count
+            while position > 0 {
+                position -= 1
+                if models[position].id == id { return Model.entity.fieldSnapshot(of: models[position]) }
+            }
+            return nil
+        }
         if index == nil {
             var built: [UUID: Int] = [:]
             built.reserveCapacity(models.count)
-            for (position, model) in models.enumerated() { built[model.id] = position }
+            var position = 0
+            while position < models.count {
+                built[models[position].id] = position
+                position += 1
+            }
             index = built
         }
         return index?[id].map { Model.entity.fieldSnapshot(of: models[$0]) }

@@ -182,10 +182,18 @@ struct StoreWriter {
     /// Returns the record as stored after the update, or `nil` when nothing was written.
     private mutating func update(_ snapshot: Snapshot, fields: Set<Int>?) throws -> Snapshot? {
         let (entity, sql) = entity(snapshot.entityName)
-        guard let current = try db.rows(sql.selectByIDKey, [snapshot.id.sqliteValue]).first else {
+        // The stored row (at most one: the ID is the primary key), read with the ID bound from the statement's buffer.
+        let select = try db.cachedStatement(sql.selectByIDKey)
+        let row: [SQLiteValue]? = try {
+            defer { select.reset() }
+            return try select.withBound(id: snapshot.id, []) {
+                try select.step() ? (0..<select.columnCount).map { select.value($0) } : nil
+            }
+        }()
+        guard let current = row else {
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
-        let names = entity.fieldNames
+        let names = sql.fieldNames
         var changed: [Int] = []
         for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
             changed.append(i)
@@ -202,9 +210,12 @@ struct StoreWriter {
             }
         }
         if !changed.isEmpty {
-            let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
-            try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?",
-                       changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
+            // One statement per set of changed columns, found without building or hashing its text.
+            let statement = try db.cachedStatement(owner: sql, kind: Self.updateStatementKind, variant: changed) {
+                let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
+                return "UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?"
+            }
+            try statement.run(changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
         }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
@@ -224,16 +235,26 @@ struct StoreWriter {
 
     // MARK: Uniqueness
 
+    /// The kinds of ``Connection/cachedStatement(owner:kind:variant:sql:)`` statements a writer caches per entity.
+    private static let updateStatementKind = 0
+    private static let uniquenessStatementKind = 1
+
     private mutating func checkUniqueness(_ snapshot: Snapshot) throws {
         let (entity, sql) = entity(snapshot.entityName)
-        for constraint in entity.uniquenessConstraints where !constraint.isEmpty {
-            let indices = constraint.compactMap { name in entity.fieldNames.firstIndex(of: name) }
+        for (position, constraint) in entity.uniquenessConstraints.enumerated() where !constraint.isEmpty {
+            let indices = constraint.compactMap { name in sql.fieldIndex[name] }
             let values = indices.map { snapshot.values[$0] }
             // As in SQL, a key with a NULL part never collides.
             if values.contains(where: \.isNull) { continue }
-            let condition = constraint.map { "\(quoted($0)) = ?" }.joined(separator: " AND ")
-            let clash = try db.scalar("SELECT 1 FROM \(sql.table) WHERE \(condition) AND \"id\" <> ? LIMIT 1",
-                                      values + [snapshot.id.sqliteValue])
+            let statement = try db.cachedStatement(owner: sql, kind: Self.uniquenessStatementKind, variant: [position]) {
+                let condition = constraint.map { "\(quoted($0)) = ?" }.joined(separator: " AND ")
+                return "SELECT 1 FROM \(sql.table) WHERE \(condition) AND \"id\" <> ? LIMIT 1"
+            }
+            let clash: SQLiteValue? = try {
+                defer { statement.reset() }
+                try statement.bind(values + [snapshot.id.sqliteValue])
+                return try statement.step() ? statement.value(0) : nil
+            }()
             if clash != nil {
                 failures.append(.uniqueConstraintViolation(entity: entity.name, attributes: constraint, id: snapshot.persistentModelID))
             }

@@ -50,10 +50,17 @@ enum HistoryLog {
         guard !changes.isEmpty else { return nil }
         let identity = environment.processIdentity
         let transaction = try db.cachedStatement(insertTransactionSQL)
+        // Reset clears the bindings: the texts are bound without a copy, valid only while the closures run.
         defer { transaction.reset() }
-        try transaction.bind([.integer(environment.clock.nowMilliseconds()), author.map(SQLiteValue.text) ?? .null,
-                              .text(identity.bundleIdentifier), .text(identity.processName), .integer(Int64(identity.processID))])
-        while try transaction.step() {}
+        try transaction.bind(environment.clock.nowMilliseconds(), at: 0)
+        try transaction.bind(Int64(identity.processID), at: 4)
+        try transaction.withStaticText(author, at: 1) {
+            try transaction.withStaticText(identity.bundleIdentifier, at: 2) {
+                try transaction.withStaticText(identity.processName, at: 3) {
+                    while try transaction.step() {}
+                }
+            }
+        }
         // The token is the row's rowid (an INTEGER PRIMARY KEY). Read from the connection rather than with `RETURNING`,
         // which buffers its rows in a temporary table on every run and cost more than the insert itself.
         let token = db.lastInsertRowID
@@ -134,38 +141,47 @@ enum HistoryLog {
             count = 0
         }
 
-        /// Writes one change row; `ids` is bound without a copy (the statement is reset, clearing it, before return).
+        /// Writes one change row; `ids` and the texts are bound without a copy (the statement is reset, clearing
+        /// them, before return).
         mutating func write(entity: String, kind: Kind, fields: String?, ids: UnsafeRawBufferPointer, tombstone: String?) throws {
+            let statement = self.statement
             defer { statement.reset() }
             try statement.bind(token, at: 0)
             try statement.bind(seq, at: 1)
-            try statement.bind(entity, at: 2)
             try statement.bind(kind.rawValue, at: 3)
-            try statement.bind(fields.map(SQLiteValue.text) ?? .null, at: 4)
             let code = sqlite3_bind_blob(statement.handle, 6, ids.baseAddress, Int32(ids.count), nil)
             if code != SQLITE_OK { throw SQLiteError(code: code, connection: sqlite3_db_handle(statement.handle), sql: statement.sql) }
-            try statement.bind(tombstone.map(SQLiteValue.text) ?? .null, at: 6)
-            while try statement.step() {}
+            try statement.withStaticText(entity, at: 2) {
+                try statement.withStaticText(fields, at: 4) {
+                    try statement.withStaticText(tombstone, at: 6) {
+                        while try statement.step() {}
+                    }
+                }
+            }
             seq += 1
         }
     }
 
     /// The highest pruned token value (0 when nothing was pruned).
     static func prunedThrough(_ db: Connection) throws -> Int64 {
-        if case let .integer(value)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'history_pruned_through'") {
+        if case let .integer(value)? = try db.scalar(prunedThroughSQL) {
             return value
         }
         return 0
     }
 
+    private static let prunedThroughSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'history_pruned_through'")
+
     /// The newest token value in the store (0 when there is no history).
     static func latestToken(_ db: Connection) throws -> Int64 {
         // sqlite_sequence keeps the last AUTOINCREMENT value even when every row was pruned.
-        if case let .integer(value)? = try db.scalar("SELECT seq FROM sqlite_sequence WHERE name = 'replica_history_transaction'") {
+        if case let .integer(value)? = try db.scalar(latestTokenSQL) {
             return value
         }
         return 0
     }
+
+    private static let latestTokenSQL = StatementKey("SELECT seq FROM sqlite_sequence WHERE name = 'replica_history_transaction'")
 
     /// The changes of the transactions with tokens in a range (bound: first, last), in order: a range search of
     /// the change table's primary key (token, seq).
@@ -232,12 +248,26 @@ enum HistoryLog {
         let statement = try db.cachedStatement(changesInRangeSQL)
         defer { statement.reset() }
         try statement.bind([.integer(minToken), .integer(maxToken)])
+        // The field list of the previous update row, split (runs of updates often change the same fields).
+        var lastFields: (text: String, names: [String])? = nil
         while try statement.step() {
             let entity = statement.string(1)
             if let wanted, !wanted.contains(entity) { continue }
             let token = statement.int64(0)
             let kind = Kind(rawValue: statement.int64(2)) ?? .update
-            let fields = statement.isNull(3) ? [] : statement.string(3).split(separator: ",").map(String.init)
+            let fields: [String]
+            if statement.isNull(3) {
+                fields = []
+            } else {
+                let text = statement.string(3)
+                // Byte equality (`==` on strings is canonical equivalence, which could pair different texts).
+                if let last = lastFields, last.text.utf8.elementsEqual(text.utf8) {
+                    fields = last.names
+                } else {
+                    fields = splitFieldList(text)
+                    lastFields = (text, fields)
+                }
+            }
             let tombstone = statement.isNull(5) ? HistoryTombstone() : decodeTombstone(statement.string(5))
             // The packed IDs are read in place (valid until the next step), and the changes are appended to the
             // token's list in place.
@@ -265,6 +295,14 @@ enum HistoryLog {
                 timestamp: Date(timeIntervalSince1970: Double(ms) / 1000), bundleIdentifier: text(row[3]),
                 processName: text(row[4]), processID: pid, changes: changesByToken[token] ?? [])
         }
+    }
+
+    /// The names of a change row's comma-separated field list (empty names left out). ASCII text is split by bytes;
+    /// other text by characters (a comma followed by a combining mark is not a separator there).
+    static func splitFieldList(_ text: String) -> [String] {
+        let utf8 = text.utf8
+        guard utf8.allSatisfy({ $0 < 0x80 }) else { return text.split(separator: ",").map(String.init) }
+        return utf8.split(separator: UInt8(ascii: ",")).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// Deletes history up to and including `token` (or every transaction older than `date`), and moves the

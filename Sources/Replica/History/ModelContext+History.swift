@@ -20,12 +20,27 @@ extension ModelContext {
         if !updated.isEmpty && !(inserted.isEmpty && deleted.isEmpty) {
             updated.removeAll { Self.sortedContains(inserted, $0) || Self.sortedContains(deleted, $0) }
         }
-        NotificationCenter.default.post(name: Self.didSave, object: self, userInfo: [
-            NotificationKey.insertedIdentifiers.rawValue: inserted,
-            NotificationKey.updatedIdentifiers.rawValue: updated,
-            NotificationKey.deletedIdentifiers.rawValue: deleted,
-        ])
+        // A copy of a prebuilt dictionary with the three keys, its values replaced in place: no key is hashed per save.
+        let template = Self.didSaveUserInfo
+        var userInfo = template.dictionary
+        userInfo.values[template.inserted] = inserted
+        userInfo.values[template.updated] = updated
+        userInfo.values[template.deleted] = deleted
+        NotificationCenter.default.post(name: Self.didSave, object: self, userInfo: userInfo)
     }
+
+    /// The `userInfo` of ``didSave`` with empty lists, and the positions of its three keys (valid in every copy).
+    nonisolated(unsafe) private static let didSaveUserInfo: (dictionary: [AnyHashable: Any], inserted: [AnyHashable: Any].Index,
+                                                              updated: [AnyHashable: Any].Index, deleted: [AnyHashable: Any].Index) = {
+        let dictionary: [AnyHashable: Any] = [
+            NotificationKey.insertedIdentifiers.rawValue: [PersistentIdentifier](),
+            NotificationKey.updatedIdentifiers.rawValue: [PersistentIdentifier](),
+            NotificationKey.deletedIdentifiers.rawValue: [PersistentIdentifier](),
+        ]
+        return (dictionary, dictionary.index(forKey: NotificationKey.insertedIdentifiers.rawValue)!,
+                dictionary.index(forKey: NotificationKey.updatedIdentifiers.rawValue)!,
+                dictionary.index(forKey: NotificationKey.deletedIdentifiers.rawValue)!)
+    }()
 
     private static func sortedUnique(_ ids: [PersistentIdentifier]) -> [PersistentIdentifier] {
         var ids = ids

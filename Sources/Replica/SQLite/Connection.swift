@@ -61,13 +61,19 @@ final class Connection {
     /// Statements of this connection that are still allocated, cached or not (a statement may be released on any
     /// thread, so the count is atomic).
     let liveStatements = LiveStatementCount()
-    /// Statements of hot paths, cached by key identity (see ``StatementKey``).
-    private var keyedCache: [ObjectIdentifier: Statement] = [:]
+    /// Statements of hot paths, cached by key identity (see ``StatementKey``). Unchecked exclusivity: the connection
+    /// is confined to one executor, and no access to the table calls out of it.
+    @exclusivity(unchecked) private var keyedCache = StatementsByIdentity()
     /// The statements of ``keyedCache``, each once, by text: a key whose identity misses finds the statement of an
     /// earlier key with the same text here rather than preparing it again.
     private var keyedByText: [StatementText: Statement] = [:]
     /// The keys of ``keyedCache``, kept alive with it (an identity stays unique only while its object lives).
     private var cachedKeys: [StatementKey] = []
+    /// Statements whose text is built from a few numbers (e.g. the UPDATE of one entity's changed columns), by owner
+    /// identity, kind and numbers (see ``cachedStatement(owner:kind:variant:sql:)``). Each is also in ``cache``.
+    private var variantCache: [VariantKey: Statement] = [:]
+    /// The owners of ``variantCache``'s keys, kept alive with it (an identity stays unique only while its object lives).
+    private var variantOwners: [AnyObject] = []
     /// Replica's SQL functions (`SQLFunctions`) are registered on this connection. Kept with the connection, not with
     /// its owner: registering them again on a reused connection would replace them, which expires every prepared
     /// statement of the connection (each would be prepared again at its next use).
@@ -145,6 +151,7 @@ final class Connection {
     }
 
     deinit {
+        variantCache.removeAll()
         cache.removeAll()
         keyedCache.removeAll()
         keyedByText.removeAll()
@@ -172,7 +179,7 @@ final class Connection {
     /// hashing the SQL text on every call (long statements on per-record paths). Keys with the same text share one
     /// statement (a text asked for both by key and as a string is prepared once for each).
     func cachedStatement(_ key: StatementKey) throws -> Statement {
-        if let statement = keyedCache[ObjectIdentifier(key)] { return statement }
+        if let statement = keyedCache[key] { return statement }
         let text = StatementText(key: key)
         let statement: Statement
         if let shared = keyedByText[text] {
@@ -181,9 +188,28 @@ final class Connection {
             statement = try Statement(connection: self, sql: key.sql)
             keyedByText[text] = statement
         }
-        keyedCache[ObjectIdentifier(key)] = statement
+        keyedCache.insert(statement, for: key)
         cachedKeys.append(key)
         return statement
+    }
+
+    /// The cached statement whose SQL text `sql()` builds from `variant`, for `owner` (an object that the text
+    /// depends on, e.g. an entity's SQL) and `kind` (which statement of that owner): like ``cachedStatement(_:)``
+    /// with that text — the same statement — but without building or hashing the text once cached. Hashes `kind`
+    /// and a few integers instead. `owner` is kept alive with the cache.
+    func cachedStatement(owner: AnyObject, kind: Int, variant: [Int], sql: () -> String) throws -> Statement {
+        let key = VariantKey(owner: ObjectIdentifier(owner), kind: kind, variant: variant)
+        if let statement = variantCache[key] { return statement }
+        let statement = try cachedStatement(sql())
+        variantCache[key] = statement
+        if !variantOwners.contains(where: { $0 === owner }) { variantOwners.append(owner) }
+        return statement
+    }
+
+    private struct VariantKey: Hashable {
+        let owner: ObjectIdentifier
+        let kind: Int
+        let variant: [Int]
     }
 
     /// Runs the statement of `key` (which returns no rows) with `values` bound.
@@ -313,5 +339,63 @@ final class Connection {
     func rollback() {
         if isInTransaction { try? execute("ROLLBACK") }
         transactionDepth = 0
+    }
+}
+
+/// Prepared statements by the identity of their ``StatementKey``: open addressing over a power-of-two table, probed
+/// from the key's address mixed by one multiplication (no `Hasher` per lookup, which cost more than the rest of a
+/// cached statement's lookup). Entries are only added; the owner keeps every key alive while its entry exists, so an
+/// address is never reused for another key meanwhile. Internal.
+struct StatementsByIdentity {
+    private struct Slot {
+        /// The key's address; 0 marks an empty slot.
+        var address: UInt = 0
+        var statement: Statement?
+    }
+
+    private var slots = [Slot](repeating: Slot(), count: 64)
+    private(set) var count = 0
+
+    @inline(__always)
+    private static func address(of key: StatementKey) -> UInt { UInt(bitPattern: ObjectIdentifier(key)) }
+
+    @inline(__always)
+    private func firstSlot(_ address: UInt) -> Int {
+        // Fibonacci hashing: the high bits of the product mix every bit of the address.
+        Int(truncatingIfNeeded: (address &* 0x9E37_79B9_7F4A_7C15) >> 32) & (slots.count - 1)
+    }
+
+    /// The statement cached for `key`, or `nil`.
+    subscript(key: StatementKey) -> Statement? {
+        let address = Self.address(of: key)
+        var index = firstSlot(address)
+        while true {
+            let slot = slots[index]
+            if slot.address == address { return slot.statement }
+            if slot.address == 0 { return nil }
+            index = (index + 1) & (slots.count - 1)
+        }
+    }
+
+    /// Adds `statement` for `key`, which has none yet.
+    mutating func insert(_ statement: Statement, for key: StatementKey) {
+        if (count + 1) * 2 > slots.count {
+            let old = slots
+            slots = [Slot](repeating: Slot(), count: old.count * 2)
+            for slot in old where slot.address != 0 { place(slot) }
+        }
+        place(Slot(address: Self.address(of: key), statement: statement))
+        count += 1
+    }
+
+    private mutating func place(_ slot: Slot) {
+        var index = firstSlot(slot.address)
+        while slots[index].address != 0 { index = (index + 1) & (slots.count - 1) }
+        slots[index] = slot
+    }
+
+    mutating func removeAll() {
+        slots = [Slot](repeating: Slot(), count: 64)
+        count = 0
     }
 }

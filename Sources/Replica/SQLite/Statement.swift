@@ -14,7 +14,10 @@ final class Statement {
 
     init(connection: Connection, sql: String) throws {
         var statement: OpaquePointer?
-        let code = sqlite3_prepare_v3(connection.handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        // `withCString` hands over a native string's own NUL-terminated bytes (passing the string itself copies them).
+        let code = sql.withCString { text in
+            sqlite3_prepare_v3(connection.handle, text, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        }
         guard code == SQLITE_OK, let statement else {
             throw SQLiteError(code: code, connection: connection.handle, sql: sql)
         }
