@@ -21,18 +21,26 @@ final class Store: Sendable {
     private let idle: Mutex<[IdleConnection]>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
+    /// What the store was made from (shared by every store with these entities): its template and the connections
+    /// of in-memory stores that went away, for the next one.
+    private let layout: StoreLayout
+    /// For an in-memory store: its database's schema cookie (`PRAGMA schema_version`) when it was made. The same
+    /// cookie when the store goes away means its schema is still the fresh one (see `deinit`).
+    private let freshSchemaVersion: Int64?
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
     /// Opens (creating if needed) the store and brings its tables up to `entities`.
     /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
     init(configuration: ModelConfiguration, entities: [Schema.Entity], environment: ReplicaEnvironment) throws {
+        var recycled: Connection?
         self.configuration = configuration
         self.entities = entities
         var index: [String: Int] = [:]
         for (i, entity) in entities.enumerated() { index[entity.name] = i }
         self.entityIndex = index
         let layout = StoreLayout.shared(entities, synced: configuration.isSynced)
+        self.layout = layout
         self.statements = layout.statements
         let name = configuration.name
         func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: name, reason: reason) }
@@ -53,21 +61,31 @@ final class Store: Sendable {
             // A unique name per container: in-memory stores of different containers never share data, even when
             // their environments produce the same identifiers (two environments seeded alike).
             let serial = Self.inMemoryStoreCount.add(1, ordering: .relaxed).newValue
-            self.location = .memory(name: "replica-\(name)-\(serial)-\(environment.makeIdentifier().uuidString)")
+            // Drawn whether or not a recycled database is used: what the environment hands out next must not depend
+            // on what other containers of the process did before.
+            let unique = environment.makeIdentifier().uuidString
+            recycled = configuration.allowsSave ? layout.takeRetired() : nil
+            self.location = recycled?.location ?? .memory(name: "replica-\(name)-\(serial)-\(unique)")
         }
 
         do {
-            let connection = try Connection(location: location, readOnly: !configuration.allowsSave)
+            let connection = try recycled ?? Connection(location: location, readOnly: !configuration.allowsSave)
             var isNew = false
             if configuration.allowsSave {
-                // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`).
-                let cloned = try configuration.isStoredInMemoryOnly && layout.cloneFreshSchema(into: connection)
+                // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
+                // database of one that went away (see `StoreLayout.takeRetired()`).
+                let cloned = try configuration.isStoredInMemoryOnly && (recycled != nil || layout.cloneFreshSchema(into: connection))
                 (identity, isNew) = try Self.prepare(connection, layout: layout, schemaReady: cloned, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
             }
             // The connection that created an in-memory store keeps it alive, and is the first one handed out.
             idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
+            if configuration.isStoredInMemoryOnly, configuration.allowsSave, isNew, case let .integer(version)? = try connection.scalar(Self.schemaVersionSQL) {
+                freshSchemaVersion = version
+            } else {
+                freshSchemaVersion = nil
+            }
             // A store created just now holds no records, so none can lack sync bookkeeping.
             if configuration.allowsSave && configuration.isSynced && !isNew {
                 try adoptUntrackedRecords(connection, environment: environment)
@@ -135,6 +153,25 @@ final class Store: Sendable {
 
     /// At most this many idle connections per in-memory store.
     private static let idleConnectionLimit = 4
+
+    /// An in-memory database goes away with its last connection. Instead, one connection of it that can be reset
+    /// (no statement held outside its caches, no transaction; the one given back last, as ``openConnection()``
+    /// would hand out next) goes to the layout, and the next new in-memory store
+    /// with these entities starts from it, emptied (``StoreLayout/takeRetired()``): its schema is read and the
+    /// statements it ran are prepared already, which costs more than the whole life of a short test or simulation
+    /// case's store. Nobody else holds a connection of this store now: contexts and sync engines keep the container.
+    deinit {
+        guard let freshSchemaVersion else { return }
+        let connections = idle.withLock { idle in
+            defer { idle.removeAll() }
+            return idle.map(\.connection)
+        }
+        guard let reusable = connections.last(where: { $0.location == location && $0.resetForReuse() }),
+              case .integer(freshSchemaVersion)? = try? reusable.scalar(Self.schemaVersionSQL) else { return }
+        layout.retire(reusable, schemaVersion: freshSchemaVersion)
+    }
+
+    static let schemaVersionSQL = StatementKey("PRAGMA schema_version")
 
     /// The schema of a new store: Replica's tables (metadata, history, and for a synced store the sync bookkeeping),
     /// then each entity's table and indexes, then the link tables of many-to-many relationships.
@@ -341,6 +378,10 @@ final class StoreLayout: @unchecked Sendable {
     let defaultsFingerprint: String
     /// An in-memory database holding the fresh schema, made on first use; guarded by its lock.
     private let template = Mutex<TemplateState>(.notMade)
+    /// Connections of in-memory stores with these entities that went away (see `Store.deinit`), newest last.
+    private let retired = Mutex<[RetiredConnection]>([])
+    /// At most this many retired connections wait per layout (each keeps its database's pages).
+    private static let retiredLimit = 8
 
     private init(_ entities: [Schema.Entity], synced: Bool) {
         self.entities = entities
@@ -379,6 +420,37 @@ final class StoreLayout: @unchecked Sendable {
         case unavailable
     }
 
+    /// Keeps `connection`, the last of an in-memory store that went away, for ``takeRetired()`` (closes it when
+    /// enough wait already).
+    func retire(_ connection: Connection, schemaVersion: Int64) {
+        retired.withLock { retired in
+            if retired.count < Self.retiredLimit { retired.append(RetiredConnection(connection: connection, schemaVersion: schemaVersion)) }
+        }
+    }
+
+    /// A retired connection whose database is emptied back to the fresh schema, or `nil` when none can be: each
+    /// table's rows deleted (`sqlite_sequence` too, so AUTOINCREMENT counters start again), in one write
+    /// transaction. Only a database whose schema cookie is still the one it had when its store was made (a copy of
+    /// the template) qualifies: nothing changed its schema since, so it holds exactly the fresh schema — and the
+    /// connection's parsed schema and prepared statements stay valid. The emptied database answers every query as a new copy
+    /// would (rowids and sequences restart; page placement differs, which no query sees).
+    func takeRetired() -> Connection? {
+        guard case let .made(source)? = template.withLock({ state -> TemplateState? in state }) else { return nil }
+        while let candidate = retired.withLock({ $0.popLast() }) {
+            let db = candidate.connection
+            do {
+                guard !db.isInTransaction, case .integer(candidate.schemaVersion)? = try db.scalar(Store.schemaVersionSQL) else { continue }
+                try db.transaction(.immediate) {
+                    for key in source.emptyingStatements { try db.run(key) }
+                }
+                return db
+            } catch {
+                continue
+            }
+        }
+        return nil
+    }
+
     /// Copies the fresh schema into the new, empty database of `db` with SQLite's backup API, from the template
     /// database (made on first use). Creating the tables and indexes of a store with DDL costs more than all the other
     /// work of a short simulation or property-test case, which open hundreds of in-memory stores.
@@ -400,7 +472,7 @@ final class StoreLayout: @unchecked Sendable {
                 }
                 let connection = try Connection(location: .memory(name: "replica-template-\(serial)"))
                 try connection.transaction(.immediate) { try connection.execute(freshSchemaSQL) }
-                source = TemplateDatabase(connection)
+                source = try TemplateDatabase(connection)
                 state = .made(source)
             }
             guard let backup = sqlite3_backup_init(db.handle, "main", source.connection.handle, "main") else { return false }
@@ -417,7 +489,24 @@ final class StoreLayout: @unchecked Sendable {
 /// A database holding a fresh schema. Used only under its layout's lock.
 private final class TemplateDatabase: @unchecked Sendable {
     let connection: Connection
-    init(_ connection: Connection) { self.connection = connection }
+    /// One `DELETE` per table of the fresh schema (`sqlite_sequence` included): what empties a copy of it.
+    let emptyingStatements: [StatementKey]
+
+    init(_ connection: Connection) throws {
+        self.connection = connection
+        emptyingStatements = try connection.rows("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name", cache: false)
+            .compactMap { row in
+                guard case let .text(table) = row[0] else { return nil }
+                return StatementKey("DELETE FROM main.\(quoted(table))")
+            }
+    }
+}
+
+/// A connection of an in-memory store that went away, waiting in its layout for the next new store.
+private struct RetiredConnection: @unchecked Sendable {
+    let connection: Connection
+    /// Its database's schema cookie when its store was made (and when it went away).
+    let schemaVersion: Int64
 }
 
 /// A connection waiting in a store's pool. SQLite connections are opened in its multi-thread mode: one may move
