@@ -35,6 +35,12 @@ struct RecycleSchemaChange: PersistentModel, Codable, Equatable {
     static let entity = ModelEntity<RecycleSchemaChange>([.attribute("name", \.name, default: "")])
 }
 
+struct RecycleHeld: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var name: String = ""
+    static let entity = ModelEntity<RecycleHeld>([.attribute("name", \.name, default: "")])
+}
+
 struct RecycleKinds: PersistentModel, Codable, Equatable {
     var id = UUID.unassigned
     var name: String = ""
@@ -130,14 +136,16 @@ struct StoreRecyclingTests {
 
     @Test func aStoreWhoseSchemaChangedIsNotRecycled() throws {
         var old: ModelContainer? = try container(seed: 1, models: [RecycleSchemaChange.self])
-        let store = old!.stores[0]
-        let db = try store.openConnection()
-        let oldHandle = db.handle
-        try db.execute("CREATE TABLE extra (x)")
-        store.reuse(db)
+        let oldLocation = old!.stores[0].location
+        do {
+            let store = old!.stores[0]
+            let db = try store.openConnection()
+            try db.execute("CREATE TABLE extra (x)")
+            store.reuse(db)
+        }
         old = nil
         let next = try container(seed: 2, models: [RecycleSchemaChange.self])
-        #expect(try handle(next) != oldHandle)
+        #expect(next.stores[0].location != oldLocation)
         let tables = try next.stores[0].openConnection().rows("SELECT name FROM sqlite_master WHERE name = 'extra'", cache: false)
         #expect(tables.isEmpty)
     }
@@ -152,5 +160,28 @@ struct StoreRecyclingTests {
         #expect(try handle(more) != syncedHandle)
         let same = try container(seed: 4, models: [RecycleKinds.self])
         #expect(try handle(same) == syncedHandle)
+    }
+
+    @Test func aStoreWhoseConnectionIsStillReadElsewhereIsNotRecycled() throws {
+        var old: ModelContainer? = try container(seed: 1, models: [RecycleHeld.self])
+        do {
+            let context = ModelContext(old!)
+            _ = context.insert(RecycleHeld(name: "kept"))
+            try context.save()
+        }
+        // A statement outside the caches outlives the container (as a lazily read result could).
+        let held: Statement
+        do {
+            let store = old!.stores[0]
+            let db = try store.openConnection()
+            held = try Statement(connection: db, sql: "SELECT name FROM \"RecycleHeld\"")
+            store.reuse(db)
+        }
+        let oldLocation = old!.stores[0].location
+        old = nil
+        let next = try container(seed: 2, models: [RecycleHeld.self])
+        #expect(next.stores[0].location != oldLocation, "the database is still read through the held statement")
+        #expect(try held.step())
+        #expect(held.string(0) == "kept")
     }
 }

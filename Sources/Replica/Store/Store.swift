@@ -27,6 +27,9 @@ final class Store: Sendable {
     /// For an in-memory store: its database's schema cookie (`PRAGMA schema_version`) when it was made. The same
     /// cookie when the store goes away means its schema is still the fresh one (see `deinit`).
     private let freshSchemaVersion: Int64?
+    /// Set when an owner gave back a connection that could not be reset (a statement of it still held elsewhere):
+    /// that connection may outlive the store, reading its database, which is then never recycled.
+    private let connectionHeldElsewhere = Atomic<Bool>(false)
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
@@ -141,6 +144,7 @@ final class Store: Sendable {
     func reuse(_ connection: Connection) {
         guard configuration.isStoredInMemoryOnly, connection.location == location else { return }
         let reusable = connection.resetForReuse()
+        if !reusable { connectionHeldElsewhere.store(true, ordering: .relaxed) }
         idle.withLock { idle in
             if reusable {
                 if idle.count < Self.idleConnectionLimit { idle.append(IdleConnection(connection)) }
@@ -156,12 +160,12 @@ final class Store: Sendable {
 
     /// An in-memory database goes away with its last connection. Instead, one connection of it that can be reset
     /// (no statement held outside its caches, no transaction; the one given back last, as ``openConnection()``
-    /// would hand out next) goes to the layout, and the next new in-memory store
+    /// would hand out next) goes to the layout — unless a connection of it may still be in use elsewhere, and the next new in-memory store
     /// with these entities starts from it, emptied (``StoreLayout/takeRetired()``): its schema is read and the
     /// statements it ran are prepared already, which costs more than the whole life of a short test or simulation
     /// case's store. Nobody else holds a connection of this store now: contexts and sync engines keep the container.
     deinit {
-        guard let freshSchemaVersion else { return }
+        guard let freshSchemaVersion, !connectionHeldElsewhere.load(ordering: .relaxed) else { return }
         let connections = idle.withLock { idle in
             defer { idle.removeAll() }
             return idle.map(\.connection)
@@ -381,7 +385,7 @@ final class StoreLayout: @unchecked Sendable {
     /// Connections of in-memory stores with these entities that went away (see `Store.deinit`), newest last.
     private let retired = Mutex<[RetiredConnection]>([])
     /// At most this many retired connections wait per layout (each keeps its database's pages).
-    private static let retiredLimit = 8
+    private static let retiredLimit = 4
 
     private init(_ entities: [Schema.Entity], synced: Bool) {
         self.entities = entities
