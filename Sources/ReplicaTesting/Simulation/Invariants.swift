@@ -50,12 +50,16 @@ extension SimulationRun {
                 var view = StoreView()
                 for entity in entities(of: store, on: device) {
                     let access = device.info(entity).access
+                    let all = try access.all(context)
                     var rows: [UUID: [SQLiteValue]] = [:]
-                    for (id, values) in try access.all(context) { rows[id] = values }
+                    rows.reserveCapacity(all.count)
+                    for (id, values) in all { rows[id] = values }
                     view.rows[entity.name] = rows
                 }
                 if let engine = process.engines[store.name] {
-                    for state in try engine.engine.replicationStates() { view.states[state.id.id] = state }
+                    let states = try engine.engine.replicationStates()
+                    view.states.reserveCapacity(states.count)
+                    for state in states { view.states[state.id.id] = state }
                     if before == nil {
                         for record in try engine.engine.unknownTypeRecords() { view.unknownTypes[record.recordID] = record }
                     }
@@ -593,12 +597,11 @@ extension SimulationRun {
 /// bug delete one), the history holds the same transactions: `before` is returned, without reading and decoding
 /// every transaction again. Otherwise (or when `before` is empty) the whole history is read.
 func storeHistory(_ context: ModelContext, storeName: String, unlessUnchangedFrom before: [HistoryTransaction]) throws -> [HistoryTransaction] {
-    if let first = before.first?.token, let last = before.last?.token {
-        let fromFirst = HistoryToken(storeIdentity: first.storeIdentity, value: first.value - 1)
-        let newest = try? context.fetchHistory(HistoryDescriptor(after: fromFirst, storeNames: [storeName], reverse: true, fetchLimit: 1))
-        if let newest, newest.count == 1, newest[0].token == last,
-           try context.historyTransactionCount(storeName: storeName) == before.count { return before }
-    }
+    // (The conditions of reading the newest transaction after `first.value - 1`: the token is the store's and not
+    // expired, and that transaction is `last`, i.e. the newest of all is `last`, as `last` is after `first.value - 1`.)
+    if let first = before.first?.token, let last = before.last?.token, let span = try? context.historySpan(storeName: storeName),
+       first.storeIdentity == span.storeIdentity, first.value - 1 >= span.prunedThrough,
+       last.storeIdentity == span.storeIdentity, span.newest == last.value, span.count == before.count { return before }
     return try context.fetchHistory(HistoryDescriptor(storeNames: [storeName]))
 }
 
