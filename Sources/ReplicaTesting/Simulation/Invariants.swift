@@ -50,12 +50,16 @@ extension SimulationRun {
                 var view = StoreView()
                 for entity in entities(of: store, on: device) {
                     let access = device.info(entity).access
+                    let all = try access.all(context)
                     var rows: [UUID: [SQLiteValue]] = [:]
-                    for (id, values) in try access.all(context) { rows[id] = values }
+                    rows.reserveCapacity(all.count)
+                    for (id, values) in all { rows[id] = values }
                     view.rows[entity.name] = rows
                 }
                 if let engine = process.engines[store.name] {
-                    for state in try engine.engine.replicationStates() { view.states[state.id.id] = state }
+                    let states = try engine.engine.replicationStates()
+                    view.states.reserveCapacity(states.count)
+                    for state in states { view.states[state.id.id] = state }
                     if before == nil {
                         for record in try engine.engine.unknownTypeRecords() { view.unknownTypes[record.recordID] = record }
                     }
@@ -104,7 +108,12 @@ extension SimulationRun {
             for store in process.stores {
                 if usesFile(store) { try checkIntegrity(process, store) }
                 guard store.isSynced, let view = views[viewKey(device, store.name)] else { continue }
-                for (id, state) in view.states.sorted(by: { uuidPrecedes($0.key, $1.key) }) {
+                // (Disagreements are looked for without sorting; only one sorts, to name the first in ID order.)
+                func disagrees(_ id: UUID, _ state: ReplicationState) -> Bool {
+                    guard let rows = view.rows[state.id.entityName] else { return false }
+                    return state.isAlive != (rows[id] != nil)
+                }
+                for (id, state) in view.states.contains(where: { disagrees($0.key, $0.value) }) ? view.states.sorted(by: { uuidPrecedes($0.key, $1.key) }) : [] {
                     guard let rows = view.rows[state.id.entityName] else { continue }
                     let hasRow = rows[id] != nil
                     if state.isAlive != hasRow {
@@ -128,23 +137,29 @@ extension SimulationRun {
 
     // MARK: Resurrection
 
-    private func acknowledgedInserts(_ zone: String, _ id: UUID) -> [Int64] {
-        (reference.acks[zone]?[id] ?? []).filter { $0.kind == .insert }.map(\.causalLength)
+    /// Whether some device acknowledged a write of record `id` in `zone`, but none an insert that produced
+    /// `causalLength` (the resurrection check's condition, without building the list of acknowledged inserts).
+    private func isResurrected(_ zone: String, _ id: UUID, at causalLength: Int64) -> Bool {
+        guard let acks = reference.acks[zone]?[id] else { return false }
+        return !acks.contains { $0.kind == .insert && $0.causalLength == causalLength }
     }
 
     private func checkResurrection(_ views: [String: StoreView], _ cloudRecords: [String: [UUID: CloudRecord]]) throws {
         for zone in zones {
-            for record in (cloudRecords[zone] ?? [:]).values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) })
-            where record.isAlive && reference.acks[zone]?[record.recordID] != nil {
-                if !acknowledgedInserts(zone, record.recordID).contains(record.causalLength) {
+            let records = cloudRecords[zone] ?? [:]
+            // (Violations are looked for without sorting; only a violation sorts, to name the first in ID order.)
+            if records.values.contains(where: { $0.isAlive && isResurrected(zone, $0.recordID, at: $0.causalLength) }) {
+                for record in records.values.sorted(by: { uuidPrecedes($0.recordID, $1.recordID) })
+                where record.isAlive && isResurrected(zone, record.recordID, at: record.causalLength) {
                     throw InvariantViolation(.noResurrection, "\(alias(record.recordID)) is alive in the cloud at causal length "
                         + "\(record.causalLength), which no acknowledged insert produced (acknowledged: \(describeAcks(zone, record.recordID)))")
                 }
             }
             for device in devices where device.spec.stores.contains(zone) {
                 guard let view = views[viewKey(device, zone)] else { continue }
+                guard view.states.contains(where: { $0.value.isAlive && isResurrected(zone, $0.key, at: $0.value.causalLength) }) else { continue }
                 for (id, state) in view.states.sorted(by: { uuidPrecedes($0.key, $1.key) })
-                where state.isAlive && reference.acks[zone]?[id] != nil && !acknowledgedInserts(zone, id).contains(state.causalLength) {
+                where state.isAlive && isResurrected(zone, id, at: state.causalLength) {
                     throw InvariantViolation(.noResurrection, "\(alias(id)) is alive on \(device.name) at causal length \(state.causalLength), "
                         + "which no acknowledged insert produced (acknowledged: \(describeAcks(zone, id)))")
                 }
@@ -350,18 +365,19 @@ extension SimulationRun {
                         }
                     }
                     let stored = record.fields[attribute.name].flatMap { $0.stamp.incarnation == final ? $0 : nil }
-                    let label = "\(alias(id)).\(attribute.name)"
+                    // (The message text is built only for a violation.)
+                    func label() -> String { "\(alias(id)).\(attribute.name)" }
                     if let winner {
                         guard let stored, stored.stamp == winner.stamp else {
-                            throw InvariantViolation(.referenceModel, "\(label) should hold the write by \(winner.ack.device) at step \(winner.ack.step) "
+                            throw InvariantViolation(.referenceModel, "\(label()) should hold the write by \(winner.ack.device) at step \(winner.ack.step) "
                                 + "(stamp \(winner.stamp)) but holds \(stored.map { "the write stamped \($0.stamp)" } ?? "no write")")
                         }
                         if !stored.isEncrypted && stored.value != winner.value {
-                            throw InvariantViolation(.referenceModel, "\(label) holds \(show(stored.value, encrypted: attribute.isEncrypted)) under the stamp "
+                            throw InvariantViolation(.referenceModel, "\(label()) holds \(show(stored.value, encrypted: attribute.isEncrypted)) under the stamp "
                                 + "of a write of \(show(winner.value, encrypted: attribute.isEncrypted))")
                         }
                     } else if let stored {
-                        throw InvariantViolation(.referenceModel, "\(label) holds a write stamped \(stored.stamp) that no device acknowledged "
+                        throw InvariantViolation(.referenceModel, "\(label()) holds a write stamped \(stored.stamp) that no device acknowledged "
                             + "(expected the default \(show(attribute.defaultValue ?? .null, encrypted: attribute.isEncrypted)))")
                     }
                 }
@@ -574,9 +590,14 @@ extension SimulationRun {
             for entity in old.rows.keys.sorted() where old.rows[entity]! != (new.rows[entity] ?? [:]) {
                 throw InvariantViolation(.idempotence, "\(label): re-reading the zone changed \(entity) rows")
             }
+            func unchanged(_ a: ReplicationState, _ id: UUID) -> Bool {
+                guard let b = new.states[id] else { return false }
+                return a.causalLength == b.causalLength && a.stamps == b.stamps && a.created == b.created && a.tombstone == b.tombstone
+            }
+            // (Changes are looked for without sorting; only a change sorts, to name the first in ID order.)
+            guard old.states.contains(where: { !unchanged($0.value, $0.key) }) else { continue }
             for id in old.states.keys.sorted(by: uuidPrecedes) {
-                guard let a = old.states[id], let b = new.states[id],
-                      a.causalLength == b.causalLength, a.stamps == b.stamps, a.created == b.created, a.tombstone == b.tombstone else {
+                guard let a = old.states[id], unchanged(a, id) else {
                     throw InvariantViolation(.idempotence, "\(label): re-reading the zone changed the replication state of \(alias(id))")
                 }
             }
@@ -593,12 +614,11 @@ extension SimulationRun {
 /// bug delete one), the history holds the same transactions: `before` is returned, without reading and decoding
 /// every transaction again. Otherwise (or when `before` is empty) the whole history is read.
 func storeHistory(_ context: ModelContext, storeName: String, unlessUnchangedFrom before: [HistoryTransaction]) throws -> [HistoryTransaction] {
-    if let first = before.first?.token, let last = before.last?.token {
-        let fromFirst = HistoryToken(storeIdentity: first.storeIdentity, value: first.value - 1)
-        let newest = try? context.fetchHistory(HistoryDescriptor(after: fromFirst, storeNames: [storeName], reverse: true, fetchLimit: 1))
-        if let newest, newest.count == 1, newest[0].token == last,
-           try context.historyTransactionCount(storeName: storeName) == before.count { return before }
-    }
+    // (The conditions of reading the newest transaction after `first.value - 1`: the token is the store's and not
+    // expired, and that transaction is `last`, i.e. the newest of all is `last`, as `last` is after `first.value - 1`.)
+    if let first = before.first?.token, let last = before.last?.token, let span = try? context.historySpan(storeName: storeName),
+       first.storeIdentity == span.storeIdentity, first.value - 1 >= span.prunedThrough,
+       last.storeIdentity == span.storeIdentity, span.newest == last.value, span.count == before.count { return before }
     return try context.fetchHistory(HistoryDescriptor(storeNames: [storeName]))
 }
 

@@ -841,7 +841,7 @@ extension SimulationRun {
     /// version of it (otherwise a newer local write will never be uploaded).
     private func checkOutbox(_ engine: SimEngine, records: [CloudRecord], zone: String) throws {
         for record in records {
-            guard let state = try engine.engine.replicationState(of: record.recordID), !state.isPending else { continue }
+            guard let state = try engine.engine.replicationStamps(of: record.recordID), !state.isPending else { continue }
             // (The message text is built only for a violation.)
             func label() -> String { "\(engine.process.label) dropped \(alias(record.recordID)) from its outbox" }
             guard let stored = mirror[zone]?[record.recordID] else {
@@ -850,7 +850,7 @@ extension SimulationRun {
             if stored.causalLength < state.causalLength {
                 throw InvariantViolation(.noLostWrites, "\(label()) at causal length \(state.causalLength), but the cloud has \(stored.causalLength)")
             }
-            guard stored.causalLength == state.causalLength, state.isAlive else { continue }
+            guard stored.causalLength == state.causalLength, state.causalLength % 2 == 1 else { continue }
             func lacks(_ name: String, _ stamp: FieldStamp) -> Bool { stored.fields[name].map({ $0.stamp < stamp }) ?? true }
             // Field order matters only for naming the first missing write.
             guard state.stamps.contains(where: lacks) else { continue }
