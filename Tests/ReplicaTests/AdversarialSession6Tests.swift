@@ -191,7 +191,78 @@ struct AdversarialSession6Tests {
         #expect(try ca.fetch(Adv6Temp.self).map(\.name) == ["a"])
     }
 
+    /// Read-only in-memory stores between writable ones: a writable store never gets a read-only connection, and a
+    /// read-only store never sees a dropped store's rows.
+    @Test func readOnlyInMemoryStoresAmongRecycledOnes() throws {
+        func make(_ seed: UInt64, allowsSave: Bool) throws -> ModelContainer {
+            let environment = ReplicaEnvironment.seeded(seed: seed, directory: FileManager.default.temporaryDirectory
+                .appendingPathComponent("replica-adv6-ro-\(UUID().uuidString)"))
+            return try ModelContainer(for: Schema([Adv6Synced.self]), configurations: [
+                ModelConfiguration("main", isStoredInMemoryOnly: true, allowsSave: allowsSave, cloudKitDatabase: .none),
+            ], environment: environment)
+        }
+        for round in 0..<3 {
+            do {
+                let writable = try make(UInt64(100 + round), allowsSave: true)
+                let context = ModelContext(writable)
+                _ = context.insert(Adv6Synced(name: "w\(round)"))
+                try context.save()
+            }
+            // A read-only in-memory store cannot be opened at all ("no such table: replica_metadata": nothing creates
+            // its schema) — also on first use, with no recycling involved; what matters here is the stores around it.
+            if let readOnly = try? make(UInt64(200 + round), allowsSave: false) {
+                #expect(try ModelContext(readOnly).fetch(Adv6Synced.self).isEmpty)
+            }
+            let writable = try make(UInt64(300 + round), allowsSave: true)
+            let context = ModelContext(writable)
+            #expect(try context.fetch(Adv6Synced.self).isEmpty)
+            _ = context.insert(Adv6Synced(name: "x\(round)"))
+            try context.save()
+            #expect(try ModelContext(writable).fetch(Adv6Synced.self).map(\.name) == ["x\(round)"])
+        }
+    }
+
     // MARK: 2. Merge shortcut
+
+    /// A row edited by a process that opened the file without sync (local-only configuration) after the record was
+    /// synced: the ledger still says "synced, tag T". A later full re-read returns version T: skipped by the shortcut.
+    /// The devices must still converge (the edit reaches the other device, or the remote version is restored).
+    @Test func anEditMadeWithoutSyncThenAFullReRead() throws {
+        let cloud = InMemoryCloudDatabase()
+        let dirB = FileManager.default.temporaryDirectory.appendingPathComponent("replica-adv6-nosync-\(UUID().uuidString)")
+        let a = try Device("a", seed: 1)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud)
+        do {
+            let b = try Device("b", seed: 2, directory: dirB)
+            try b.sync(cloud)
+        }
+        do {
+            var environment = ReplicaEnvironment.seeded(seed: 4, directory: dirB)
+            environment.canaries = []
+            let local = try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+                ModelConfiguration("notes", isStoredInMemoryOnly: false, cloudKitDatabase: .none),
+            ], environment: environment)
+            let context = ModelContext(local)
+            var edited = try #require(try context.model(SyncNote.self, id: note.id))
+            edited.rating = 5
+            context.update(edited)
+            try context.save()
+        }
+        let b = try Device("b", seed: 3, directory: dirB)
+        cloud.expireChangeTokens(in: "notes")
+        try b.sync(cloud)
+        try a.sync(cloud)
+        let onA = try a.notes().map(\.rating), onB = try b.notes().map(\.rating)
+        // BUG (merge shortcut): b keeps 5, a and the cloud 1, for good. Passes with the shortcut disabled (the full
+        // merge of the re-read version rewrites b's row, and they converge). SyncLedger's own comment names this case
+        // ("a row can predate it ... saved ... by a process that opened the file without sync"): the shortcut's premise
+        // "the row is what version T says" does not hold for such rows.
+        withKnownIssue("a held version is skipped though the row was changed outside sync: the devices diverge") {
+            #expect(onB == onA, "a and b converge")
+        }
+    }
 
     /// Change tags are only unique within one cloud database. When the device's store moves to another cloud
     /// database (account switch, a rebuilt server database), a version there can carry a tag the ledger holds from
@@ -462,6 +533,38 @@ struct AdversarialSession6Tests {
         try sync(ea, cloud)
         ca.rollback()
         #expect(try ca.fetch(Trip.self).map { "\($0.name) \($0.rating)" }.sorted() == ["Lisboa 7", "Porto 3"])
+    }
+
+    /// Crash-like drop: an engine goes away between taking a request and its answer (an upload in flight, a fetch
+    /// in flight); the context keeps working, a new engine on the same context picks up, and both devices converge.
+    @Test func anEngineDroppedWithRequestsInFlightThenANewOneOnTheSameContext() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try sharedContainer(seed: 7), b = try sharedContainer(seed: 8)
+        let ca = ModelContext(a), cb = ModelContext(b)
+        let eb = try SyncEngine(container: b, storeName: "main", sharingConnectionOf: cb)
+        for i in 0..<3 { _ = cb.insert(Trip(name: "b\(i)")) }
+        try cb.save()
+        try sync(eb, cloud)
+        do {
+            let ea = try SyncEngine(container: a, storeName: "main", sharingConnectionOf: ca)
+            _ = ca.insert(Trip(name: "a0"))
+            try ca.save()
+            ea.setNeedsFetch()
+            // Perform requests at the cloud but drop the engine before handing it the answers.
+            for _ in 0..<3 {
+                guard let request = try ea.nextRequest() else { break }
+                _ = cloud.performNow(request.operation)
+            }
+        }
+        _ = ca.insert(Trip(name: "a1"))
+        try ca.save()
+        let again = try SyncEngine(container: a, storeName: "main", sharingConnectionOf: ca)
+        try sync(again, cloud)
+        try sync(eb, cloud)
+        try sync(again, cloud)
+        #expect(try ca.fetch(Trip.self).map(\.name).sorted() == ["a0", "a1", "b0", "b1", "b2"])
+        #expect(try cb.fetch(Trip.self).map(\.name).sorted() == ["a0", "a1", "b0", "b1", "b2"])
+        #expect(try again.status().pendingRecords == 0)
     }
 
     /// Two engines created on one context (same connection, same store): both sync without corrupting each other,
