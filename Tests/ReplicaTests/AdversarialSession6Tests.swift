@@ -14,6 +14,12 @@ struct Adv6Temp: PersistentModel, Codable, Equatable {
     static let entity = ModelEntity<Adv6Temp>([.attribute("name", \.name, default: "")])
 }
 
+struct Adv6Overlay: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var name: String = ""
+    static let entity = ModelEntity<Adv6Overlay>([.attribute("name", \.name, default: "")])
+}
+
 struct Adv6Conc: PersistentModel, Codable, Equatable {
     var id = UUID.unassigned
     var name: String = ""
@@ -82,26 +88,27 @@ struct AdversarialSession6Tests {
     /// `DELETE FROM temp...`), so no query result shows it — but the data outlives its store in memory, and the new
     /// store's database is not "indistinguishable from a new one" (`sqlite_temp_master` differs).
     @Test func unsavedRowsInTempOverlayTablesDoNotSurviveRecycling() throws {
-        var old: ModelContainer? = try memoryContainer(seed: 1, synced: false, models: [Adv6Temp.self])
+        var old: ModelContainer? = try memoryContainer(seed: 1, synced: false, models: [Adv6Overlay.self])
         var oldHandle: OpaquePointer?
         do {
             let context = ModelContext(old!)
-            _ = context.insert(Adv6Temp(name: "unsaved secret"))
-            #expect(try context.fetch(Adv6Temp.self).map(\.name) == ["unsaved secret"], "the fetch overlays the pending insert")
+            _ = context.insert(Adv6Overlay(name: "unsaved secret"))
+            #expect(try context.fetch(Adv6Overlay.self).map(\.name) == ["unsaved secret"], "the fetch overlays the pending insert")
             context.rollback()
         }
         // The context gave its connection back: it is the one the store hands out next (and would retire).
         oldHandle = try handle(old!)
         #expect(try tempRows(old!).isEmpty == false, "the overlay's TEMP table holds the pending row")
         old = nil
-        let next = try memoryContainer(seed: 2, synced: false, models: [Adv6Temp.self])
+        let next = try memoryContainer(seed: 2, synced: false, models: [Adv6Overlay.self])
         let recycled = try handle(next) == oldHandle
-        #expect(try ModelContext(next).fetch(Adv6Temp.self).isEmpty)
+        #expect(recycled, "the new store starts from the old one's connection")
+        #expect(try ModelContext(next).fetch(Adv6Overlay.self).isEmpty)
         if recycled {
             let leftover = try tempRows(next)
             // BUG (store recycling): `resetForReuse()`/`takeRetired()` empty only `main` tables; TEMP tables of the
             // connection (QueryEngine's pending-change overlays) keep the old store's unsaved rows. Found:
-            // ["replica_pending_Adv6Temp_0: 1"].
+            // ["replica_pending_Adv6Overlay_0: 1"].
             withKnownIssue("TEMP overlay tables of a retired connection keep the unsaved rows of the store that went away") {
                 #expect(leftover == [], "no row of the old store stays on the recycled connection")
             }
