@@ -106,12 +106,10 @@ struct AdversarialSession6Tests {
         #expect(try ModelContext(next).fetch(Adv6Overlay.self).isEmpty)
         if recycled {
             let leftover = try tempRows(next)
-            // BUG (store recycling): `resetForReuse()`/`takeRetired()` empty only `main` tables; TEMP tables of the
-            // connection (QueryEngine's pending-change overlays) keep the old store's unsaved rows. Found:
-            // ["replica_pending_Adv6Overlay_0: 1"].
-            withKnownIssue("TEMP overlay tables of a retired connection keep the unsaved rows of the store that went away") {
-                #expect(leftover == [], "no row of the old store stays on the recycled connection")
-            }
+            // Found in session 6 (fixed): `takeRetired()` emptied only `main` tables; TEMP tables of the connection
+            // (QueryEngine's pending-change overlays) kept the old store's unsaved rows
+            // (["replica_pending_Adv6Overlay_0: 1"]).
+            #expect(leftover == [], "no row of the old store stays on the recycled connection")
         }
     }
 
@@ -266,19 +264,16 @@ struct AdversarialSession6Tests {
         // merge of the re-read version rewrites b's row, and they converge). SyncLedger's own comment names this case
         // ("a row can predate it ... saved ... by a process that opened the file without sync"): the shortcut's premise
         // "the row is what version T says" does not hold for such rows.
-        withKnownIssue("a held version is skipped though the row was changed outside sync: the devices diverge") {
-            #expect(onB == onA, "a and b converge")
-        }
+        // Fixed in session 6: held versions are skipped only while no full resync is under way.
+        #expect(onB == onA, "a and b converge")
     }
 
     /// Change tags are only unique within one cloud database. When the device's store moves to another cloud
     /// database (account switch, a rebuilt server database), a version there can carry a tag the ledger holds from
     /// the old cloud for a different version. The shortcut then skips it, and the device keeps stale data while the
     /// cloud and the other device have newer data: they diverge for good (no later fetch delivers it again).
-    /// FAILS with the shortcut; passes with it disabled (verified by patching the condition to `if false, ...`).
-    /// Left unmarked: whether moving a ledger to another cloud database is supported is a design question — but
-    /// real CloudKit change tags are per-record strings, and P3's "a cloud never returns other contents under a tag
-    /// it returned before" is only guaranteed by InMemory/SQLiteCloudDatabase's per-zone epoch counters.
+    /// Failed with the first version of the shortcut (found in session 6); fixed: a read of another cloud database
+    /// starts from no valid token, so it is a full resync, which merges every version in full.
     @Test func aTagRepeatedByAnotherCloudDatabaseIsNotMistakenForAHeldVersion() throws {
         let cloud1 = InMemoryCloudDatabase()
         let a = try Device("a", seed: 1), b = try Device("b", seed: 2)
@@ -321,13 +316,11 @@ struct AdversarialSession6Tests {
         }
         let upgraded = try Device("b", seed: 3, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0), directory: dirB)
         try upgraded.sync(cloud)
-        // BUG (pre-existing, not from the shortcut; fails with it disabled too): on upgrade, a field the ledger kept as
-        // unknown (R9) is not moved into the row; the upgraded device shows the default "calm" while the record says
-        // "stormy".
+        // Found in session 6 (a bug older than the session; fixed): on upgrade, a field the ledger kept as unknown
+        // (R9) was not moved into the row; the upgraded device showed the default "calm" while the record says
+        // "stormy". An upgrade that adds tables or columns to a synced store now starts a full resync.
         let moods = try ModelContext(upgraded.container).fetch(SyncNoteV2.self).map(\.mood)
-        withKnownIssue("a field kept as unknown before an upgrade is not applied to the row after it") {
-            #expect(moods == ["stormy"])
-        }
+        #expect(moods == ["stormy"])
         _ = note
     }
 
@@ -357,9 +350,9 @@ struct AdversarialSession6Tests {
         // SyncLedger.swift "A version this device holds already"): the re-read version's tag is in the ledger, state
         // synced, so it is skipped although merging it under the new schema would set the field.
         let moods = try ModelContext(b.container).fetch(SyncNoteV2.self).map(\.mood)
-        withKnownIssue("the shortcut skips a held version whose merge under a newer schema would change the row") {
-            #expect(moods == ["stormy"])
-        }
+        // Fixed in session 6: a full resync merges held versions in full, and so does a held version carrying a
+        // field the ledger keeps as unknown that the schema now knows.
+        #expect(moods == ["stormy"])
     }
 
     /// After the upgrade, the upgraded device edits another field and uploads: the newer device's value of the field
@@ -377,11 +370,9 @@ struct AdversarialSession6Tests {
         let onA = try ModelContext(a.container).fetch(SyncNoteV2.self).map { "\($0.title) \($0.mood)" }
         let onB = try ModelContext(b.container).fetch(SyncNoteV2.self).map { "\($0.title) \($0.mood)" }
         #expect(onA == ["edited on b stormy"])
-        // BUG (pre-existing, fails with the shortcut disabled too): b's row keeps "calm" while a and the cloud
-        // have "stormy" — the devices diverge for good.
-        withKnownIssue("an upgraded device keeps the default for a formerly unknown field: devices diverge") {
-            #expect(onB == onA)
-        }
+        // Found in session 6 (older than the session; fixed as above): b's row kept "calm" while a and the cloud
+        // had "stormy" — the devices diverged for good.
+        #expect(onB == onA)
     }
 
     /// Control for the tag-collision test: the same moves, but the new cloud gives the note a tag b never saw

@@ -31,11 +31,14 @@ struct KnownVersionMergeTests {
         }
     }
 
-    private func merge(_ record: CloudRecord, into device: Device) throws {
+    /// Merges `record` as an incremental fetch does (`fullRead`: as a full resync does).
+    private func merge(_ record: CloudRecord, into device: Device, fullRead: Bool = false) throws {
         let store = device.container.stores[0]
         try device.engine.db.transaction {
             var hlc = try SyncLedger.loadHLC(device.engine.db, replica: store.identity)
-            _ = try SyncLedger.merge(record, store: store, db: device.engine.db, hlc: &hlc, wall: 0)
+            let batch = try SyncLedger.MergeBatch(device.engine.db)
+            batch.skipsHeldVersions = !fullRead
+            _ = try SyncLedger.merge(record, store: store, db: device.engine.db, hlc: &hlc, wall: 0, batch: batch)
         }
     }
 
@@ -57,6 +60,15 @@ struct KnownVersionMergeTests {
         #expect(!log.touches("SyncNote"), "the data row is neither read nor written: \(log.texts)")
         #expect(!log.writesLedger)
         #expect(try device.context.fetch(SyncNote.self).map(\.title) == ["one"])
+    }
+
+    @Test func aFullReadMergesHeldVersionsInFull() throws {
+        // A full read may come from another zone incarnation or cloud database, whose tags may repeat held ones.
+        let (device, _, record) = try syncedNote()
+        let log = StatementLog()
+        try log.record(device.engine.db) { try merge(record, into: device, fullRead: true) }
+        #expect(log.touches("SyncNote"))
+        #expect(!log.writesLedger, "the full merge of the same version still writes nothing")
     }
 
     @Test func aMergedVersionFetchedAgainIsNotMergedAgainButANewerOneIs() throws {
@@ -108,5 +120,54 @@ struct KnownVersionMergeTests {
             #expect(log.touches("SyncNote"), "state \(state): the full merge runs")
             #expect(try device.engine.ledgerEntry(for: PersistentIdentifier(entityName: "SyncNote", id: record.recordID))?.state == .synced)
         }
+    }
+
+    /// Review finding (session 6): a version that failed to decrypt keeps its tag in the ledger; once a new key opens
+    /// it, the record's state goes back to synced before the merge, and the version must still be merged.
+    @Test func aVersionThatOpensOnceANewKeyIsReadIsMergedInFull() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try CryptoDevice("A", seed: 1, encryption: Keys.raw(5))
+        let b = try CryptoDevice("B", seed: 2, encryption: Keys.raw(5))
+        var note = a.context.insert(Diary(title: "t", secret: secretText("s", 1)))
+        try a.context.save()
+        try a.sync(cloud); try b.sync(cloud)
+        #expect(try b.diaries().first?.title == "t")
+        // B starts a cycle and reads the keys (version 1 only); A rotates and edits the record under version 2.
+        b.engine.setNeedsFetch()
+        #expect(try b.step(cloud) == "fetchZoneMetadata")
+        try a.engine.rotateEncryptionKey()
+        note.title = "edited"
+        note.mood = 3
+        a.context.update(note)
+        try a.context.save()
+        try a.sync(cloud)
+        #expect(try b.step(cloud) == "fetchZoneChanges")
+        #expect(try b.engine.status().undecryptableRecords == 1)
+        #expect(try b.diaries().first?.title == "t", "the version B cannot open leaves its values as they were")
+        // B reads the keys again, learns version 2 and reads the zone again: the held version opens and is merged.
+        #expect(try b.sync(cloud).isUpToDate)
+        #expect(try b.diaries().first.map { "\($0.title) \($0.mood)" } == "edited 3")
+        #expect(try b.engine.undecryptableRecords().isEmpty)
+    }
+
+    /// Review finding (session 6): fields an older schema kept as unknown become columns after an upgrade; a re-read
+    /// of the same version must fill them in (the full merge does), not skip the version as already held.
+    @Test func aKnownVersionCarryingFieldsTheUpgradedSchemaNowKnowsIsMergedInFull() throws {
+        let cloud = InMemoryCloudDatabase()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-known-upgrade-\(UUID().uuidString)")
+        let newer = try Device("new", seed: 2, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0))
+        newer.context.insert(SyncNoteV2(title: "one", rating: 1, mood: "happy"))
+        try newer.context.save()
+        try newer.sync(cloud)
+        do {
+            let older = try Device("old", seed: 1, directory: directory)
+            try older.sync(cloud)
+            #expect(try older.context.fetch(SyncNote.self).map(\.title) == ["one"])
+        }
+        // The same file opened by the upgraded app: `mood` gets a column (with its default until merged).
+        let upgraded = try Device("old", seed: 1, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0), directory: directory)
+        let record = try #require(cloud.records(in: "notes").first)
+        try merge(record, into: upgraded)
+        #expect(try upgraded.context.fetch(SyncNoteV2.self).map(\.mood) == ["happy"])
     }
 }

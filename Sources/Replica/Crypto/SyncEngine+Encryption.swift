@@ -434,8 +434,13 @@ extension SyncEngine {
         try db.transaction(.immediate) {
             for record in recovered {
                 try db.run("DELETE FROM replica_sync_record WHERE id = ? AND causal_length = 0 AND state = 'undecryptable'", [record.recordID.sqliteValue])
-                try db.run("UPDATE replica_sync_record SET state = CASE WHEN pending = 1 THEN 'pending' ELSE 'synced' END, reason = NULL WHERE id = ? AND state = 'undecryptable'",
-                           [record.recordID.sqliteValue])
+                // The tag kept is the version that failed, which the merge below has yet to apply: cleared (unless an
+                // upload needs it as its base), so the merge does not take the version for one it holds already.
+                try db.run("""
+                    UPDATE replica_sync_record SET state = CASE WHEN pending = 1 THEN 'pending' ELSE 'synced' END, reason = NULL,
+                        change_tag = CASE WHEN pending = 1 THEN change_tag END
+                    WHERE id = ? AND state = 'undecryptable'
+                    """, [record.recordID.sqliteValue])
             }
             for (record, error) in failed {
                 let reason = error.description

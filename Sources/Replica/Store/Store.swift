@@ -235,6 +235,8 @@ final class Store: Sendable {
                     try db.execute(SyncLedger.createSQL)
                     try SyncLedger.migrate(db)
                 }
+                // Whether this schema added tables or columns to the store (an app upgrade).
+                var grew = false
                 for entity in entities {
                     let table = quoted(entity.name)
                     let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
@@ -243,12 +245,14 @@ final class Store: Sendable {
                     if existing.isEmpty {
                         let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
+                        grew = true
                     } else {
                         try checkLayout(of: entity, db)
                         // Lightweight migration: add columns for new attributes and references. Columns of removed
                         // attributes stay (their data is kept) and are ignored.
                         for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
                             try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                            grew = true
                             // Records written before the attribute existed take its declared default.
                             if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
                                 _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
@@ -259,6 +263,12 @@ final class Store: Sendable {
                 }
                 // Many-to-many relationships: one link table per relationship pair (see LinkTable).
                 try LinkTable.prepare(db, entities: entities)
+                // Records the older schema could only keep whole (an unknown type) or in part (fields it did not
+                // know, kept beside the row) are read again in full: the next fetch starts a full resync, whose
+                // merges put those values into the new tables and columns.
+                if synced && grew {
+                    try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+                }
             }
             if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
@@ -384,6 +394,7 @@ final class StoreLayout: @unchecked Sendable {
     private let template = Mutex<TemplateState>(.notMade)
     /// Connections of in-memory stores with these entities that went away (see `Store.deinit`), newest last.
     private let retired = Mutex<[RetiredConnection]>([])
+    private static let temporaryTablesSQL = StatementKey("SELECT name FROM sqlite_temp_master WHERE type = 'table'")
     /// At most this many retired connections wait per layout (each keeps its database's pages).
     private static let retiredLimit = 4
 
@@ -446,6 +457,11 @@ final class StoreLayout: @unchecked Sendable {
                 guard !db.isInTransaction, case .integer(candidate.schemaVersion)? = try db.scalar(Store.schemaVersionSQL) else { continue }
                 try db.transaction(.immediate) {
                     for key in source.emptyingStatements { try db.run(key) }
+                    // Temporary tables (the query engine's overlays of unsaved changes) hold nothing either.
+                    for row in try db.rows(Self.temporaryTablesSQL) {
+                        guard case let .text(table) = row[0] else { continue }
+                        try db.run("DELETE FROM temp.\(quoted(table))")
+                    }
                 }
                 return db
             } catch {

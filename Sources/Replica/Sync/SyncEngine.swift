@@ -614,6 +614,7 @@ public final class SyncEngine {
         var tombstoned: [PersistentIdentifier] = []
         var absorbing: [PersistentIdentifier] = []
         let batch = try SyncLedger.MergeBatch(db)
+        batch.skipsHeldVersions = try db.scalar(Self.resyncActiveSQL) == nil
         for record in records {
             let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries,
                                                batch: batch)

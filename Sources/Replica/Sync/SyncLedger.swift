@@ -455,6 +455,11 @@ enum SyncLedger {
                 for (name, field) in state.unknown { fields[name] = field }
                 try noteEndedIncarnation(id: state.id, entity: entity.name, incarnation: state.causalLength - 1, winner: nil, fields: fields, db)
             }
+            // A deleted record carries only its causal length, creation stamp and tombstone values, as a merge stores
+            // it: the stamps and unknown fields of the incarnation that ended can never matter again. (Kept, they
+            // made the ledger row differ from what merging the record's own upload back would store.)
+            state.stamps = [:]
+            state.unknown = [:]
             state.localVersion += 1
             state.pending = true
             try storeLocalChange(state, db)
@@ -647,12 +652,17 @@ enum SyncLedger {
         let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
         // A version this device holds already: the ledger has its change tag, and nothing changed here since that
         // version was merged or acknowledged (nothing pending, nothing set aside as rejected or undecryptable — those
-        // set the tag of a version they did not apply). A change tag names one version of the record (CloudKit's
+        // set the tag of a version they did not apply; a record that opens once a new key is read has that tag
+        // cleared as it leaves the undecryptable state, see `openIncoming`). A change tag names one version of the record (CloudKit's
         // `recordChangeTag`), and merging is idempotent, so merging it again would read the row and write nothing.
-        // Most fetched records are such: a device's own uploads coming back, and every record of a full re-read.
+        // Most fetched records are such: a device's own uploads coming back. Only while no full resync is under way
+        // (see `MergeBatch.skipsHeldVersions`): a full read may come from another zone incarnation or another cloud
+        // database, whose tags may repeat ones the ledger holds, and it re-merges everything in full.
         // The batch learns what the full merge would have told it.
-        if let local, !local.pending, local.storedState == "synced", let tag = remote.changeTag, local.changeTag == tag,
-           !canaries.contains(.nonIdempotentApply) {
+        // (Fields an older schema kept as unknown that this one knows — an upgrade added their columns — are not in
+        // the row yet: the full merge puts them there.)
+        if batch?.skipsHeldVersions == true, let local, !local.pending, local.storedState == "synced", let tag = remote.changeTag,
+           local.changeTag == tag, !canaries.contains(.nonIdempotentApply), local.unknown.isEmpty || !local.unknown.keys.contains(where: { statements.fieldIndex[$0] != nil }) {
             batch?.ledgerHolds(remote.recordID)
             batch?.merged(remote.recordID, waitingFor: local.storedWaitingFor, plainTombstone: !local.isAlive && local.redirect == nil,
                           canWait: entity.relationships.contains { !$0.isToMany })
@@ -940,6 +950,10 @@ enum SyncLedger {
         /// Whether `replica_sync_rejected` may hold entries (when it does not, merges skip deleting the entry their
         /// record supersedes). Set again by every rejection.
         var mayHoldRejected: Bool
+        /// Whether a fetched version whose change tag the ledger holds may be skipped (see `merge`): set by the
+        /// engine for fetches that continue from a valid token with no full resync under way, where every tag in
+        /// the ledger names a version of the zone being read. `false` by default.
+        var skipsHeldVersions = false
 
         /// The largest record ID in the ledger (`nil`: none), once read; kept up to date by the batch's merges.
         private var ledgerMax: UUID??
