@@ -170,4 +170,21 @@ struct KnownVersionMergeTests {
         try merge(record, into: upgraded)
         #expect(try upgraded.context.fetch(SyncNoteV2.self).map(\.mood) == ["happy"])
     }
+
+    /// Found in session 6 (an idempotence failure of the simulator once held versions were merged in full during a
+    /// full re-read): a local delete kept the stamps of the incarnation it ended, which merging the record's own
+    /// upload back would drop. The ledger row of a local delete is now the one a merge stores.
+    @Test func aLocalDeleteStoresTheTombstoneAMergeWouldStore() throws {
+        let (device, cloud, record) = try syncedNote()
+        let note = try #require(try device.context.model(SyncNote.self, id: record.recordID))
+        device.context.delete(note)
+        try device.context.save()
+        #expect(try device.engine.replicationState(of: record.recordID)?.stamps == [:])
+        try device.sync(cloud)
+        let tombstone = try #require(cloud.records(in: "notes").first)
+        #expect(tombstone.causalLength == 2)
+        let changes = sqlite3_total_changes64(device.engine.db.handle)
+        try merge(tombstone, into: device, fullRead: true)
+        #expect(sqlite3_total_changes64(device.engine.db.handle) == changes, "merging the acknowledged tombstone back changes nothing")
+    }
 }
