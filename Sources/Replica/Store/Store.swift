@@ -160,10 +160,11 @@ final class Store: Sendable {
 
     /// An in-memory database goes away with its last connection. Instead, one connection of it that can be reset
     /// (no statement held outside its caches, no transaction; the one given back last, as ``openConnection()``
-    /// would hand out next) goes to the layout — unless a connection of it may still be in use elsewhere, and the next new in-memory store
-    /// with these entities starts from it, emptied (``StoreLayout/takeRetired()``): its schema is read and the
-    /// statements it ran are prepared already, which costs more than the whole life of a short test or simulation
-    /// case's store. Nobody else holds a connection of this store now: contexts and sync engines keep the container.
+    /// would hand out next) goes to the layout, and the next new in-memory store with these entities starts from
+    /// it, emptied (``StoreLayout/takeRetired()``): its schema is read and the statements it ran are prepared
+    /// already, which costs more than the whole life of a short test or simulation case's store. Contexts and sync
+    /// engines keep the container, so none holds a connection of this store now; a database that a connection given
+    /// back unreset may still read, or whose schema changed, is not recycled.
     deinit {
         guard let freshSchemaVersion, !connectionHeldElsewhere.load(ordering: .relaxed) else { return }
         let connections = idle.withLock { idle in
@@ -447,8 +448,9 @@ final class StoreLayout: @unchecked Sendable {
     /// table's rows deleted (`sqlite_sequence` too, so AUTOINCREMENT counters start again), in one write
     /// transaction. Only a database whose schema cookie is still the one it had when its store was made (a copy of
     /// the template) qualifies: nothing changed its schema since, so it holds exactly the fresh schema — and the
-    /// connection's parsed schema and prepared statements stay valid. The emptied database answers every query as a new copy
-    /// would (rowids and sequences restart; page placement differs, which no query sees).
+    /// connection's parsed schema and prepared statements stay valid. Temporary tables are emptied too. The emptied
+    /// database answers every query as a new copy would (rowids and sequences restart; page placement differs,
+    /// which no query sees).
     func takeRetired() -> Connection? {
         guard case let .made(source)? = template.withLock({ state -> TemplateState? in state }) else { return nil }
         while let candidate = retired.withLock({ $0.popLast() }) {

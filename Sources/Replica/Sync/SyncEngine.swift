@@ -174,7 +174,8 @@ public final class SyncEngine {
 
     /// For simulators: this engine's process crashed. The engine must not be used again; when it goes away it leaves
     /// the upload lease in place (a crashed process cannot give it up, it expires) and only gives its connection back
-    /// to the store, as the process's end would close it (an in-memory store's next engine or context reuses it).
+    /// to the store, as the process's end would close it (an in-memory store's next engine or context reuses it), or
+    /// leaves it to the context it shares it with.
     @_spi(Simulation) public func simulateCrash() {
         crashed = true
     }
