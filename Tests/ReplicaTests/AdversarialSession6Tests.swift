@@ -40,20 +40,7 @@ struct Adv6Synced: PersistentModel, Codable, Equatable {
 struct AdversarialSession6Tests {
     // MARK: Helpers
 
-    private func memoryContainer(seed: UInt64, synced: Bool, models: [any PersistentModel.Type]) throws -> ModelContainer {
-        let environment = ReplicaEnvironment.seeded(seed: seed, directory: FileManager.default.temporaryDirectory
-            .appendingPathComponent("replica-adv6-\(UUID().uuidString)"))
-        return try ModelContainer(for: Schema(models), configurations: [
-            ModelConfiguration("main", isStoredInMemoryOnly: true, cloudKitDatabase: synced ? .private("iCloud.test") : .none),
-        ], environment: environment)
-    }
 
-    private func handle(_ container: ModelContainer) throws -> OpaquePointer {
-        let store = container.stores[0]
-        let connection = try store.openConnection()
-        defer { store.reuse(connection) }
-        return connection.handle
-    }
 
     /// Rows of every TEMP table of the store's next connection, as "table: count".
     private func tempRows(_ container: ModelContainer) throws -> [String] {
@@ -88,7 +75,7 @@ struct AdversarialSession6Tests {
     /// `DELETE FROM temp...`), so no query result shows it — but the data outlives its store in memory, and the new
     /// store's database is not "indistinguishable from a new one" (`sqlite_temp_master` differs).
     @Test func unsavedRowsInTempOverlayTablesDoNotSurviveRecycling() throws {
-        var old: ModelContainer? = try memoryContainer(seed: 1, synced: false, models: [Adv6Overlay.self])
+        var old: ModelContainer? = try inMemoryContainer(seed: 1, synced: false, models: [Adv6Overlay.self])
         var oldHandle: OpaquePointer?
         do {
             let context = ModelContext(old!)
@@ -97,11 +84,11 @@ struct AdversarialSession6Tests {
             context.rollback()
         }
         // The context gave its connection back: it is the one the store hands out next (and would retire).
-        oldHandle = try handle(old!)
+        oldHandle = try nextConnectionHandle(old!)
         #expect(try tempRows(old!).isEmpty == false, "the overlay's TEMP table holds the pending row")
         old = nil
-        let next = try memoryContainer(seed: 2, synced: false, models: [Adv6Overlay.self])
-        let recycled = try handle(next) == oldHandle
+        let next = try inMemoryContainer(seed: 2, synced: false, models: [Adv6Overlay.self])
+        let recycled = try nextConnectionHandle(next) == oldHandle
         #expect(recycled, "the new store starts from the old one's connection")
         #expect(try ModelContext(next).fetch(Adv6Overlay.self).isEmpty)
         if recycled {
@@ -121,7 +108,7 @@ struct AdversarialSession6Tests {
         DispatchQueue.concurrentPerform(iterations: 8) { worker in
             for round in 0..<25 {
                 do {
-                    let container = try memoryContainer(seed: UInt64(worker * 1000 + round), synced: true, models: [Adv6Conc.self])
+                    let container = try inMemoryContainer(seed: UInt64(worker * 1000 + round), synced: true, models: [Adv6Conc.self])
                     let context = ModelContext(container)
                     let name = "w\(worker)-r\(round)"
                     let before = try context.fetch(Adv6Conc.self).map(\.name)
@@ -149,7 +136,7 @@ struct AdversarialSession6Tests {
     /// A recycled synced store used for sync with a new cloud uploads nothing of the store that went away, and its
     /// HLC is not carried over: it ends up exactly as a device with a never-used store.
     @Test func aRecycledSyncedStoreUploadsNothingOfTheOldOne() throws {
-        var old: ModelContainer? = try memoryContainer(seed: 11, synced: true, models: [Adv6Synced.self])
+        var old: ModelContainer? = try inMemoryContainer(seed: 11, synced: true, models: [Adv6Synced.self])
         do {
             let context = ModelContext(old!)
             for i in 0..<5 { _ = context.insert(Adv6Synced(name: "old \(i)", rating: i)) }
@@ -162,11 +149,11 @@ struct AdversarialSession6Tests {
             context.update(first)
             try context.save()
         }
-        let oldHandle = try handle(old!)
+        let oldHandle = try nextConnectionHandle(old!)
         old = nil
 
-        let recycled = try memoryContainer(seed: 12, synced: true, models: [Adv6Synced.self])
-        #expect(try handle(recycled) == oldHandle, "the new store starts from the old one's connection")
+        let recycled = try inMemoryContainer(seed: 12, synced: true, models: [Adv6Synced.self])
+        #expect(try nextConnectionHandle(recycled) == oldHandle, "the new store starts from the old one's connection")
         let cloud = InMemoryCloudDatabase()
         let engine = try SyncEngine(container: recycled, storeName: "main")
         #expect(try engine.status().pendingRecords == 0)
@@ -179,15 +166,15 @@ struct AdversarialSession6Tests {
     /// Two in-memory containers with the same entities alive at once never share a database, even when retired
     /// connections wait.
     @Test func twoLiveContainersNeverShareADatabase() throws {
-        var dropped: [ModelContainer?] = try (0..<3).map { try memoryContainer(seed: UInt64(20 + $0), synced: false, models: [Adv6Temp.self]) }
+        var dropped: [ModelContainer?] = try (0..<3).map { try inMemoryContainer(seed: UInt64(20 + $0), synced: false, models: [Adv6Temp.self]) }
         for container in dropped {
             let context = ModelContext(container!)
             _ = context.insert(Adv6Temp(name: "dropped"))
             try context.save()
         }
         dropped = []
-        let a = try memoryContainer(seed: 30, synced: false, models: [Adv6Temp.self])
-        let b = try memoryContainer(seed: 31, synced: false, models: [Adv6Temp.self])
+        let a = try inMemoryContainer(seed: 30, synced: false, models: [Adv6Temp.self])
+        let b = try inMemoryContainer(seed: 31, synced: false, models: [Adv6Temp.self])
         #expect(a.stores[0].location != b.stores[0].location)
         let ca = ModelContext(a), cb = ModelContext(b)
         _ = ca.insert(Adv6Temp(name: "a"))
@@ -450,7 +437,7 @@ struct AdversarialSession6Tests {
     // MARK: 3. Engine sharing its context's connection
 
     private func sharedContainer(seed: UInt64) throws -> ModelContainer {
-        try memoryContainer(seed: seed, synced: true, models: [Trip.self, Item.self])
+        try inMemoryContainer(seed: seed, synced: true, models: [Trip.self, Item.self])
     }
 
     /// A fetch result applied while the context enumerates (same connection, a read statement in progress): the

@@ -55,20 +55,7 @@ struct RecycleKindsExtra: PersistentModel, Codable, Equatable {
 
 @Suite("In-memory store recycling")
 struct StoreRecyclingTests {
-    private func container(seed: UInt64, synced: Bool = true, models: [any PersistentModel.Type]) throws -> ModelContainer {
-        let environment = ReplicaEnvironment.seeded(seed: seed, directory: FileManager.default.temporaryDirectory
-            .appendingPathComponent("replica-recycle-\(UUID().uuidString)"))
-        return try ModelContainer(for: Schema(models), configurations: [
-            ModelConfiguration("main", isStoredInMemoryOnly: true, cloudKitDatabase: synced ? .private("iCloud.test") : .none),
-        ], environment: environment)
-    }
 
-    private func handle(_ container: ModelContainer) throws -> OpaquePointer {
-        let store = container.stores[0]
-        let connection = try store.openConnection()
-        defer { store.reuse(connection) }
-        return connection.handle
-    }
 
     /// Every row of every table (sqlite_sequence included), as text, table by table.
     private func contents(_ container: ModelContainer) throws -> [String] {
@@ -114,15 +101,15 @@ struct StoreRecyclingTests {
 
     @Test func aRecycledStoreHoldsWhatANewOneHoldsAfterTheSameWork() throws {
         let models: [any PersistentModel.Type] = [RecycleTrip.self, RecycleStop.self]
-        var old: ModelContainer? = try container(seed: 7, models: models)
-        let fresh = try container(seed: 9, models: models)
+        var old: ModelContainer? = try inMemoryContainer(seed: 7, models: models)
+        let fresh = try inMemoryContainer(seed: 9, models: models)
         try work(old!, cloud: InMemoryCloudDatabase())
-        let oldHandle = try handle(old!)
+        let oldHandle = try nextConnectionHandle(old!)
         let oldIdentity = old!.stores[0].identity
         old = nil
 
-        let recycled = try container(seed: 9, models: models)
-        #expect(try handle(recycled) == oldHandle, "the new store starts from the connection the old one left")
+        let recycled = try inMemoryContainer(seed: 9, models: models)
+        #expect(try nextConnectionHandle(recycled) == oldHandle, "the new store starts from the connection the old one left")
         #expect(recycled.stores[0].identity != oldIdentity)
         #expect(try contents(recycled) == (try contents(fresh)), "emptied, it holds what a new store holds")
         #expect(try ModelContext(recycled).fetch(RecycleTrip.self).isEmpty)
@@ -135,7 +122,7 @@ struct StoreRecyclingTests {
     }
 
     @Test func aStoreWhoseSchemaChangedIsNotRecycled() throws {
-        var old: ModelContainer? = try container(seed: 1, models: [RecycleSchemaChange.self])
+        var old: ModelContainer? = try inMemoryContainer(seed: 1, models: [RecycleSchemaChange.self])
         let oldLocation = old!.stores[0].location
         do {
             let store = old!.stores[0]
@@ -144,26 +131,26 @@ struct StoreRecyclingTests {
             store.reuse(db)
         }
         old = nil
-        let next = try container(seed: 2, models: [RecycleSchemaChange.self])
+        let next = try inMemoryContainer(seed: 2, models: [RecycleSchemaChange.self])
         #expect(next.stores[0].location != oldLocation)
         let tables = try next.stores[0].openConnection().rows("SELECT name FROM sqlite_master WHERE name = 'extra'", cache: false)
         #expect(tables.isEmpty)
     }
 
     @Test func storesOfOtherEntitiesOrKindsDoNotShareConnections() throws {
-        var synced: ModelContainer? = try container(seed: 1, models: [RecycleKinds.self])
-        let syncedHandle = try handle(synced!)
+        var synced: ModelContainer? = try inMemoryContainer(seed: 1, models: [RecycleKinds.self])
+        let syncedHandle = try nextConnectionHandle(synced!)
         synced = nil
-        let local = try container(seed: 2, synced: false, models: [RecycleKinds.self])
-        #expect(try handle(local) != syncedHandle, "a local store has another layout (no sync tables)")
-        let more = try container(seed: 3, models: [RecycleKinds.self, RecycleKindsExtra.self])
-        #expect(try handle(more) != syncedHandle)
-        let same = try container(seed: 4, models: [RecycleKinds.self])
-        #expect(try handle(same) == syncedHandle)
+        let local = try inMemoryContainer(seed: 2, synced: false, models: [RecycleKinds.self])
+        #expect(try nextConnectionHandle(local) != syncedHandle, "a local store has another layout (no sync tables)")
+        let more = try inMemoryContainer(seed: 3, models: [RecycleKinds.self, RecycleKindsExtra.self])
+        #expect(try nextConnectionHandle(more) != syncedHandle)
+        let same = try inMemoryContainer(seed: 4, models: [RecycleKinds.self])
+        #expect(try nextConnectionHandle(same) == syncedHandle)
     }
 
     @Test func aStoreWhoseConnectionIsStillReadElsewhereIsNotRecycled() throws {
-        var old: ModelContainer? = try container(seed: 1, models: [RecycleHeld.self])
+        var old: ModelContainer? = try inMemoryContainer(seed: 1, models: [RecycleHeld.self])
         do {
             let context = ModelContext(old!)
             _ = context.insert(RecycleHeld(name: "kept"))
@@ -179,7 +166,7 @@ struct StoreRecyclingTests {
         }
         let oldLocation = old!.stores[0].location
         old = nil
-        let next = try container(seed: 2, models: [RecycleHeld.self])
+        let next = try inMemoryContainer(seed: 2, models: [RecycleHeld.self])
         #expect(next.stores[0].location != oldLocation, "the database is still read through the held statement")
         #expect(try held.step())
         #expect(held.string(0) == "kept")
