@@ -83,6 +83,39 @@ struct MixedVersionAppGroupTests {
         #expect(try ModelContext(v1).fetch(SharedNoteV1.self).map(\.text).sorted() == ["before the upgrade", "from the old widget"])
     }
 
+    @Test("a store only one process opens is not rebuilt for its old columns; the columns it gains carry SQL defaults")
+    func singleProcessStoreIsNotRebuilt() throws {
+        do { _ = try ModelContainer(for: PinV1.self, environment: directory.environment(seed: 1)) }
+        let db = try rawConnection(directory.storeURL())
+        // A column as an earlier build added it: no SQL default.
+        try db.execute("ALTER TABLE \"Pin\" ADD COLUMN \"rating\" INTEGER")
+        try db.run("UPDATE \"Pin\" SET \"rating\" = 3")
+        let cookie = try db.scalar("PRAGMA schema_version")
+        _ = try ModelContainer(for: PinV2.self, environment: directory.environment(seed: 2))
+        let defaults = try db.rows("SELECT name, dflt_value FROM pragma_table_info('Pin') ORDER BY cid")
+        #expect(defaults.map(\.[0]) == [.text("id"), .text("title"), .text("rating"), .text("label"), .text("color"), .text("pinned")])
+        #expect(defaults.map(\.[1]) == [.null, .null, .null, .text("'it''s new'"), .null, .text("1")])
+        // Three columns were added (three schema changes), no table was copied.
+        #expect(try db.scalar("PRAGMA schema_version") == cookie.map { if case let .integer(v) = $0 { .integer(v + 3) } else { $0 } })
+    }
+
+    @Test("the SQL form of every default reads back exactly: REALs SQLite's decimal parser would misread, text with NUL and quotes, blobs")
+    func defaultExpressionsAreExact() throws {
+        let db = try Connection(location: .memory(name: "replica-default-expressions"))
+        let random = SeededRandomSource(seed: 11)
+        var values: [SQLiteValue] = [.real(SharedNoteV2.oddDouble), .real(0.1), .real(-0.25), .real(.leastNonzeroMagnitude), .real(-Double.greatestFiniteMagnitude),
+                                     .real(0x1p60), .real(.infinity), .real(-.infinity), .integer(.min), .integer(.max),
+                                     .text("it's\0new"), .text(""), .text("ünïcödé 'quoted' \"double\""), .blob(Data()), .blob(Data([0, 1, 0xFF]))]
+        for _ in 0..<2_000 {
+            let value = Double(bitPattern: random.next())
+            if value.isFinite { values.append(.real(value)) }
+        }
+        for value in values {
+            let read = try db.scalar("SELECT \(ColumnDefaults.expression(value))")
+            #expect(read.map { ColumnDefaults.same($0, value) } == true, "\(ColumnDefaults.expression(value))")
+        }
+    }
+
     @Test("a store created by the newer version gives an older process's inserts the defaults of columns it does not know")
     func newerVersionCreatesTheStore() throws {
         let v2 = try process(SharedNoteV2.self, directory, seed: 2, version: 2)

@@ -8,8 +8,8 @@ import Foundation
 /// <https://www.sqlite.org/lang_altertable.html#altertabaddcol>): `CREATE TABLE` accepts any constant expression in
 /// parentheses; `ALTER TABLE … ADD COLUMN` accepts only a literal (a signed number, a string, a blob, NULL) — no
 /// expression, not even `CAST` — and existing rows then read the default without being rewritten; SQLite cannot
-/// change the default of an existing column, so a table whose columns lack their defaults is rebuilt
-/// (``ColumnDefaults/rebuildIfNeeded(_:entity:db:)``).
+/// change the default of an existing column, so in an app-group store a table whose columns lack their defaults is
+/// rebuilt (``ColumnDefaults/rebuildIfNeeded(_:entity:db:)``).
 enum ColumnDefaults {
     /// The column definitions of `entity`'s attributes and to-one relationships, in storage order, each with the
     /// attribute's declared default as an exact constant expression (for `CREATE TABLE`).

@@ -89,7 +89,8 @@ final class Store: Sendable {
                 // database of one that went away (see `StoreLayout.takeRetired()`).
                 let cloned = try configuration.isStoredInMemoryOnly && (recycled != nil || layout.cloneFreshSchema(into: connection))
                 (identity, isNew, tracksSync) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
-                                                                 sharedFile: !configuration.isStoredInMemoryOnly, environment: environment)
+                                                                 sharedFile: !configuration.isStoredInMemoryOnly,
+                                                                 appGroup: configuration.groupContainer != .none, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
                 tracksSync = false
@@ -231,8 +232,10 @@ final class Store: Sendable {
     /// database holds exactly the fresh schema already (a copy) and only the identity is created.
     /// Returns the identity, whether the store was created now (it then holds no records), and whether saves keep
     /// its sync bookkeeping (see ``tracksSync``). A store file (`sharedFile`: other processes, perhaps of other app
-    /// versions, may open it) with sync bookkeeping records this schema's fields in its ``StoreFieldUnion``.
-    private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool,
+    /// versions, may open it) with sync bookkeeping records this schema's fields in its ``StoreFieldUnion``. In an
+    /// app-group store (`appGroup`), which processes of several app versions share at once, tables whose columns lack
+    /// their SQL defaults are rebuilt (a copy of each such table, once).
+    private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool, appGroup: Bool,
                                 environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool) {
         let entities = layout.entities, synced = layout.synced
         return try db.transaction(.immediate) {
@@ -288,8 +291,11 @@ final class Store: Sendable {
                             existing[name] = .some(withDefault ? "" : nil)
                             grew = true
                         }
-                        // Columns created before defaults were stored in the schema get theirs by a rebuild, once.
-                        if try ColumnDefaults.rebuildIfNeeded(existing, entity: entity, db: db) { rebuilt = true }
+                        // Columns created before defaults were stored in the schema get theirs by a rebuild, once — in
+                        // app-group stores, where processes of an older version insert rows while this one runs. (A
+                        // store only one process opens gets the SQL defaults of columns it adds; rebuilding all of
+                        // its tables would cost a copy of each at the first launch after an update, for no writer.)
+                        if appGroup, try ColumnDefaults.rebuildIfNeeded(existing, entity: entity, db: db) { rebuilt = true }
                     }
                     for index in indexSQL(entity) { try db.execute(index) }
                 }
