@@ -195,7 +195,7 @@ public final class ModelContext {
                     if container.stores[index].configuration.tracksHistory {
                         _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
                     }
-                    if container.stores[index].configuration.isSynced {
+                    if container.stores[index].tracksSync {
                         try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
                                                           environment: container.environment, ledgerBound: writer.ledgerBoundRead)
                     }

@@ -129,7 +129,7 @@ struct StoreWriter {
             return false
         }
         if !representable(snapshot, entity: context.entity, fields: nil) { return false }
-        if store.configuration.isSynced, try idBelongsToAnotherEntity(snapshot) {
+        if store.tracksSync, try idBelongsToAnotherEntity(snapshot) {
             failures.append(.duplicateIdentifier(snapshot.persistentModelID))
             return false
         }

@@ -210,6 +210,10 @@ public final class SyncEngine {
             // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
             // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
             // conflicts merge, so this device's changes never wait on a record it cannot receive.
+            if let problem = try sharedFieldsNeedingEncryption() {
+                blocked = problem
+                throw problem
+            }
             let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
             uploadBeforeFetch = false
             if outbox.isEmpty {
@@ -616,6 +620,7 @@ public final class SyncEngine {
         var absorbing: [PersistentIdentifier] = []
         let batch = try SyncLedger.MergeBatch(db)
         batch.skipsHeldVersions = try db.scalar(Self.resyncActiveSQL) == nil
+        batch.fieldsAreOpened = encryption != nil
         for record in records {
             let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries,
                                                batch: batch)

@@ -499,7 +499,11 @@ enum SyncLedger {
                 let encrypted = statements.attributes[index]?.options.contains(.allowsCloudEncryption) ?? false
                 fields[name] = CloudField(value: select.value(Int32(index) + 1), stamp: stamp, isEncrypted: encrypted)
             }
-            for (name, field) in state.unknown where field.stamp.incarnation == state.causalLength { fields[name] = field }
+            if oneStamp == nil { try addStoreColumnFields(&fields, state, store: store, entityIndex: entityIndex, db: db) }
+            // (A field kept beside the row that this schema, or another version's column, has too: the newer register.)
+            for (name, field) in state.unknown where field.stamp.incarnation == state.causalLength && fields[name].map({ $0.stamp < field.stamp }) ?? true {
+                fields[name] = field
+            }
         } else {
             fields = state.tombstone
         }
@@ -608,7 +612,7 @@ enum SyncLedger {
         // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6). The
         // common case (every check passes) is decided without sorting names or formatting reasons; the local state
         // read for the ownership check is the local side of the merge.
-        let local: RecordState?
+        var local: RecordState?
         // The local stamps by storage position (empty when there is no local state) and how many fields they stamp
         // in all: the merge reads them by position, never by name.
         var localStamps: [FieldStamp?] = []
@@ -670,13 +674,19 @@ enum SyncLedger {
         }
         // Looked up even without ledger state: a row can predate it (saved while the store was local-only, or by a
         // process that opened the file without sync), and its values are the local side of the merge.
-        let localRow: [SQLiteValue]? = isNew ? nil : try {
+        var localRow: [SQLiteValue]? = isNew ? nil : try {
             let select = try db.cachedStatement(statements.selectByIDKey)
             defer { select.reset() }
             try select.bind(remote.recordID, at: 0)
             guard try select.step() else { return nil }
             return (0..<select.columnCount).map { select.value($0) }
         }()
+        // The row as stored; `localRow` and the local registers may take values the ledger kept beside the row, and the
+        // fields of columns other app versions declare are merged on their own (SyncLedger+StoreColumns.swift).
+        let storedRow = localRow
+        let columns = try StoreColumnMerge.prepare(remote, store: store, entityIndex: entityIndex, remoteFields: remoteFields, local: &local,
+                                                   localStamps: &localStamps, localStampCount: &localStampCount, localRow: &localRow,
+                                                   db: db, batch: batch)
         let fieldNames = statements.fieldNames
         if canaries.contains(.absentAsNull), remote.isAlive {
             let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
@@ -765,6 +775,7 @@ enum SyncLedger {
             localNewer = true
         }
         let alive = causalLength % 2 == 1
+        let resolvedColumns = columns.resolve(remote, unknown: &unknown, incarnation: incarnation, alive: alive, localNewer: &localNewer)
         // Tombstone values: the preserved fields of whichever side holds the winning (dead) state.
         var tombstone: [String: CloudField] = [:]
         if !alive {
@@ -880,7 +891,7 @@ enum SyncLedger {
         }
         let changedLocally = local.map {
             $0.causalLength != causalLength || $0.created != created || stampsDiffer() || $0.unknown != unknown || $0.tombstone != tombstone
-                || !endedChanges.isEmpty
+                || !endedChanges.isEmpty || resolvedColumns.changed
         } ?? true
         state.causalLength = causalLength
         state.created = created
@@ -896,8 +907,9 @@ enum SyncLedger {
         // (`changedLocally` covers the stamps.)
         let unchanged = local.map { !changedLocally && storeChangesNothing(state, over: $0) } ?? false
         if !unchanged {
-            try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
-                                                                  oneStampTail: statements.oneStampTail), exists: local != nil)
+            try self.store(state, db, stamps: resolvedColumns.encodedStamps(names: fieldNames, winners: winners)
+                               ?? encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
+                                               oneStampTail: statements.oneStampTail), exists: local != nil)
         }
         batch?.ledgerHolds(remote.recordID)
         // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
@@ -915,20 +927,24 @@ enum SyncLedger {
             let snapshot = Snapshot(entityName: entity.name, id: remote.recordID, values: values)
             func update(_ row: [SQLiteValue]) throws -> MergeOutcome {
                 let changed = fieldNames.indices.filter { row[$0 + 1] != values[$0] }
-                guard !changed.isEmpty else { return MergeOutcome(change: nil, absorbing: absorbing) }
-                let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
-                try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
-                           changed.map { values[$0] } + [remote.recordID.sqliteValue])
-                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }), absorbing: absorbing)
+                let written = try resolvedColumns.write(remote.recordID, statements, db)
+                guard !changed.isEmpty || !written.isEmpty else { return MergeOutcome(change: nil, absorbing: absorbing) }
+                if !changed.isEmpty {
+                    let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
+                    try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
+                               changed.map { values[$0] } + [remote.recordID.sqliteValue])
+                }
+                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] } + written), absorbing: absorbing)
             }
-            if let localRow { return try update(localRow) }
+            if let storedRow { return try update(storedRow) }
             let insert = try db.cachedStatement(statements.insertKey)
             defer { insert.reset() }
             try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
             batch?.tableHolds(remote.recordID, entityIndex: entityIndex)
+            _ = try resolvedColumns.write(remote.recordID, statements, db)
             return MergeOutcome(change: .inserted(snapshot), absorbing: absorbing)
         }
-        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id, absorbing: absorbing) }
+        guard storedRow != nil else { return MergeOutcome(change: nil, tombstoned: id, absorbing: absorbing) }
         try db.run(statements.delete, [remote.recordID.sqliteValue])
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
@@ -954,6 +970,11 @@ enum SyncLedger {
         /// engine for fetches that continue from a valid token with no full resync under way, where every tag in
         /// the ledger names a version of the zone being read. `false` by default.
         var skipsHeldVersions = false
+        /// Whether the records merged had their encrypted fields opened (the engine has a cipher), so that encrypted
+        /// values of fields this schema does not know are plaintext and may go into columns (SyncLedger+StoreColumns).
+        var fieldsAreOpened = false
+        /// The fields other app versions sharing the store file declare, once read (``columnFields(of:_:)``).
+        var columnFieldsRead: [[StoreColumnField]]?
 
         /// The largest record ID in the ledger (`nil`: none), once read; kept up to date by the batch's merges.
         private var ledgerMax: UUID??
