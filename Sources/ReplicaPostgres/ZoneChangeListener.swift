@@ -25,9 +25,13 @@ extension PostgresCloudDatabase {
     /// the same zone asks for the same fetch).
     ///
     /// Source: <https://www.postgresql.org/docs/current/libpq-notify.html>, <https://www.postgresql.org/docs/current/sql-notify.html>
-    public func zoneChanges() -> AsyncStream<String> {
+    public func zoneChanges() -> AsyncStream<String> { zoneChanges(onListening: nil) }
+
+    /// ``zoneChanges()``, calling `onListening` each time its connection starts listening (tests wait for it).
+    func zoneChanges(onListening: (@Sendable () -> Void)?) -> AsyncStream<String> {
         let (stream, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingNewest(1024))
-        let listener = ZoneChangeListener(options: options, owner: owner, environment: environment, continuation: continuation)
+        let listener = ZoneChangeListener(options: options, owner: owner, environment: environment, continuation: continuation,
+                                          onListening: onListening)
         continuation.onTermination = { _ in listener.stop() }
         listener.start()
         return stream
@@ -48,12 +52,15 @@ final class ZoneChangeListener: Sendable {
     private let owner: String?
     private let environment: ReplicaEnvironment
     private let continuation: AsyncStream<String>.Continuation
+    private let onListening: (@Sendable () -> Void)?
 
-    init(options: PGConnectionOptions, owner: String?, environment: ReplicaEnvironment, continuation: AsyncStream<String>.Continuation) {
+    init(options: PGConnectionOptions, owner: String?, environment: ReplicaEnvironment,
+         continuation: AsyncStream<String>.Continuation, onListening: (@Sendable () -> Void)?) {
         self.options = options
         self.owner = owner
         self.environment = environment
         self.continuation = continuation
+        self.onListening = onListening
     }
 
     func start() {
@@ -79,6 +86,7 @@ final class ZoneChangeListener: Sendable {
             if let (connection, channel, zones) = await connect(announcingZones: missedAny) {
                 delay = 100
                 for zone in zones { continuation.yield(zone) }
+                onListening?()
                 await watch(connection, channel: channel)
             }
             missedAny = true

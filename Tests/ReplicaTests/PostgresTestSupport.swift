@@ -150,3 +150,46 @@ extension PGConnection {
 extension PGFailure: CustomStringConvertible {
     public var description: String { "PGFailure(\(origin), \(sqlState ?? "-"), \(message))" }
 }
+
+/// Collects what a ``PostgresCloudDatabase/zoneChanges()`` sequence announces, so a test can wait for an
+/// announcement with a timeout (a missing one fails the test instead of hanging it).
+final class ZoneChangeRecorder: Sendable {
+    private final class Log: Sendable {
+        let received = Mutex<[String]>([])
+        let listens = Atomic<Int>(0)
+    }
+
+    private let log = Log()
+    private let task = Mutex<Task<Void, Never>?>(nil)
+
+    /// Starts listening on `cloud`; returns once the listening connection is up.
+    init(_ cloud: PostgresCloudDatabase) async {
+        let log = self.log
+        let stream = cloud.zoneChanges(onListening: { log.listens.add(1, ordering: .sequentiallyConsistent) })
+        task.withLock { $0 = Task { for await zone in stream { log.received.withLock { $0.append(zone) } } } }
+        _ = await waitUntil { log.listens.load(ordering: .sequentiallyConsistent) >= 1 }
+    }
+
+    deinit { task.withLock { $0?.cancel() } }
+
+    /// Stops listening (the sequence ends, its connection closes).
+    func stop() { task.withLock { $0?.cancel() } }
+
+    var zones: [String] { log.received.withLock { $0 } }
+    /// How many times the listening connection has (re)connected.
+    var listenCount: Int { log.listens.load(ordering: .sequentiallyConsistent) }
+
+    /// Waits until `condition` holds, checking every 10 ms for at most `seconds`; returns whether it held.
+    func waitUntil(seconds: Double = 10, _ condition: @Sendable () -> Bool) async -> Bool {
+        for _ in 0..<Int(seconds * 100) {
+            if condition() { return true }
+            try? await Task.sleep(nanoseconds: 10_000_000)
+        }
+        return condition()
+    }
+
+    /// Waits until `zone` has been announced `count` times in all.
+    func waitFor(_ zone: String, count: Int = 1, seconds: Double = 10) async -> Bool {
+        await waitUntil(seconds: seconds) { self.zones.filter { $0 == zone }.count >= count }
+    }
+}
