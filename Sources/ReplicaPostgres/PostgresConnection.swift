@@ -135,13 +135,22 @@ final class PGConnection: @unchecked Sendable {
     /// with no wait, so a connection the server dropped between requests is replaced before a request is lost on it.
     var isUsable: Bool {
         guard PQstatus(handle) == CONNECTION_OK else { return false }
-        let socket = PQsocket(handle)
-        guard socket >= 0 else { return false }
-        if replica_pq_socket_readable(socket) != 0 {
-            guard PQconsumeInput(handle) != 0 else { return false }
-            while let notification = PQnotifies(handle) { PQfreemem(notification) }
-        }
+        guard consumeWaitingInput() else { return false }
+        while let notification = PQnotifies(handle) { PQfreemem(notification) }
         return PQstatus(handle) == CONNECTION_OK
+    }
+
+    /// Reads into libpq's buffer whatever the server has sent, until nothing more is waiting (without blocking);
+    /// `false` when the connection broke or ended. Reading until the socket is dry matters: a server that ends a
+    /// session sends a last error (57P01…) and closes, and only a read that meets the end tells libpq; a dispatch
+    /// source (edge-triggered on Linux) would not fire again for an end that arrived with the last message.
+    func consumeWaitingInput() -> Bool {
+        while true {
+            let socket = PQsocket(handle)
+            guard socket >= 0 else { return false }
+            guard replica_pq_socket_readable(socket) != 0 else { return PQstatus(handle) == CONNECTION_OK }
+            guard PQconsumeInput(handle) != 0, PQstatus(handle) == CONNECTION_OK else { return false }
+        }
     }
 
     /// `true` unless libpq marked the connection bad or it was left inside a transaction. (A request that failed on

@@ -143,11 +143,9 @@ final class ZoneChangeListener: Sendable {
                 drain()
                 let source = DispatchSource.makeReadSource(fileDescriptor: PQsocket(connection.handle), queue: self.queue)
                 source.setEventHandler {
-                    guard PQconsumeInput(connection.handle) != 0, PQstatus(connection.handle) == CONNECTION_OK else {
-                        source.cancel()
-                        return
-                    }
+                    let open = connection.consumeWaitingInput()
                     drain()
+                    if !open { source.cancel() }
                 }
                 source.setCancelHandler {
                     // Keeps the connection open until the source is gone: its socket belongs to libpq.
