@@ -161,6 +161,32 @@ struct PostgresCloudTests {
         guard case .saved = try await cloud.modifyRecords([Self.record(1)], in: "z")[0] else { Issue.record("not saved"); return }
     }
 
+    @Test("a device whose role loses its privileges keeps its changes queued, reports permissionFailure, and uploads once they are back")
+    func engineSurvivesRevokedPrivileges() async throws {
+        let server = try PostgresTestServer.get()
+        let user = try server.makeUser("revoked")
+        let cloud = try PostgresCloudDatabase(connectionString: server.connectionString(role: user.name))
+        let device = try Device("device", seed: 12)
+        try await drive(device, cloud)
+        try server.superuserSQL("REVOKE replica_user FROM \(user.name)")
+        device.context.insert(SyncNote(title: "written while refused", rating: 2))
+        try device.context.save()
+        try await drive(device, cloud, maxRequests: 12)
+        let status = try device.engine.status()
+        #expect(status.pendingRecords == 1)
+        guard case let .permissionFailure(reason)? = status.lastError else {
+            Issue.record("expected permissionFailure, got \(String(describing: status.lastError))")
+            return
+        }
+        #expect(reason.contains(user.name))
+        #expect(!reason.contains(user.password))
+        try server.superuserSQL("GRANT replica_user TO \(user.name)")
+        try await drive(device, cloud)
+        #expect(try device.engine.status().pendingRecords == 0)
+        #expect(try device.engine.status().lastError == nil)
+        #expect(try await cloud.fetchZoneChanges("notes", since: nil, limit: 10).records.count == 1)
+    }
+
     // MARK: Reconnection
 
     @Test("connections terminated between requests are replaced before the next request, which succeeds")
