@@ -76,14 +76,22 @@ final class PGConnection: @unchecked Sendable {
     private let secrets: [String]
     /// Names of the statements prepared on this connection, by SQL.
     private var prepared: [String: String] = [:]
+    /// Set (by the notice receiver) when the server sent a FATAL message outside a request: the session is over.
+    private let ended: UnsafeMutablePointer<Int32>
 
     private init(handle: OpaquePointer, secrets: [String]) {
         self.handle = handle
         self.secrets = secrets
         self.role = PQuser(handle).map { String(cString: $0) } ?? "?"
+        ended = .allocate(capacity: 1)
+        ended.initialize(to: 0)
+        replica_pq_watch_notices(handle, ended)
     }
 
-    deinit { PQfinish(handle) }
+    deinit {
+        PQfinish(handle)
+        ended.deallocate()
+    }
 
     /// Connects (blocking) with `options`, adding what the string leaves unset: a 10 s connect timeout, TCP
     /// keepalives after 30 s idle (a server that vanished without closing the connection is noticed in about a
@@ -115,7 +123,6 @@ final class PGConnection: @unchecked Sendable {
             PQfinish(handle)
             throw failure
         }
-        replica_pq_silence_notices(handle)
         return PGConnection(handle: handle, secrets: secrets)
     }
 
@@ -130,15 +137,19 @@ final class PGConnection: @unchecked Sendable {
         return message
     }
 
-    /// `false` when the connection is known to be unusable: libpq says so, or, while it sat idle, the server sent
-    /// something (the notice of an administrator's `pg_terminate_backend`, a shutdown) or closed it. One `poll`
-    /// with no wait, so a connection the server dropped between requests is replaced before a request is lost on it.
+    /// `false` when the connection is known to be unusable: libpq says so, or, while it sat idle, the server ended the
+    /// session (a FATAL message: an administrator's `pg_terminate_backend`, a shutdown) or closed it. Reads without
+    /// waiting, so a connection the server dropped between requests is replaced before a request is lost on it.
     var isUsable: Bool {
         guard PQstatus(handle) == CONNECTION_OK else { return false }
         guard consumeWaitingInput() else { return false }
+        // Parses what arrived: a FATAL message sent while idle reaches the notice receiver.
         while let notification = PQnotifies(handle) { PQfreemem(notification) }
-        return PQstatus(handle) == CONNECTION_OK
+        return PQstatus(handle) == CONNECTION_OK && !sessionEnded
     }
+
+    /// `true` once the server sent a FATAL message outside a request (seen when input is parsed: `PQnotifies`).
+    var sessionEnded: Bool { ended.pointee != 0 }
 
     /// Reads into libpq's buffer whatever the server has sent, until nothing more is waiting (without blocking);
     /// `false` when the connection broke or ended. Reading until the socket is dry matters: a server that ends a

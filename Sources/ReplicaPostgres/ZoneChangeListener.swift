@@ -145,7 +145,7 @@ final class ZoneChangeListener: Sendable {
                 source.setEventHandler {
                     let open = connection.consumeWaitingInput()
                     drain()
-                    if !open { source.cancel() }
+                    if !open || connection.sessionEnded { source.cancel() }
                 }
                 source.setCancelHandler {
                     // Keeps the connection open until the source is gone: its socket belongs to libpq.

@@ -22,6 +22,18 @@ struct PostgresCloudTests {
             """, [.text(role), .text(pattern), waitingForLock ? .text("lock") : .null(.text)]) ?? 0
     }
 
+    /// Waits (up to 10 s) until no backend of `role` is left.
+    static func waitUntilGone(role: String) async throws -> Bool {
+        let admin = try PostgresTestServer.get().rawConnection(role: "postgres")
+        for _ in 0..<1_000 {
+            if try admin.integer("SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity WHERE usename = $1", [.text(role)]) == 0 {
+                return true
+            }
+            try await Task.sleep(nanoseconds: 10_000_000)
+        }
+        return false
+    }
+
     // MARK: Notifications
 
     @Test("a commit on one connection is announced on another, with the zone name only; a save that saves nothing is not")
@@ -196,7 +208,8 @@ struct PostgresCloudTests {
         let cloud = try PostgresCloudDatabase(connectionString: server.connectionString(role: user.name), maximumConnections: 2)
         try await cloud.createZone("z")
         #expect(try Self.terminate(role: user.name) >= 1)
-        try await Task.sleep(nanoseconds: 50_000_000)  // the server's termination notice reaches the idle socket
+        // Once the backends are gone, their last message and the end of their sockets have been sent.
+        #expect(try await Self.waitUntilGone(role: user.name))
         _ = try await cloud.modifyRecords([Self.record(1)], in: "z")
         #expect(try await cloud.fetchZoneChanges("z", since: nil, limit: 10).records.count == 1)
     }
@@ -214,7 +227,7 @@ struct PostgresCloudTests {
         _ = try holder.query("SELECT 1 FROM replica.zone WHERE owner = $1 FOR UPDATE", [.text(user.name)], prepare: false)
         let save = Task { try await cloud.modifyRecords([Self.record(1)], in: "z") }
         var killed: Int64 = 0
-        for _ in 0..<200 where killed == 0 {
+        for _ in 0..<1_000 where killed == 0 {
             try await Task.sleep(nanoseconds: 10_000_000)
             killed = try Self.terminate(role: user.name, query: "%modify_records%", waitingForLock: true, database: database)
         }
