@@ -63,7 +63,9 @@ public final class PostgresCloudAdministration {
 
     /// One zone in ``status()``.
     public struct ZoneStatus: Equatable, Sendable {
+        /// The zone's owner (a role name, or the name an app backend acts for).
         public var owner: String
+        /// The zone's name.
         public var name: String
         /// The zone's epoch (shard, incarnation, prune generation: `Specs/cloud-postgres.md`).
         public var epoch: Int64
@@ -82,13 +84,17 @@ public final class PostgresCloudAdministration {
 
     /// The outcome of ``status()``.
     public struct Status: Equatable, Sendable {
+        /// The installed schema version.
         public var schemaVersion: Int
+        /// Every zone, by owner, then name.
         public var zones: [ZoneStatus]
     }
 
     /// One zone's outcome of ``prune(keepingDays:)``.
     public struct PrunedZone: Equatable, Sendable {
+        /// The zone's owner.
         public var owner: String
+        /// The zone's name.
         public var name: String
         /// Tombstones dropped.
         public var tombstonesDropped: Int64

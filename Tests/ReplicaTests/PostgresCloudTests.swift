@@ -276,6 +276,20 @@ struct PostgresCloudTests {
         let current = try await cloud.fetchZoneChanges("z", since: afterDelete, limit: 10)
         #expect(current.records.isEmpty)
         #expect(current.token == ServerChangeToken(epoch: afterDelete.epoch + 1, sequence: 4))
+
+        // The 65536th prune generation does not fit: the zone takes a new incarnation and every older token expires.
+        try server.superuserSQL("UPDATE replica.zone SET epoch = epoch | 65535", database: database)
+        let lastGeneration = try await cloud.fetchZoneChanges("z", since: nil, limit: 10).token
+        var second = Self.record(3, tag: CloudDatabaseTests.tags(saved)[2])
+        second.causalLength = 2
+        _ = try await cloud.modifyRecords([second], in: "z")
+        let seenAll = try await cloud.fetchZoneChanges("z", since: lastGeneration, limit: 10).token
+        #expect(try admin.prune(keepingDays: 0).count == 1)
+        let renewed = try admin.status().zones[0].epoch
+        #expect(renewed & 0xFFFF == 0)
+        #expect(renewed >> 16 != seenAll.epoch >> 16)
+        await #expect(throws: CloudError.changeTokenExpired) { try await cloud.fetchZoneChanges("z", since: seenAll, limit: 10) }
+        #expect(try await cloud.fetchZoneChanges("z", since: nil, limit: 10).records.count == 1)
     }
 
     // MARK: Concurrency and statements
