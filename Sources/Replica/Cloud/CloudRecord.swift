@@ -194,6 +194,13 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
     /// error). Transient: the engine backs off and retries, keeping every local change queued; `reason` names the
     /// problem (never a record's values).
     case serviceUnavailable(reason: String)
+    /// The server refused this account (CloudKit's `permissionFailure` and `notAuthenticated`): wrong or missing
+    /// credentials, an unknown role or database, or a privilege the role lacks. Not transient — retrying cannot help
+    /// until a person fixes the account or its grants — but nothing is lost: the engine keeps every change queued,
+    /// reports the error in its status and retries with its exponential backoff. `reason` names the role and the
+    /// server's reason, never a password or connection string. Reported by ``CloudDatabase`` implementations that
+    /// talk to a server (`PostgresCloudDatabase`).
+    case permissionFailure(reason: String)
 
     /// `true` for errors that clear by themselves: retry the same work later.
     public var isTransient: Bool {
@@ -222,6 +229,7 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
         case .networkUnavailable: return "network unavailable"
         case let .invalidRecord(reason): return "invalid record: \(reason)"
         case let .serviceUnavailable(reason): return "service unavailable: \(reason)"
+        case let .permissionFailure(reason): return "permission failure: \(reason)"
         }
     }
 }
