@@ -68,28 +68,36 @@ enum HistoryLog {
         var rows = ChangeRows(token: token, statement: try db.cachedStatement(insertChangeSQL),
                               capacity: changes.inserted.count + changes.updated.count + changes.deleted.count)
         defer { rows.deallocate() }
-        // Consecutive changes with the same (entity, kind, fields) share one row.
-        for index in changes.inserted.indices {
-            try rows.add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
-        }
+        // Consecutive changes with the same (entity, kind, fields) share one row. The parts in the order they were
+        // applied: a record deleted and inserted again by one save is recorded as deleted, then inserted.
         var lastFields: [String]? = nil
         var joined: String? = nil
-        for index in changes.updated.indices {
-            let fields = changes.updated[index].1
-            if lastFields != fields {
-                lastFields = fields
-                joined = fields.joined(separator: ",")
-            }
-            try rows.add(changes.updated[index].0.entityName, .update, joined, changes.updated[index].0.id)
-        }
-        for record in changes.deleted {
-            if record.preservedValues.isEmpty {
-                try rows.add(record.id.entityName, .delete, nil, record.id.id)
-            } else {
-                try rows.flush()
-                try withUnsafeBytes(of: record.id.id.uuid) { bytes in
-                    try rows.write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
-                                   tombstone: encodeTombstone(record.preservedValues))
+        for part in changes.partsInOrder {
+            switch part {
+            case .inserted:
+                for index in changes.inserted.indices {
+                    try rows.add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
+                }
+            case let .updated(range):
+                for index in range {
+                    let fields = changes.updated[index].1
+                    if lastFields != fields {
+                        lastFields = fields
+                        joined = fields.joined(separator: ",")
+                    }
+                    try rows.add(changes.updated[index].0.entityName, .update, joined, changes.updated[index].0.id)
+                }
+            case .deleted:
+                for record in changes.deleted {
+                    if record.preservedValues.isEmpty {
+                        try rows.add(record.id.entityName, .delete, nil, record.id.id)
+                    } else {
+                        try rows.flush()
+                        try withUnsafeBytes(of: record.id.id.uuid) { bytes in
+                            try rows.write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
+                                           tombstone: encodeTombstone(record.preservedValues))
+                        }
+                    }
                 }
             }
         }
