@@ -4,6 +4,268 @@ import Foundation
 import Testing
 @testable import Replica
 
+/// A local model with three independent fields, for the copy tests.
+struct CopyNote: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var title: String = ""
+    var body: String?
+    var rating: Int = 0
+    static let entity = ModelEntity<CopyNote>([
+        .attribute("title", \.title, default: ""),
+        .attribute("body", \.body),
+        .attribute("rating", \.rating, default: 0),
+    ])
+}
+
+@Suite("Change tracking: copies and re-inserts")
+struct ChangeTrackingTests {
+    let directory = TestDirectory()
+
+    private func container() throws -> ModelContainer {
+        try ModelContainer(for: CopyNote.self, environment: directory.environment())
+    }
+
+    /// A stored note and a fresh context on the same container.
+    private func storedNote(_ container: ModelContainer, title: String = "t", body: String? = "b0", rating: Int = 1) throws -> CopyNote {
+        let setup = ModelContext(container)
+        let note = setup.insert(CopyNote(title: title, body: body, rating: rating))
+        try setup.save()
+        return note
+    }
+
+    private func stored(_ container: ModelContainer, _ id: UUID) throws -> CopyNote? {
+        try ModelContext(container).model(CopyNote.self, id: id)
+    }
+
+    // MARK: Several copies in one context
+
+    @Test("two copies of one record edited in one context both keep their edits")
+    func twoCopiesInOneSave() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        var c1 = try #require(try context.model(CopyNote.self, id: note.id))
+        var c2 = c1
+        c1.rating = 7
+        context.update(c1)
+        c2.body = "b"
+        context.update(c2)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "t", body: "b", rating: 7))
+        // History names both fields.
+        let last = try #require(try context.fetchHistory().last)
+        #expect(last.changes == [.update(note.persistentModelID, updatedAttributes: ["body", "rating"])])
+    }
+
+    @Test("copies fetched separately count as copies of one version; a later change of the same field wins")
+    func laterChangeOfTheSameFieldWins() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        var c1 = try #require(try context.model(CopyNote.self, id: note.id))
+        var c2 = try #require(try context.fetch(CopyNote.self).first)
+        c1.rating = 7
+        c1.title = "one"
+        context.update(c1)
+        c2.rating = 9
+        context.update(c2)
+        // The pending state is what a fetch with pending changes shows.
+        #expect(try context.model(CopyNote.self, id: note.id) == CopyNote(id: note.id, title: "one", body: "b0", rating: 9))
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "one", body: "b0", rating: 9))
+    }
+
+    @Test("a copy read before the context saved another edit writes only its own edits")
+    func copyReadBeforeASave() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        var a = try #require(try context.model(CopyNote.self, id: note.id))
+        var b = try #require(try context.model(CopyNote.self, id: note.id))
+        a.rating = 7
+        context.update(a)
+        try context.save()
+        b.body = "x"
+        context.update(b)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "t", body: "x", rating: 7))
+        let last = try #require(try context.fetchHistory().last)
+        #expect(last.changes == [.update(note.persistentModelID, updatedAttributes: ["body"])])
+
+        // The same copy, changed again after its own save: only the new edit counts.
+        a.title = "a again"
+        context.update(a)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "a again", body: "x", rating: 7))
+    }
+
+    @Test("a copy of the newest state writes only its new edits; a copy of the first read, only its own")
+    func copyOfTheNewestState() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        let read = try #require(try context.model(CopyNote.self, id: note.id))
+        var first = read
+        first.rating = 2
+        context.update(first)
+        try context.save()
+        var newest = try #require(try context.model(CopyNote.self, id: note.id))
+        #expect(newest.rating == 2)
+        newest.title = "new title"
+        context.update(newest)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "new title", body: "b0", rating: 2))
+        // A stale copy of the first read, two saves later, still writes only its own edit.
+        var stale = read
+        stale.body = "stale body"
+        context.update(stale)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "new title", body: "stale body", rating: 2))
+    }
+
+    @Test("a copy that sets a field back to an earlier version's value is read as a copy of that version")
+    func revertToAnEarlierVersionIsReadAsThatVersion() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        var copy = try #require(try context.model(CopyNote.self, id: note.id))
+        copy.rating = 7
+        context.update(copy)
+        try context.save()
+        // Exactly the first read again: indistinguishable from an unedited stale copy of it, so nothing is written.
+        copy.rating = 1
+        context.update(copy)
+        try context.save()
+        #expect(try stored(container, note.id)?.rating == 7)
+        // With another edit too, the copy is still nearest the first read: only the other edit is written.
+        copy.title = "edited"
+        context.update(copy)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "edited", body: "b0", rating: 7))
+        // A context that holds no version of the record writes every field that differs from the stored row.
+        let writer = ModelContext(container)
+        writer.update(copy)
+        try writer.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "edited", body: "b0", rating: 1))
+    }
+
+    @Test("a stale copy saved after another context changed the record, and this context read it again, keeps the other change")
+    func staleCopyAfterAnotherWriterAndARefetch() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let mine = ModelContext(container)
+        var stale = try #require(try mine.model(CopyNote.self, id: note.id))
+        let other = ModelContext(container)
+        var theirs = try #require(try other.model(CopyNote.self, id: note.id))
+        theirs.title = "by the other writer"
+        other.update(theirs)
+        try other.save()
+        // This context reads the record again (e.g. a list refreshed), then saves the copy it read first.
+        let fresh = try #require(try mine.fetch(CopyNote.self).first)
+        #expect(fresh.title == "by the other writer")
+        stale.rating = 5
+        mine.update(stale)
+        try mine.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "by the other writer", body: "b0", rating: 5))
+    }
+
+    @Test("two copies of a pending insert both keep their edits")
+    func twoCopiesOfAPendingInsert() throws {
+        let container = try container()
+        let context = ModelContext(container)
+        let inserted = context.insert(CopyNote(title: "t", body: "b0", rating: 1))
+        var c1 = inserted, c2 = inserted
+        c1.rating = 7
+        context.update(c1)
+        c2.body = "b"
+        context.update(c2)
+        #expect(context.insertedIdentifiers == [inserted.persistentModelID])
+        try context.save()
+        #expect(try stored(container, inserted.id) == CopyNote(id: inserted.id, title: "t", body: "b", rating: 7))
+        let last = try #require(try context.fetchHistory().last)
+        #expect(last.changes == [.insert(inserted.persistentModelID)])
+    }
+
+    @Test("a copy of a record this context never read writes every field that differs; the state it saved is a version")
+    func copyWithoutABase() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        // Built by the app, not read through this context: it has no base, so all of its fields are its own.
+        var built = CopyNote(id: note.id, title: "t", body: nil, rating: 3)
+        context.update(built)
+        try context.save()
+        #expect(try stored(container, note.id) == built)
+        // Another writer changes the title; the same copy, edited again, writes only its new edit.
+        let writer = ModelContext(container)
+        writer.update(CopyNote(id: note.id, title: "w", body: nil, rating: 3))
+        try writer.save()
+        built.rating = 4
+        context.update(built)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "w", body: nil, rating: 4))
+    }
+
+    @Test("a context keeps the last versions of a record: a copy older than all of them compares with the oldest kept")
+    func versionsAreBounded() throws {
+        let container = try container()
+        let note = try storedNote(container, rating: 0)
+        let context = ModelContext(container)
+        let first = try #require(try context.model(CopyNote.self, id: note.id))
+        var copy = first
+        for rating in 1...ReadRegistry.versionLimit {
+            copy.rating = rating
+            context.update(copy)
+            try context.save()
+        }
+        // The first read is no longer kept: a stale copy of it with a new title writes its title, and its rating too
+        // (it differs from every version kept).
+        var stale = first
+        stale.title = "stale"
+        context.update(stale)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "stale", body: "b0", rating: 0))
+    }
+
+    // MARK: Update after delete
+
+    /// A context on an in-memory container (nothing on disk: a trapping child process cannot clean up).
+    static func memoryContext() throws -> ModelContext {
+        let environment = ReplicaEnvironment.seeded(seed: 1, directory: URL(fileURLWithPath: "/nonexistent-replica-tests"))
+        let container = try ModelContainer(for: CopyNote.self, configurations: ModelConfiguration("notes", isStoredInMemoryOnly: true),
+                                           environment: environment)
+        return ModelContext(container)
+    }
+
+    @Test("update of a record deleted in the same context traps, and the message recommends a re-insert, which keeps the data")
+    func updateAfterDeleteTraps() async throws {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let context = try ChangeTrackingTests.memoryContext()
+            let note = context.insert(CopyNote(title: "t"))
+            try context.save()
+            context.delete(note)
+            context.update(note)
+        }
+        let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("deleted"), "\(message)")
+        #expect(message.contains("insert(_:)"), "\(message)")
+        #expect(message.contains("rollback()"), "\(message)")
+    }
+
+    @Test("the re-insert that the update-after-delete message recommends keeps the record with the copy's values")
+    func reinsertInsteadOfUpdateAfterDelete() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        var copy = try #require(try context.model(CopyNote.self, id: note.id))
+        context.delete(copy)
+        copy.rating = 9
+        context.insert(copy)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "t", body: "b0", rating: 9))
+    }
+}
+
 @Suite("Change tracking: delete and re-insert in one save")
 struct ReinsertInOneSaveTests {
     private static func note(_ id: UUID) -> PersistentIdentifier { PersistentIdentifier(entityName: "SyncNote", id: id) }
