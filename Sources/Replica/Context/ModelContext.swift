@@ -163,17 +163,35 @@ public final class ModelContext {
     /// The field indices in which `copy` differs from the nearest of `versions` (oldest first): the version with the
     /// fewest differing fields, the newest of those tied. `nil` without versions.
     static func changedFields(of copy: Snapshot, versions: [Snapshot]) -> Set<Int>? {
-        var best: (version: Int, count: Int)?
-        for index in versions.indices.reversed() {
-            let version = versions[index].values
-            var count = 0
-            for field in copy.values.indices where field >= version.count || version[field] != copy.values[field] { count += 1 }
-            if best.map({ count < $0.count }) ?? true { best = (index, count) }
-            if count == 0 { break }
+        guard !versions.isEmpty else { return nil }
+        let values = copy.values
+        func differs(_ version: [SQLiteValue], _ field: Int) -> Bool { field >= version.count || version[field] != values[field] }
+        if values.count <= 64 {
+            // One pass per version, the differing fields as bits.
+            var best: (mask: UInt64, count: Int)?
+            for index in versions.indices.reversed() {
+                let version = versions[index].values
+                var mask: UInt64 = 0
+                for field in values.indices where differs(version, field) { mask |= 1 << UInt64(field) }
+                let count = mask.nonzeroBitCount
+                if best.map({ count < $0.count }) ?? true { best = (mask, count) }
+                if count == 0 { return [] }
+            }
+            var fields = Set<Int>(minimumCapacity: best!.count)
+            var mask = best!.mask
+            while mask != 0 {
+                fields.insert(mask.trailingZeroBitCount)
+                mask &= mask - 1
+            }
+            return fields
         }
-        guard let best else { return nil }
-        let version = versions[best.version].values
-        return Set(copy.values.indices.filter { $0 >= version.count || version[$0] != copy.values[$0] })
+        var best: Set<Int>?
+        for version in versions.reversed() {
+            let fields = Set(values.indices.filter { differs(version.values, $0) })
+            if best.map({ fields.count < $0.count }) ?? true { best = fields }
+            if fields.isEmpty { break }
+        }
+        return best
     }
 
     /// `pending` with the values of `copy` at `fields`, and the copy's many-to-many members.
@@ -230,7 +248,7 @@ public final class ModelContext {
     /// Discards every unsaved change.
     public func rollback() {
         pending.removeAll()
-        insertedCopies.removeAll()
+        if !insertedCopies.isEmpty { insertedCopies.removeAll() }
     }
 
     // MARK: Saving

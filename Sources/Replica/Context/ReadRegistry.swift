@@ -26,7 +26,7 @@ final class ReadRegistry {
 
     private var sequence = 0
 
-    /// A record's versions, oldest first (distinct values), and the sequence through which the copies in batches are
+    /// A record's versions, oldest first, and the sequence through which the copies in batches are
     /// in the list (or were forgotten): only batches registered after it are searched.
     private struct Versions {
         var through: Int
@@ -86,7 +86,10 @@ final class ReadRegistry {
     func register(saved snapshot: Snapshot) {
         let id = snapshot.persistentModelID
         var versions = gathered(id, records[id]) ?? Versions(through: sequence, snapshots: [])
-        Self.add(Self.fields(of: snapshot), to: &versions.snapshots)
+        // Not compared with the versions before it (a save changed the stored row; a repeated value only takes a
+        // place in the list).
+        versions.snapshots.append(Self.fields(of: snapshot))
+        if versions.snapshots.count > Self.versionLimit { versions.snapshots.removeFirst() }
         setVersions(versions, of: id)
     }
 
@@ -104,7 +107,7 @@ final class ReadRegistry {
     // MARK: Versions
 
     /// The versions of `id` handed out or written and not forgotten since, oldest first (at most ``versionLimit``,
-    /// distinct values, without to-many members); empty when there are none.
+    /// without to-many members; copies of one value fetched in turn count once); empty when there are none.
     /// Complexity: O(1) plus the copies of `id` in batches registered since the last call for it, plus indexing the
     /// batches registered since the last call for any record.
     func versions(of id: PersistentIdentifier) -> [Snapshot] {
@@ -136,16 +139,15 @@ final class ReadRegistry {
         }
         if versions == nil && found.isEmpty { return nil }
         var list = versions?.snapshots ?? []
-        for snapshot in found.reversed() { Self.add(snapshot, to: &list) }
+        if list.isEmpty {
+            found.reverse()
+            list = found
+        } else {
+            for snapshot in found.reversed() where list.last?.values != snapshot.values { list.append(snapshot) }
+            if list.count > Self.versionLimit { list.removeFirst(list.count - Self.versionLimit) }
+        }
         versions = Versions(through: sequence, snapshots: list)
         return versions
-    }
-
-    /// Appends `snapshot` as the newest version (an equal older one moves up), keeping at most ``versionLimit``.
-    private static func add(_ snapshot: Snapshot, to list: inout [Snapshot]) {
-        list.removeAll { $0.values == snapshot.values }
-        list.append(snapshot)
-        if list.count > versionLimit { list.removeFirst(list.count - versionLimit) }
     }
 
     /// `snapshot` without its to-many members (versions compare field values only).

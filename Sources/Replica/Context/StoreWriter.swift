@@ -488,21 +488,28 @@ struct StoreChanges {
     /// the records it deleted.
     var updatesBeforeDeletes: Int?
 
-    /// A part of the changes: the inserts, a range of `updated`, or the deletes.
+    /// A part of the changes: the inserts, the updates the deletes made (the first ``updatesBeforeDeletes``), the
+    /// other updates, or the deletes.
     enum Part {
-        case inserted
-        case updated(Range<Int>)
-        case deleted
+        case inserted, updatesOfDeletes, otherUpdates, deleted
     }
 
     /// The parts in the order they were applied, so that a record deleted and inserted again by one save (a new
-    /// incarnation) is recorded as deleted, then inserted: for a local save the deletes (with the updates their delete
-    /// rules made) come first, then the inserts and the other updates; for an import, inserts, updates, deletes.
-    var partsInOrder: [Part] {
-        if let split = updatesBeforeDeletes {
-            return [.updated(0..<split), .deleted, .inserted, .updated(split..<updated.count)]
+    /// incarnation) is recorded as deleted, then inserted: for a local save the deletes (with the updates their
+    /// delete rules made) come first, then the inserts and the other updates; for an import, inserts, updates,
+    /// deletes. (Constant arrays: nothing is allocated per save.)
+    var partsInOrder: [Part] { updatesBeforeDeletes == nil ? Self.importOrder : Self.localSaveOrder }
+    private static let localSaveOrder: [Part] = [.updatesOfDeletes, .deleted, .inserted, .otherUpdates]
+    private static let importOrder: [Part] = [.inserted, .otherUpdates, .deleted]
+
+    /// The indices in `updated` of the updates of `part` (empty for the other parts).
+    func updates(of part: Part) -> Range<Int> {
+        let split = updatesBeforeDeletes ?? 0
+        switch part {
+        case .updatesOfDeletes: return 0..<split
+        case .otherUpdates: return split..<updated.count
+        case .inserted, .deleted: return 0..<0
         }
-        return [.inserted, .updated(0..<updated.count), .deleted]
     }
 }
 

@@ -27,8 +27,8 @@ extension SyncLedger {
             switch part {
             case .inserted:
                 try stampInserts(changes.inserted, store: store, db: db, hlc: hlc, ledgerBound: &ledgerBound)
-            case let .updated(range):
-                try stampUpdates(changes.updated[range], store: store, db: db, hlc: hlc)
+            case .updatesOfDeletes, .otherUpdates:
+                try stampUpdates(changes.updated[changes.updates(of: part)], store: store, db: db, hlc: hlc)
             case .deleted:
                 try stampDeletes(changes.deleted, store: store, db: db, environment: environment)
             }
