@@ -227,6 +227,30 @@ struct ChangeTrackingTests {
         #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "stale", body: "b0", rating: 0))
     }
 
+    @Test("updates of copies a streaming enumeration hands out, batch after batch, and of copies read before it")
+    func enumerationCopies() throws {
+        let container = try container()
+        let setup = ModelContext(container)
+        let notes = (0..<6_000).map { setup.insert(CopyNote(title: "n\($0)", body: "b", rating: $0)) }
+        try setup.save()
+        let context = ModelContext(container)
+        // A copy read before the enumeration, edited in another field afterwards.
+        var early = try #require(try context.model(CopyNote.self, id: notes[10].id))
+        // Many small batches: the index of copies drops the batches each turn leaves behind (and is rebuilt).
+        try context.enumerate(FetchDescriptor<CopyNote>(), batchSize: 50) { note in
+            var copy = note
+            copy.rating += 1
+            context.update(copy)
+        }
+        early.title = "early"
+        context.update(early)
+        try context.save()
+        let stored = try ModelContext(container).fetch(CopyNote.self)
+        #expect(stored.count == notes.count)
+        #expect(stored.allSatisfy { $0.rating == Int($0.title.dropFirst()).map { $0 + 1 } ?? 11 })
+        #expect(try self.stored(container, notes[10].id) == CopyNote(id: notes[10].id, title: "early", body: "b", rating: 11))
+    }
+
     // MARK: Update after delete
 
     /// A context on an in-memory container (nothing on disk: a trapping child process cannot clean up).
