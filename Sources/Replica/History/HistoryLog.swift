@@ -68,30 +68,18 @@ enum HistoryLog {
         var rows = ChangeRows(token: token, statement: try db.cachedStatement(insertChangeSQL),
                               capacity: changes.inserted.count + changes.updated.count + changes.deleted.count)
         defer { rows.deallocate() }
-        // Consecutive changes with the same (entity, kind, fields) share one row.
-        for index in changes.inserted.indices {
-            try rows.add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
-        }
-        var lastFields: [String]? = nil
-        var joined: String? = nil
-        for index in changes.updated.indices {
-            let fields = changes.updated[index].1
-            if lastFields != fields {
-                lastFields = fields
-                joined = fields.joined(separator: ",")
-            }
-            try rows.add(changes.updated[index].0.entityName, .update, joined, changes.updated[index].0.id)
-        }
-        for record in changes.deleted {
-            if record.preservedValues.isEmpty {
-                try rows.add(record.id.entityName, .delete, nil, record.id.id)
-            } else {
-                try rows.flush()
-                try withUnsafeBytes(of: record.id.id.uuid) { bytes in
-                    try rows.write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
-                                   tombstone: encodeTombstone(record.preservedValues))
-                }
-            }
+        // Consecutive changes with the same (entity, kind, fields) share one row. The parts in the order they were
+        // applied (``StoreChanges/partsInOrder``): a record deleted and inserted again by one save is recorded as
+        // deleted, then inserted.
+        if let split = changes.updatesBeforeDeletes {
+            try rows.addUpdates(changes, 0..<split)
+            try rows.addDeletes(changes)
+            try rows.addInserts(changes)
+            try rows.addUpdates(changes, split..<changes.updated.count)
+        } else {
+            try rows.addInserts(changes)
+            try rows.addUpdates(changes, 0..<changes.updated.count)
+            try rows.addDeletes(changes)
         }
         try rows.flush()
         return token
@@ -120,6 +108,41 @@ enum HistoryLog {
         }
 
         func deallocate() { ids.deallocate() }
+
+        /// The field list of the last update added, and its text.
+        var lastFields: [String]? = nil
+        var joinedFields: String? = nil
+
+        mutating func addInserts(_ changes: StoreChanges) throws {
+            for index in changes.inserted.indices {
+                try add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
+            }
+        }
+
+        mutating func addUpdates(_ changes: StoreChanges, _ range: Range<Int>) throws {
+            for index in range {
+                let fields = changes.updated[index].1
+                if lastFields != fields {
+                    lastFields = fields
+                    joinedFields = fields.joined(separator: ",")
+                }
+                try add(changes.updated[index].0.entityName, .update, joinedFields, changes.updated[index].0.id)
+            }
+        }
+
+        mutating func addDeletes(_ changes: StoreChanges) throws {
+            for record in changes.deleted {
+                if record.preservedValues.isEmpty {
+                    try add(record.id.entityName, .delete, nil, record.id.id)
+                } else {
+                    try flush()
+                    try withUnsafeBytes(of: record.id.id.uuid) { bytes in
+                        try write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
+                                  tombstone: HistoryLog.encodeTombstone(record.preservedValues))
+                    }
+                }
+            }
+        }
 
         @inline(__always)
         mutating func add(_ entity: String, _ kind: Kind, _ fields: String?, _ id: UUID) throws {
