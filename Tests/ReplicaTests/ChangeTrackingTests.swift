@@ -123,8 +123,44 @@ struct ChangeTrackingTests {
         #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "new title", body: "stale body", rating: 2))
     }
 
-    @Test("a copy that sets a field back to an earlier version's value is read as a copy of that version")
-    func revertToAnEarlierVersionIsReadAsThatVersion() throws {
+    @Test("a value saved and set back on the same copy is written: toggles work, also repeatedly")
+    func toggleSavedAndSetBack() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        var copy = try #require(try context.model(CopyNote.self, id: note.id))
+        for rating in [7, 1, 7, 1, 7] {
+            copy.rating = rating
+            context.update(copy)
+            try context.save()
+            #expect(try stored(container, note.id)?.rating == rating)
+        }
+        // Each save wrote the field: history names it every time.
+        let updates = try context.fetchHistory().suffix(5).map(\.changes)
+        #expect(updates == Array(repeating: [.update(note.persistentModelID, updatedAttributes: ["rating"])], count: 5))
+    }
+
+    @Test("an unedited stale copy updated after a save of another copy writes nothing")
+    func uneditedStaleCopyWritesNothingWithoutASave() throws {
+        let container = try container()
+        let note = try storedNote(container)
+        let context = ModelContext(container)
+        let stale = try #require(try context.model(CopyNote.self, id: note.id))
+        // Another context changed the record and this one read it again: no save of this context is newer than the
+        // stale copy's version, so the copy equal to it is read as that version.
+        let other = ModelContext(container)
+        var changed = try #require(try other.model(CopyNote.self, id: note.id))
+        changed.rating = 5
+        other.update(changed)
+        try other.save()
+        _ = try context.model(CopyNote.self, id: note.id)
+        context.update(stale)
+        try context.save()
+        #expect(try stored(container, note.id)?.rating == 5)
+    }
+
+    @Test("the ambiguous case: a value set back beside other edits is read as a stale copy; update(_:from:) says which")
+    func setBackBesideOtherEditsAndTheExplicitOriginal() throws {
         let container = try container()
         let note = try storedNote(container)
         let context = ModelContext(container)
@@ -132,21 +168,33 @@ struct ChangeTrackingTests {
         copy.rating = 7
         context.update(copy)
         try context.save()
-        // Exactly the first read again: indistinguishable from an unedited stale copy of it, so nothing is written.
-        copy.rating = 1
-        context.update(copy)
-        try context.save()
-        #expect(try stored(container, note.id)?.rating == 7)
-        // With another edit too, the copy is still nearest the first read: only the other edit is written.
-        copy.title = "edited"
-        context.update(copy)
+        // Set back and edit another field: nearest the first read (as a stale copy with an edit is), so only the
+        // other edit is written.
+        var edited = copy
+        edited.rating = 1
+        edited.title = "edited"
+        context.update(edited)
         try context.save()
         #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "edited", body: "b0", rating: 7))
-        // A context that holds no version of the record writes every field that differs from the stored row.
-        let writer = ModelContext(container)
-        writer.update(copy)
-        try writer.save()
-        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "edited", body: "b0", rating: 1))
+        // With the copy the edit started from, both fields are the app's edits.
+        let original = try #require(try context.model(CopyNote.self, id: note.id))
+        var again = original
+        again.rating = 1
+        again.title = "again"
+        context.update(again, from: original)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "again", body: "b0", rating: 1))
+        // update(_:from:) writes only what differs from the original: a stale original's other fields stay.
+        let other = ModelContext(container)
+        var changed = try #require(try other.model(CopyNote.self, id: note.id))
+        changed.body = "other"
+        other.update(changed)
+        try other.save()
+        var late = original
+        late.title = "late"
+        context.update(late, from: original)
+        try context.save()
+        #expect(try stored(container, note.id) == CopyNote(id: note.id, title: "late", body: "other", rating: 1))
     }
 
     @Test("a stale copy saved after another context changed the record, and this context read it again, keeps the other change")

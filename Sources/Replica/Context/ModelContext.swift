@@ -103,11 +103,13 @@ public final class ModelContext {
     /// that differs from the stored row is written. A record inserted by this context and not yet saved has one
     /// version, the copy ``insert(_:)`` returned.
     ///
-    /// **The ambiguous case.** A copy that sets a field back to exactly an earlier version's value, where that
-    /// leaves it nearest that version, is read as a copy of that version: the field set back is not an edit. (For
-    /// example: read a record, set `rating` from 1 to 7, update and save; set `rating` back to 1 on the same copy and
-    /// update it — the copy equals the first read, so nothing is written, and with other edits only those are.) A
-    /// context that holds no version of the record writes such a value: update the copy through a new context.
+    /// **Setting values back.** A copy equal in every field to an earlier version, when this context saved a newer
+    /// one, sets that save's edits back: it is compared with the newer versions, so a toggle saved and toggled back
+    /// is written (read `isDone == false`, set it `true`, update and save; set it `false` on the same copy, update and
+    /// save: the store holds `false`). **The ambiguous case** is a copy that sets a field back *and* edits others: it
+    /// is nearest the earlier version, so only the other edits are written (that is what a stale copy with edits
+    /// looks like, and a stale copy must not revert a saved edit). Values carry no identity, so the context cannot
+    /// tell these apart; to say exactly which copy an edit starts from, use ``update(_:from:)``.
     ///
     /// **Several updates of one record before a save** add up: the pending values are the previous pending values
     /// with the new copy's changed fields laid over them (a later change of the same field wins); a copy without
@@ -137,13 +139,50 @@ public final class ModelContext {
             preconditionFailure("Replica: update(_:) of \(id), which this context deleted and has not saved: to keep the record, "
                 + "insert(_:) it again (saved as a delete and a re-insert, a new incarnation), or rollback() the delete")
         case let .update(current, earlier)?:
-            guard let fields = Self.changedFields(of: snapshot, versions: reads.versions(of: id)) else {
+            let versions = reads.versions(of: id)
+            guard let fields = Self.changedFields(of: snapshot, versions: versions.snapshots, newestWritten: versions.newestWritten) else {
                 register(id, .update(snapshot, fields: nil))
                 return
             }
             register(id, .update(Self.overlay(snapshot, fields, on: current), fields: earlier.map { $0.union(fields) }))
         case nil:
-            register(id, .update(snapshot, fields: Self.changedFields(of: snapshot, versions: reads.versions(of: id))))
+            let versions = reads.versions(of: id)
+            register(id, .update(snapshot, fields: Self.changedFields(of: snapshot, versions: versions.snapshots,
+                                                                      newestWritten: versions.newestWritten)))
+        }
+    }
+
+    /// Registers new values for an existing model, with the copy the edits start from: the fields in which `model`
+    /// differs from `original` are the app's changes, and only those are written at save (those whose stored value
+    /// differs). Use it where ``update(_:)``'s comparison with the versions the context keeps cannot know the copy's
+    /// origin — a copy that sets some fields back to an earlier value and edits others. Several updates of one record
+    /// before a save add up, as with ``update(_:)``.
+    ///
+    /// - Parameters:
+    ///   - model: the edited copy.
+    ///   - original: the copy `model` was made from (the same record: its ID must equal `model`'s).
+    ///
+    /// Traps if the model was never inserted, if `original` is another record, or if this context deleted the record
+    /// and has not saved since — programming errors. Complexity: O(fields).
+    public func update<Model: PersistentModel>(_ model: Model, from original: Model) {
+        precondition(model.id != .unassigned, "Replica: update(_:from:) needs an inserted model; call insert(_:) first")
+        precondition(model.id == original.id, "Replica: update(_:from:) needs the original copy of the same record")
+        _ = storeIndex(of: Model.self)
+        let snapshot = Model.entity.snapshot(of: model)
+        let id = snapshot.persistentModelID
+        let fields = Self.changedFields(of: snapshot, versions: [Model.entity.snapshot(of: original)]) ?? []
+        switch pending[id] {
+        case let .insert(current)?:
+            register(id, .insert(Self.overlay(snapshot, fields, on: current)))
+        case let .replace(current)?:
+            register(id, .replace(Self.overlay(snapshot, fields, on: current)))
+        case .delete?:
+            preconditionFailure("Replica: update(_:from:) of \(id), which this context deleted and has not saved: to keep the "
+                + "record, insert(_:) it again (saved as a delete and a re-insert, a new incarnation), or rollback() the delete")
+        case let .update(current, earlier)?:
+            register(id, .update(Self.overlay(snapshot, fields, on: current), fields: earlier.map { $0.union(fields) }))
+        case nil:
+            register(id, .update(snapshot, fields: fields))
         }
     }
 
@@ -161,8 +200,11 @@ public final class ModelContext {
     }
 
     /// The field indices in which `copy` differs from the nearest of `versions` (oldest first): the version with the
-    /// fewest differing fields, the newest of those tied. `nil` without versions.
-    static func changedFields(of copy: Snapshot, versions: [Snapshot]) -> Set<Int>? {
+    /// fewest differing fields, the newest of those tied. A version the copy equals in every field is the nearest
+    /// unless a save of this context wrote a newer version (position `newestWritten`): then the copy sets that save's
+    /// edits back, and is compared with the others (a toggle saved and toggled back is an edit). `nil` without
+    /// versions.
+    static func changedFields(of copy: Snapshot, versions: [Snapshot], newestWritten: Int? = nil) -> Set<Int>? {
         guard !versions.isEmpty else { return nil }
         let values = copy.values
         func differs(_ version: [SQLiteValue], _ field: Int) -> Bool { field >= version.count || version[field] != values[field] }
@@ -174,11 +216,15 @@ public final class ModelContext {
                 var mask: UInt64 = 0
                 for field in values.indices where differs(version, field) { mask |= 1 << UInt64(field) }
                 let count = mask.nonzeroBitCount
+                if count == 0 {
+                    if let written = newestWritten, written > index { continue }
+                    return []
+                }
                 if best.map({ count < $0.count }) ?? true { best = (mask, count) }
-                if count == 0 { return [] }
             }
-            var fields = Set<Int>(minimumCapacity: best!.count)
-            var mask = best!.mask
+            guard let best else { return [] }
+            var fields = Set<Int>(minimumCapacity: best.count)
+            var mask = best.mask
             while mask != 0 {
                 fields.insert(mask.trailingZeroBitCount)
                 mask &= mask - 1
@@ -186,12 +232,15 @@ public final class ModelContext {
             return fields
         }
         var best: Set<Int>?
-        for version in versions.reversed() {
-            let fields = Set(values.indices.filter { differs(version.values, $0) })
+        for index in versions.indices.reversed() {
+            let fields = Set(values.indices.filter { differs(versions[index].values, $0) })
+            if fields.isEmpty {
+                if let written = newestWritten, written > index { continue }
+                return []
+            }
             if best.map({ fields.count < $0.count }) ?? true { best = fields }
-            if fields.isEmpty { break }
         }
-        return best
+        return best ?? []
     }
 
     /// `pending` with the values of `copy` at `fields`, and the copy's many-to-many members.

@@ -31,6 +31,8 @@ final class ReadRegistry {
     private struct Versions {
         var through: Int
         var snapshots: [Snapshot]
+        /// The position in `snapshots` of the newest version a save of this context wrote (not a fetched copy).
+        var newestWritten: Int? = nil
     }
     /// The records updated, saved or deleted: their versions, or none (forgotten).
     private var records: [PersistentIdentifier: Versions] = [:]
@@ -74,7 +76,8 @@ final class ReadRegistry {
     func register(inserted snapshots: [Snapshot]) {
         if snapshots.count < Self.savedBatchMinimum {
             for snapshot in snapshots {
-                setVersions(Versions(through: sequence, snapshots: [Self.fields(of: snapshot)]), of: snapshot.persistentModelID)
+                setVersions(Versions(through: sequence, snapshots: [Self.fields(of: snapshot)], newestWritten: 0),
+                            of: snapshot.persistentModelID)
             }
             return
         }
@@ -90,6 +93,7 @@ final class ReadRegistry {
         // place in the list).
         versions.snapshots.append(Self.fields(of: snapshot))
         if versions.snapshots.count > Self.versionLimit { versions.snapshots.removeFirst() }
+        versions.newestWritten = versions.snapshots.count - 1
         setVersions(versions, of: id)
     }
 
@@ -107,14 +111,15 @@ final class ReadRegistry {
     // MARK: Versions
 
     /// The versions of `id` handed out or written and not forgotten since, oldest first (at most ``versionLimit``,
-    /// without to-many members; copies of one value fetched in turn count once); empty when there are none.
+    /// without to-many members; copies of one value fetched in turn count once); empty when there are none. Also the
+    /// position among them of the newest version a save of this context wrote, if any is kept.
     /// Complexity: O(1) plus the copies of `id` in batches registered since the last call for it, plus indexing the
     /// batches registered since the last call for any record.
-    func versions(of id: PersistentIdentifier) -> [Snapshot] {
+    func versions(of id: PersistentIdentifier) -> (snapshots: [Snapshot], newestWritten: Int?) {
         let stored = records[id]
-        guard let versions = gathered(id, stored) else { return [] }
+        guard let versions = gathered(id, stored) else { return ([], nil) }
         if versions.through != stored?.through { setVersions(versions, of: id) }
-        return versions.snapshots
+        return (versions.snapshots, versions.newestWritten)
     }
 
     /// The list of `id` (`stored`) with the copies of batches registered since it was last gathered added (its
@@ -139,14 +144,19 @@ final class ReadRegistry {
         }
         if versions == nil && found.isEmpty { return nil }
         var list = versions?.snapshots ?? []
+        var newestWritten = versions?.newestWritten
         if list.isEmpty {
             found.reverse()
             list = found
         } else {
             for snapshot in found.reversed() where list.last?.values != snapshot.values { list.append(snapshot) }
-            if list.count > Self.versionLimit { list.removeFirst(list.count - Self.versionLimit) }
+            if list.count > Self.versionLimit {
+                let dropped = list.count - Self.versionLimit
+                list.removeFirst(dropped)
+                newestWritten = newestWritten.flatMap { $0 >= dropped ? $0 - dropped : nil }
+            }
         }
-        versions = Versions(through: sequence, snapshots: list)
+        versions = Versions(through: sequence, snapshots: list, newestWritten: newestWritten)
         return versions
     }
 
@@ -163,7 +173,10 @@ final class ReadRegistry {
 
     /// Cuts every list to its newest version; when that is still too many, forgets everything the registry holds.
     private func shrinkLists() {
-        records = records.mapValues { Versions(through: $0.through, snapshots: Array($0.snapshots.suffix(1))) }
+        records = records.mapValues {
+            Versions(through: $0.through, snapshots: Array($0.snapshots.suffix(1)),
+                     newestWritten: $0.newestWritten == $0.snapshots.count - 1 && !$0.snapshots.isEmpty ? 0 : nil)
+        }
         listedVersions = records.values.reduce(0) { $0 + $1.snapshots.count }
         if listedVersions > Self.modelLimit / 2 {
             // Forgetting a list would make older batch copies versions again: drop those too.
