@@ -149,8 +149,9 @@ enum HistoryLog {
             try statement.bind(token, at: 0)
             try statement.bind(seq, at: 1)
             try statement.bind(kind.rawValue, at: 3)
-            let code = sqlite3_bind_blob(statement.handle, 6, ids.baseAddress, Int32(ids.count), nil)
-            if code != SQLITE_OK { throw SQLiteError(code: code, connection: sqlite3_db_handle(statement.handle), sql: statement.sql) }
+            // (A nil buffer binds NULL, as `sqlite3_bind_blob` does for a nil pointer.)
+            try statement.check(ids.baseAddress == nil ? sqlite3_bind_null(statement.handle, 6) : statement.bindBlob(ids, at: 5, copying: false),
+                                parameter: 5)
             try statement.withStaticText(entity, at: 2) {
                 try statement.withStaticText(fields, at: 4) {
                     try statement.withStaticText(tombstone, at: 6) {
