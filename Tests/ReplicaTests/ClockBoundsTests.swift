@@ -203,4 +203,21 @@ struct ClockBoundsTests {
         #expect(try sqlite.fetchZoneChanges("notes", since: nil, limit: 10).records.map(\.recordID) == [good.recordID])
         #expect(try memory.fetchZoneChanges("notes", since: nil, limit: 10).records.map(\.recordID) == [good.recordID])
     }
+
+    @Test("history queries and pruning by dates beyond Int64 milliseconds never trap; such dates count as the nearest end")
+    func historyDatesOutOfRange() async throws {
+        #expect(HistoryLog.milliseconds(Date(timeIntervalSince1970: 1e300)) == .max)
+        #expect(HistoryLog.milliseconds(Date(timeIntervalSince1970: -1e300)) == .min)
+        #expect(HistoryLog.milliseconds(Date(timeIntervalSince1970: .nan)) == .min)
+        #expect(HistoryLog.milliseconds(Date(timeIntervalSince1970: 1.5)) == 1_500)
+        await #expect(processExitsWith: .success) {
+            let device = try Device("A", seed: 1, inMemory: true)
+            device.context.insert(SyncNote(title: "t"))
+            try device.context.save()
+            let far = Date(timeIntervalSince1970: 1e300)
+            guard try device.context.fetchHistory(HistoryDescriptor(from: Date(timeIntervalSince1970: -1e300), to: far)).count == 1,
+                  try device.context.fetchHistory(HistoryDescriptor(from: far)).isEmpty else { exit(2) }
+            _ = try device.context.deleteHistory(before: far)
+        }
+    }
 }

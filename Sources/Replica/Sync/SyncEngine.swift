@@ -520,13 +520,13 @@ public final class SyncEngine {
         return try db.transaction(.immediate) {
             if var lease = try current(), lease.holder != instanceID, remaining(lease) > 0 {
                 if remaining(lease) > duration {
-                    lease.expires = now + duration
+                    lease.expires = Self.saturatingSum(now, duration)
                     try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(lease.json)])
                 }
                 wait(milliseconds: remaining(lease), forLease: true)
                 return false
             }
-            let lease = Lease(holder: instanceID, expires: now + duration)
+            let lease = Lease(holder: instanceID, expires: Self.saturatingSum(now, duration))
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                        [.text(lease.json)])
             return true
@@ -809,6 +809,12 @@ public final class SyncEngine {
         }
     }
 
+    /// `a + b`, or `Int64.max`/`Int64.min` where it would overflow.
+    static func saturatingSum(_ a: Int64, _ b: Int64) -> Int64 {
+        let (sum, overflow) = a.addingReportingOverflow(b)
+        return overflow ? (b > 0 ? .max : .min) : sum
+    }
+
     private func scheduleRetry(after error: CloudError) {
         lastError = error
         consecutiveFailures += 1
@@ -819,8 +825,10 @@ public final class SyncEngine {
             delay = min(max(0, retryAfter), options.maxBackoffMilliseconds)
         } else {
             let exponent = min(consecutiveFailures - 1, 20)
-            let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
-            delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
+            // (Saturating: whatever the options, the delay never overflows.)
+            let doubled = options.baseBackoffMilliseconds.multipliedReportingOverflow(by: Int64(1) << exponent)
+            let base = max(0, min(options.maxBackoffMilliseconds, doubled.overflow ? .max : doubled.partialValue))
+            delay = Self.saturatingSum(base, Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1)))
         }
         wait(milliseconds: delay)
     }
