@@ -140,16 +140,16 @@ extension SyncLedger {
             """)
     }
 
-    /// Reads every ledger row, rebuilding and marking each whose bookkeeping cannot be read (in one write
-    /// transaction). Returns how many rows are marked corrupt afterwards.
+    /// Reads every ledger row and rebuilds and marks each whose bookkeeping cannot be read (in one write transaction,
+    /// taken only when there is one). Returns how many rows are marked corrupt afterwards.
     static func verifyBookkeeping(store: Store, db: Connection) throws -> Int {
-        try db.transaction(.immediate) {
-            for state in try loadAll(db) where !state.corruptColumns.isEmpty {
-                _ = try load(state.id, store: store, db)
-            }
-            if case let .integer(count)? = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE state = 'corrupt'") { return Int(count) }
-            return 0
+        let damaged = try db.transaction(.deferred) { try loadAll(db).filter { !$0.corruptColumns.isEmpty }.map(\.id) }
+        if !damaged.isEmpty {
+            // (Read again inside the write transaction: another process may have written a row meanwhile.)
+            try db.transaction(.immediate) { for id in damaged { _ = try load(id, store: store, db) } }
         }
+        if case let .integer(count)? = try db.scalar("SELECT count(*) FROM replica_sync_record WHERE state = 'corrupt'") { return Int(count) }
+        return 0
     }
 }
 

@@ -87,7 +87,7 @@ extension SyncLedger {
         let handle = statement.handle
         @inline(__always) func type(_ offset: Int32) -> Int32 { sqlite3_column_type(handle, first + offset) }
         var corrupt: [String] = []
-        let storedState: String? = type(10) == SQLITE_TEXT ? statement.string(first + 10) : nil
+        let storedState = knownState(statement, first + 10)
         let entity = type(0) == SQLITE_TEXT ? statement.string(first) : ""
         if entity.isEmpty { corrupt.append("entity") }
         var causalLength = type(1) == SQLITE_INTEGER ? statement.int64(first + 1) : -1
@@ -125,10 +125,7 @@ extension SyncLedger {
         }
         let pendingValue = type(9) == SQLITE_INTEGER ? statement.int64(first + 9) : -1
         if pendingValue != 0 && pendingValue != 1 { corrupt.append("pending") }
-        switch storedState {
-        case "pending"?, "synced"?, "rejected"?, "undecryptable"?, "corrupt"?: break
-        default: corrupt.append("state")
-        }
+        if storedState == nil { corrupt.append("state") }
         let waitingFor = statement.uuid(first + 11)
         if waitingFor == nil && type(11) != SQLITE_NULL { corrupt.append("waiting_for") }
         return RecordState(
@@ -136,8 +133,26 @@ extension SyncLedger {
             created: created ?? FieldStamp(incarnation: 0, clock: .zero(id)), stamps: stamps ?? [:],
             unknown: unknown, tombstone: tombstone, redirect: redirect, changeTag: changeTag,
             localVersion: localVersion, pending: pendingValue != 0,
-            storedState: corrupt.contains("state") ? nil : storedState, storedWaitingFor: .some(waitingFor),
-            storedReason: type(12) == SQLITE_TEXT ? statement.string(first + 12) : nil, corruptColumns: corrupt)
+            storedState: storedState, storedWaitingFor: .some(waitingFor),
+            storedReason: storedState == "corrupt" && type(12) == SQLITE_TEXT ? statement.string(first + 12) : nil,
+            corruptColumns: corrupt)
+    }
+
+    /// The `state` column at `index` of the current row as one of the ledger's states (a literal: no string is made
+    /// per row), or `nil` when it holds anything else.
+    @inline(__always)
+    private static func knownState(_ statement: Statement, _ index: Int32) -> String? {
+        guard sqlite3_column_type(statement.handle, index) == SQLITE_TEXT, let text = sqlite3_column_text(statement.handle, index) else { return nil }
+        let count = Int(sqlite3_column_bytes(statement.handle, index))
+        func matches(_ literal: StaticString) -> Bool {
+            literal.utf8CodeUnitCount == count && memcmp(text, literal.utf8Start, count) == 0
+        }
+        if matches("synced") { return "synced" }
+        if matches("pending") { return "pending" }
+        if matches("rejected") { return "rejected" }
+        if matches("undecryptable") { return "undecryptable" }
+        if matches("corrupt") { return "corrupt" }
+        return nil
     }
 
     /// Whether `stamp` can belong to a record of `causalLength`: its incarnation within `0 ... causalLength` and its

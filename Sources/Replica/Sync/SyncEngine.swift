@@ -208,8 +208,6 @@ public final class SyncEngine {
         guard inFlight == nil, now >= backoffDeadline() else { return nil }
         guard try acquireLease() else { return nil }
         if !bookkeepingVerified { try verifyBookkeeping() }
-        // Records whose bookkeeping could not be read are repaired by a full read of the zone (R14).
-        if !needsFetch { try repairCorruptRecordsIfNeeded() }
         var versions: [UUID: Int64] = [:]
         let operation: CloudOperation
         if !zoneReady {
@@ -232,6 +230,9 @@ public final class SyncEngine {
             let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
             uploadBeforeFetch = false
             if outbox.isEmpty {
+                // Records whose bookkeeping could not be read (marked by this read, a save or another process) are
+                // repaired by a full read of the zone (R14): checked when there is nothing else to do.
+                if !needsFetch { try repairCorruptRecordsIfNeeded() }
                 guard needsFetch, let fetch = try fetchOperation() else { return nil }
                 operation = fetch
             } else {
