@@ -105,7 +105,7 @@ struct ReplicationPropertyTests {
 
         /// Records what a device's ledger and row say about `id` into the reference model.
         func observe(_ device: Device, _ id: UUID) throws {
-            guard let state = try SyncLedger.load(id, device.engine.db) else { return }
+            guard let state = try SyncLedger.loadAsStored(id, device.engine.db) else { return }
             let row = try device.engine.db.rows("SELECT title, body, rating FROM SyncNote WHERE id = ?", [id.sqliteValue]).first
             var fields: [String: (FieldStamp, SQLiteValue)] = [:]
             for (index, name) in ["title", "body", "rating"].enumerated() {
@@ -146,7 +146,7 @@ struct ReplicationPropertyTests {
                 guard !ids.isEmpty else { continue }
                 let id = ids[n % ids.count]
                 guard try devices[d].context.model(SyncNote.self, id: id) == nil,
-                      try SyncLedger.load(id, devices[d].engine.db) != nil else { continue }
+                      try SyncLedger.loadAsStored(id, devices[d].engine.db) != nil else { continue }
                 devices[d].clock.advance(by: 2)
                 devices[d].context.insert(SyncNote(id: id, title: "r\(title)-\(i)"))
                 try devices[d].context.save()
@@ -157,7 +157,7 @@ struct ReplicationPropertyTests {
                 cloudHigh = [:]
                 partials = try partials.filter { partial in
                     try devices.contains { device in
-                        guard let state = try SyncLedger.load(partial.id, device.engine.db) else { return false }
+                        guard let state = try SyncLedger.loadAsStored(partial.id, device.engine.db) else { return false }
                         return (state.stamps["rating"] ?? state.tombstone["rating"]?.stamp).map { $0 >= partial.stamp } ?? false
                     }
                 }

@@ -172,8 +172,9 @@ enum HistoryLog {
             try statement.bind(token, at: 0)
             try statement.bind(seq, at: 1)
             try statement.bind(kind.rawValue, at: 3)
-            let code = sqlite3_bind_blob(statement.handle, 6, ids.baseAddress, Int32(ids.count), nil)
-            if code != SQLITE_OK { throw SQLiteError(code: code, connection: sqlite3_db_handle(statement.handle), sql: statement.sql) }
+            // (A nil buffer binds NULL, as `sqlite3_bind_blob` does for a nil pointer.)
+            try statement.check(ids.baseAddress == nil ? sqlite3_bind_null(statement.handle, 6) : statement.bindBlob(ids, at: 5, copying: false),
+                                parameter: 5)
             try statement.withStaticText(entity, at: 2) {
                 try statement.withStaticText(fields, at: 4) {
                     try statement.withStaticText(tombstone, at: 6) {
@@ -234,11 +235,11 @@ enum HistoryLog {
         }
         if let from = descriptor.fromDate {
             conditions.append("\(timestamp) >= ?")
-            values.append(.integer(Int64((from.timeIntervalSince1970 * 1000).rounded(.up))))
+            values.append(.integer(milliseconds(from)))
         }
         if let to = descriptor.toDate {
             conditions.append("\(timestamp) < ?")
-            values.append(.integer(Int64((to.timeIntervalSince1970 * 1000).rounded(.up))))
+            values.append(.integer(milliseconds(to)))
         }
         if let entities = descriptor.entityNames {
             conditions.append("EXISTS (SELECT 1 FROM replica_history_change c WHERE c.token = t.token AND c.entity IN (\(placeholders(entities.count))))")
@@ -330,11 +331,19 @@ enum HistoryLog {
 
     /// Deletes history up to and including `token` (or every transaction older than `date`), and moves the
     /// expiry watermark. Returns the number of transactions removed.
+    /// `date` as Unix milliseconds (rounded up), saturating: a date beyond what `Int64` milliseconds hold (or a NaN
+    /// one) counts as the nearest end (NaN as the earliest), never traps.
+    static func milliseconds(_ date: Date) -> Int64 {
+        let ms = (date.timeIntervalSince1970 * 1000).rounded(.up)
+        if ms.isNaN { return .min }
+        return ms >= 9.223372036854775e18 ? .max : ms <= -9.223372036854775e18 ? .min : Int64(ms)
+    }
+
     static func prune(throughToken token: Int64?, before date: Date?, db: Connection) throws -> Int {
         try db.transaction(.immediate) {
             var through = token ?? 0
             if let date {
-                let ms = Int64((date.timeIntervalSince1970 * 1000).rounded(.up))
+                let ms = milliseconds(date)
                 if case let .integer(max)? = try db.scalar("SELECT max(token) FROM replica_history_transaction WHERE timestamp < ?", [.integer(ms)]) {
                     through = Swift.max(through, max)
                 }

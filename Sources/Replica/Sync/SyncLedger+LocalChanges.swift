@@ -16,7 +16,10 @@ extension SyncLedger {
     static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment,
                                    ledgerBound knownBound: UUID?? = nil) throws {
         guard !changes.isEmpty else { return }
-        var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        let previous = try loadHLC(db, replica: store.identity)
+        var hlc = previous.tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
+        // At the very top of its range the clock saturates: a stamp equal to an earlier one would name another write.
+        if hlc <= previous && !environment.canaries.contains(.lwwByWallClock) { throw ReplicaError.clockExhausted(store: store.configuration.name) }
         if environment.canaries.contains(.lwwByWallClock) {
             hlc = HLC(physical: environment.clock.nowMilliseconds(), logical: 0, replica: store.identity)
         }
@@ -44,7 +47,7 @@ extension SyncLedger {
             let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
             if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID(MergeBatch.ledgerLargestIDSQL, db)) }
             let isNew = ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true
-            let stored = isNew ? nil : try load(snapshot.id, db)
+            let stored = isNew ? nil : try load(snapshot.id, store: store, db, entity: entity.name)
             var state = stored ?? RecordState(
                 id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
                 stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
@@ -54,7 +57,7 @@ extension SyncLedger {
                     try noteEndedIncarnation(id: state.id, entity: entity.name, incarnation: state.causalLength - 1, winner: winner,
                                              fields: state.tombstone, db)
                 }
-                state.causalLength += 1
+                try state.bumpCausalLength(in: store)
             }
             let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
             state.created = stamp
@@ -63,7 +66,7 @@ extension SyncLedger {
             state.unknown = [:]
             state.tombstone = [:]
             state.redirect = nil
-            state.localVersion += 1
+            try state.bumpLocalVersion(in: store)
             state.pending = true
             try storeLocalChange(state, db, stamps: statements.fieldNames.isEmpty ? encodeStamps([:])
                                     : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail), exists: stored != nil)
@@ -78,7 +81,7 @@ extension SyncLedger {
             let statements = store.statements[entityIndex]
             // The stamps by position, when they are all of fields the entity stores and so are the changed fields (as
             // always, short of a store written by another schema): encoded by position, without building the map.
-            guard let loaded = try load(snapshot.id, db, stampsBy: statements), loaded.state.isAlive else { continue }
+            guard let loaded = try load(snapshot.id, store: store, db, stampsBy: statements), loaded.state.isAlive else { continue }
             var state = loaded.state
             let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
             var stamps = loaded.stamps
@@ -89,13 +92,14 @@ extension SyncLedger {
                     stamps[index] = stamp
                 }
             }
-            state.localVersion += 1
+            try state.bumpLocalVersion(in: store)
             state.pending = true
             if byPosition {
                 try storeLocalChange(state, db, stamps: encodeStamps(names: statements.fieldNames, order: statements.fieldsInStampOrder,
                                                                      stamps: stamps, oneStampTail: statements.oneStampTail))
             } else {
-                state.stamps = try load(snapshot.id, db)?.stamps ?? [:]
+                guard let full = try load(snapshot.id, store: store, db, entity: statements.entityName) else { continue }
+                state.stamps = full.stamps
                 for field in fields { state.stamps[field] = stamp }
                 try storeLocalChange(state, db)
             }
@@ -106,8 +110,9 @@ extension SyncLedger {
     private static func stampDeletes(_ deleted: [DeletedRecord], store: Store, db: Connection, environment: ReplicaEnvironment) throws {
         for record in deleted {
             if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
-            guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
-            state.causalLength += 1
+            guard let entity = store.entity(named: record.id.entityName),
+                  var state = try load(record.id.id, store: store, db, entity: entity.name), state.isAlive else { continue }
+            try state.bumpCausalLength(in: store)
             state.redirect = nil
             var tombstone: [String: CloudField] = [:]
             for (name, value) in record.preservedValues {
@@ -134,7 +139,7 @@ extension SyncLedger {
             // made the ledger row differ from what merging the record's own upload back would store.)
             state.stamps = [:]
             state.unknown = [:]
-            state.localVersion += 1
+            try state.bumpLocalVersion(in: store)
             state.pending = true
             try storeLocalChange(state, db)
         }
