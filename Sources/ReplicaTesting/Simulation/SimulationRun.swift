@@ -138,6 +138,8 @@ final class SimulationRun {
         for device in devices {
             for process in device.processes {
                 process.context = nil
+                process.observer = nil
+                process.keptCopy = nil
                 process.engines = [:]
                 process.container = nil
             }
@@ -228,7 +230,8 @@ final class SimulationRun {
                 entities += owned
                 let subset = Schema(entities: owned, version: device.schema.version)
                 let name = configurationName(store.name)
-                let cloud: ModelConfiguration.CloudKitDatabase = store.isSynced ? .private("iCloud.com.example.sim") : .none
+                let cloud: ModelConfiguration.CloudKitDatabase = store.isSynced && !process.syncOff.contains(store.name)
+                    ? .private("iCloud.com.example.sim") : .none
                 switch store.kind {
                 case .local, .synced:
                     configurations.append(ModelConfiguration(name, schema: subset, isStoredInMemoryOnly: !usesFile(store),
@@ -247,8 +250,9 @@ final class SimulationRun {
         var options = SyncEngine.Options()
         options.uploadBatchSize = 10
         options.fetchLimit = 10
-        for store in process.stores where store.isSynced {
-            let encryption = encryptedStores.contains(store.name) ? try FieldEncryption.rawKey(Self.worldKey) : nil
+        for store in process.stores where store.isSynced && !process.syncOff.contains(store.name) {
+            let encrypted = encryptedStores.contains(store.name) || process.encryptionOn.contains(store.name)
+            let encryption = encrypted ? try FieldEncryption.rawKey(Self.worldKey) : nil
             // One connection per store and process, as one thread drives the context and the engines.
             let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options,
                                         encryption: encryption, sharingConnectionOf: context)
@@ -389,7 +393,10 @@ final class SimulationRun {
         // connections back to in-memory stores' pools, as the process's end would close them. A file store's
         // connection is kept open instead (closing the last one would checkpoint the WAL).
         if let context = process.context, keepsConnections { graveyard.append(context) }
+        if let observer = process.observer, keepsConnections { graveyard.append(observer) }
         process.context = nil
+        process.observer = nil
+        process.keptCopy = nil
         if process.stores.allSatisfy(usesFile), let container = process.container {
             graveyard.append(container)
             process.container = nil
@@ -478,6 +485,8 @@ final class SimulationRun {
             for process in device.processes {
                 process.faults.disarm()
                 if !process.isUp { try restart(process) }
+                // Every store syncs again (what was written while sync was off must reach the cloud now).
+                if !process.syncOff.isEmpty { try reopen(process, syncOff: [], encryptionOn: process.encryptionOn) }
             }
         }
         for engine in currentEngines {

@@ -8,6 +8,11 @@ import Synchronization
 public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// The library threw an error a correct system never throws (a SQLite error, a partial save, a blocked schema…).
     case unexpectedError = "no-unexpected-errors"
+    /// Every workload save leaves what the local API promises (checked after each save, see LocalSaves.swift): the
+    /// rows (changes applied in registration order; an update writes only the fields the app changed relative to the
+    /// copy it read), one history transaction listing each record's changes in order, and in a synced store each
+    /// touched record's causal length (delete and re-insert in one save: +2, odd), outbox flag and stamps.
+    case localSaves = "local-saves"
     /// Every store file passes `PRAGMA integrity_check`, and each synced store's ledger agrees with its rows (alive
     /// in the ledger exactly when a row exists), after crashes and restarts.
     case crashConsistency = "crash-consistency"
@@ -42,10 +47,15 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// Reading the whole zone again (an expired change token) changes nothing: no upload, no row, stamp or history.
     case idempotence
 
+    /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
+    /// after each save, each upload): the count the trace's `checked` line reports.
+    public static var checkedAtEnd: [Invariant] { allCases.filter { $0 != .localSaves } }
+
     /// One line describing the invariant.
     public var summary: String {
         switch self {
         case .unexpectedError: return "the library never throws an unexpected error"
+        case .localSaves: return "local saves agree with the reference model"
         case .crashConsistency: return "integrity_check passes; ledger agrees with rows after crashes"
         case .liveness: return "converged within the liveness bound after heal"
         case .noResurrection: return "deleted records come back only through a re-insert"
@@ -270,6 +280,17 @@ final class SimProcess {
     /// The (store, entity) pairs each workload operation can apply to here, by operation (made on first use: the
     /// process's stores and its device's schema never change).
     var workloadTargets: [[(Scenario.Store, Schema.Entity)]?] = Array(repeating: nil, count: WorkloadOperation.allCases.count)
+    /// A context that only reads, for the local-save checks (made on first use; gone with the container or a crash).
+    var observer: ModelContext?
+    /// A copy of a record kept to be saved at a later step (the stale-copy operation); gone with the context.
+    var keptCopy: KeptCopy?
+    /// Synced stores this process opens local-only for now (the reopen operation).
+    var syncOff = Set<String>()
+    /// Stores without encrypted attributes whose engines this process gives the field key anyway (the reopen operation).
+    var encryptionOn = Set<String>()
+    /// Writes to stores while their sync was off, by store and record, and the records in first-write order.
+    var offSyncWrites: [String: [UUID: OffSyncWrite]] = [:]
+    var offSyncOrder: [String: [UUID]] = [:]
 
     init(device: SimDevice, index: Int, stores: [Scenario.Store], environment: ReplicaEnvironment, faults: FaultSwitch) {
         self.device = device
