@@ -68,6 +68,18 @@ final class SimulationRun {
     }()
     /// Last history token seen per (device, store), for the monotonicity check.
     var lastHistoryToken: [String: Int64] = [:]
+    /// Bookkeeping the simulator corrupted (see BookkeepingFaults.swift), in order.
+    var corruptions: [Corruption] = []
+    /// Hostile records injected into each zone.
+    var hostileIDs: [String: Set<UUID>] = [:]
+    var nextHostileSerial = 0
+    /// The records each zone's end checks leave out (computed by the check phase).
+    var exemptFromChecks: [String: Set<UUID>] = [:]
+    /// Device stores ("device/store") whose engine refused to go on after a corruption (a typed error).
+    var brokenStores = Set<String>()
+    /// The last stamp each device store gave an acknowledged write, and the latest wall clock any device has had.
+    var lastLocalStamp: [String: FieldStamp] = [:]
+    var latestWallSeen: Int64 = 0
     /// Positions of the "another step?" choices (for truncation while shrinking).
     var stepFlagPositions: [Int] = []
     /// Fates for the next messages and cloud requests: each chaos step draws a fixed block of them for the window
@@ -261,6 +273,9 @@ final class SimulationRun {
             engines[simEngine.serial] = simEngine
             process.engines[store.name] = simEngine
         }
+        for store in process.stores where usesFile(store) {
+            if let url = container.url(of: configurationName(store.name)) { process.storeURLs[store.name] = url }
+        }
         process.isUp = true
         if phase != .setup {
             for store in process.stores where usesFile(store) { try checkIntegrity(process, store) }
@@ -337,7 +352,12 @@ final class SimulationRun {
         case 3: try outageStep(partition: true)
         case 4: try clockJumpStep()
         case 5: try cloudStep(reset: false)
-        default: try cloudStep(reset: true)
+        case 6: try cloudStep(reset: true)
+        case 7: try corruptStep(.stamps)
+        case 8: try corruptStep(.unknown)
+        case 9: try corruptStep(.clock)
+        case 10: try corruptStep(.causalLength)
+        default: try hostileRecordStep()
         }
     }
 
@@ -447,8 +467,10 @@ final class SimulationRun {
             line.add("device", device.name)
             line.add("jump_ms", jump)
         }
+        latestWallSeen = max(latestWallSeen, latestWallClock())
         device.offset += jump
         setNow(now)
+        latestWallSeen = max(latestWallSeen, latestWallClock())
     }
 
     private func cloudStep(reset: Bool) throws {
@@ -517,9 +539,10 @@ final class SimulationRun {
             try runPumps()
             try runUntilIdle(deadline: deadline, what: what)
             if stats.cloudSaves == saves {
-                for engine in currentEngines {
+                for engine in currentEngines where !engine.isBroken {
                     let status = try engine.engine.status()
-                    guard status.isUpToDate else {
+                    let behind = try !status.isUpToDate && !mayStayBehind(engine, status)
+                    guard !behind else {
                         throw InvariantViolation(.liveness, "\(engine.process.label) store '\(engine.store)' is idle but not up to date "
                             + "(pending \(status.pendingRecords), rejected \(status.rejectedRecords), waiting \(status.waitingForParent), "
                             + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none"))")
@@ -650,12 +673,12 @@ extension SimulationRun {
 
     /// Asks an engine for its next request and sends it, or schedules its wake-up.
     func pump(_ engine: SimEngine) throws {
-        guard isCurrent(engine), !engine.engine.isAwaitingResponse else { return }
+        guard isCurrent(engine), !engine.isBroken, !engine.engine.isAwaitingResponse else { return }
         let request: SyncRequest?
         do {
             request = try engine.engine.nextRequest()
         } catch {
-            throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': nextRequest threw \(error)")
+            return try engineFailed(engine, "nextRequest", error)
         }
         if let request {
             try send(request, from: engine)
@@ -760,7 +783,7 @@ extension SimulationRun {
             do {
                 try engine.engine.abandon(message.request.id)
             } catch {
-                throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': abandon threw \(error)")
+                try engineFailed(engine, "abandon", error)
             }
             enqueuePump(engine)
         case let .wake(serial):
@@ -797,7 +820,7 @@ extension SimulationRun {
 
     private func deliver(_ message: Message, _ result: Result<CloudOperationResult, CloudError>) throws {
         let device = devices[message.device]
-        guard let engine = engines[message.engine], isCurrent(engine) else { return }
+        guard let engine = engines[message.engine], isCurrent(engine), !engine.isBroken else { return }
         if device.isOffline(now) || device.isPartitioned(now) {
             if case .failure(.networkUnavailable) = result {} else {
                 trace.event(now, "lost") { $0.add("req", message.request.id); $0.add("why", "device unreachable") }
@@ -835,7 +858,7 @@ extension SimulationRun {
             crash(engine.process, reason: simulated.point, restartAfter: engine.process.pendingRestartDelay)
             return
         } catch {
-            throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': handling \(message.request.operation.name) threw \(error)")
+            return try engineFailed(engine, "handling \(message.request.operation.name)", error)
         }
         // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
         // of the reset later, and convergence checks that it uploads them again. An answer the engine ignored — a
@@ -960,7 +983,7 @@ extension SimulationRun {
 
     /// Saves records in the cloud, checking first that every version that replaces one is a superset of it (the
     /// cloud never loses an acknowledged write), and keeps the mirror.
-    private func modify(_ records: [CloudRecord], zone: String, from message: Message?) throws -> Result<CloudOperationResult, CloudError> {
+    func modify(_ records: [CloudRecord], zone: String, from message: Message?) throws -> Result<CloudOperationResult, CloudError> {
         if scenario.expect.cloudEncryption {
             // No plaintext of an encrypted attribute ever reaches the cloud, not even in a version replaced later.
             for record in records {
@@ -974,6 +997,7 @@ extension SimulationRun {
                 }
             }
         }
+        if let message { try checkCorruptedUploads(records, zone: zone, device: message.device) }
         for record in records {
             guard let old = mirror[zone]?[record.recordID], old.changeTag == record.changeTag else { continue }
             if let gap = dominanceGap(new: record, old: old) {

@@ -13,6 +13,13 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// copy it read), one history transaction listing each record's changes in order, and in a synced store each
     /// touched record's causal length (delete and re-insert in one save: +2, odd), outbox flag and stamps.
     case localSaves = "local-saves"
+    /// A store's clock never goes back (each acknowledged write's stamp follows the store's earlier ones, whatever its
+    /// bookkeeping or the cloud held), and no remote record drags it more than a day ahead of the latest wall clock any
+    /// device has had (checked at each acknowledged write).
+    case clockBounds = "clock-bounds"
+    /// Bookkeeping the simulator corrupted is never read as a default: while the garbage is in place the store's status
+    /// is not up to date, and a corrupted record is never uploaded without fields its ledger held before.
+    case unreadableBookkeeping = "unreadable-bookkeeping"
     /// Every store file passes `PRAGMA integrity_check`, and each synced store's ledger agrees with its rows (alive
     /// in the ledger exactly when a row exists), after crashes and restarts.
     case crashConsistency = "crash-consistency"
@@ -49,13 +56,15 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
 
     /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
     /// after each save, each upload): the count the trace's `checked` line reports.
-    public static var checkedAtEnd: [Invariant] { allCases.filter { $0 != .localSaves } }
+    public static var checkedAtEnd: [Invariant] { allCases.filter { $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping } }
 
     /// One line describing the invariant.
     public var summary: String {
         switch self {
         case .unexpectedError: return "the library never throws an unexpected error"
         case .localSaves: return "local saves agree with the reference model"
+        case .clockBounds: return "a store's clock never goes back or far ahead"
+        case .unreadableBookkeeping: return "unreadable bookkeeping is never up to date or uploaded short"
         case .crashConsistency: return "integrity_check passes; ledger agrees with rows after crashes"
         case .liveness: return "converged within the liveness bound after heal"
         case .noResurrection: return "deleted records come back only through a re-insert"
@@ -275,6 +284,8 @@ final class SimProcess {
     /// The current engine of each synced store (by store name).
     var engines: [String: SimEngine] = [:]
     var isUp = false
+    /// The file of each file-backed store this process opened (for the corruption faults).
+    var storeURLs: [String: URL] = [:]
     /// Restart delay drawn when an armed crash was set up.
     var pendingRestartDelay: Int64 = 1
     /// The (store, entity) pairs each workload operation can apply to here, by operation (made on first use: the
@@ -311,6 +322,8 @@ final class SimEngine {
     var queued = false
     var wakeAt: Int64?
     var pushPending = false
+    /// The engine threw a typed error about bookkeeping the simulator corrupted: it is not pumped again.
+    var isBroken = false
     /// The request this engine waits for, as far as the simulator knows.
     var outstanding: UInt64?
     /// Recent fetch results, replayed as stale answers.

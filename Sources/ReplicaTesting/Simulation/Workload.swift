@@ -222,6 +222,12 @@ extension SimulationRun {
                 outcome.result = "rejected: record gone"
                 return false
             default:
+                // A typed refusal is a legitimate answer when the simulator corrupted the store's bookkeeping.
+                if wasCorrupted(process.device, outcome.store.name) {
+                    stats.rejectedSaves += 1
+                    outcome.result = "rejected: \(error)"
+                    return false
+                }
                 throw InvariantViolation(.unexpectedError, "\(process.label) save of \(outcome.operation.name) threw \(error)")
             }
         } catch {
@@ -243,7 +249,7 @@ extension SimulationRun {
     /// - Parameter causalLength: for a delete that the same save followed by a re-insert of the ID: the causal length
     ///   the delete reached (the ledger holds the re-insert's by now).
     func acknowledge(_ outcome: inout Outcome, kind: AckWrite.Kind, id: UUID, values: [SQLiteValue], changed: [Int],
-                     before: [SQLiteValue]?, causalLength ended: Int64? = nil) throws {
+                     before: [SQLiteValue]?, causalLength ended: Int64? = nil, checksClock: Bool = true) throws {
         let store = outcome.store
         let entity = outcome.entity
         let device = outcome.process.device
@@ -295,6 +301,9 @@ extension SimulationRun {
             reference.record(zone: store.name, id: id, write: AckWrite(kind: .delete, causalLength: state.causalLength, fields: [],
                                                                        step: step, device: device.name))
             return
+        }
+        if checksClock, let index = changed.first, let stamp = state.stamps[names[index]] {
+            try checkClock(stamp, device: device, store: store.name, record: id, engine: engine)
         }
         var fields: [(name: String, stamp: FieldStamp, value: SQLiteValue, isAttribute: Bool)] = []
         for index in changed {

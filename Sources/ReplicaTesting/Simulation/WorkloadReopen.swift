@@ -98,9 +98,10 @@ extension SimulationRun {
                 guard try ledgerCausalLength(id, store: store, on: process) ?? 0 > 0 else { continue }
                 try acknowledge(&outcome, kind: .delete, id: id, values: [], changed: [], before: nil)
             } else if let row, write.inserted {
-                try acknowledge(&outcome, kind: .insert, id: id, values: row, changed: Array(write.entity.fieldNames.indices), before: nil)
+                try acknowledge(&outcome, kind: .insert, id: id, values: row, changed: Array(write.entity.fieldNames.indices), before: nil,
+                                checksClock: false)
             } else if let row, !write.updated.isEmpty {
-                try acknowledge(&outcome, kind: .update, id: id, values: row, changed: write.updated.sorted(), before: nil)
+                try acknowledge(&outcome, kind: .update, id: id, values: row, changed: write.updated.sorted(), before: nil, checksClock: false)
             }
         }
     }
