@@ -220,6 +220,17 @@ extension SimulationRun {
     /// record it reports rejected is a hostile one.
     func mayStayBehind(_ engine: SimEngine, _ status: SyncStatus) throws -> Bool {
         if engine.isBroken { return true }
+        // The schema gate refusing an app version whose schema contradicts the zone's is the right answer.
+        if hasOptionChanges, case .incompatibleSchema? = status.blockedBy {
+            engine.isBroken = true
+            brokenStores.insert(viewKey(engine.process.device, engine.store))
+            trace.event(now, "engine-refused") { line in
+                line.add("process", engine.process.label)
+                line.add("store", engine.store)
+                line.add("what", "schema gate")
+            }
+            return true
+        }
         let device = engine.process.device
         for corruption in corruptions where corruption.device == device.index && corruption.store == engine.store {
             if try isInPlace(corruption) { return true }
@@ -228,6 +239,37 @@ extension SimulationRun {
               status.undecryptableRecords == 0, !status.needsFetch, status.blockedBy == nil, status.encryptionError == nil else { return false }
         let rejected = try engine.engine.ledgerEntries(in: .rejected)
         return rejected.count == status.rejectedRecords && rejected.allSatisfy { hostile.contains($0.id.id) }
+    }
+
+    // MARK: App versions that disagree on what the cloud holds
+
+    /// At the end: no two engines that still sync one zone run schemas that disagree on an option that changes what
+    /// the cloud holds (cloud encryption, external storage) of an attribute both know.
+    func checkSchemaGate() throws {
+        for zone in zones {
+            var syncing: [(label: String, schema: Schema)] = []
+            for device in devices {
+                for process in device.processes where process.isUp {
+                    guard let engine = process.engines[zone], !engine.isBroken, try engine.engine.status().blockedBy == nil else { continue }
+                    syncing.append((process.label, process.view.schema))
+                }
+            }
+            let relevant: Schema.Attribute.Options = [.allowsCloudEncryption, .externalStorage]
+            for (a, first) in syncing.enumerated() {
+                for second in syncing.dropFirst(a + 1) {
+                    for entity in first.schema.entities {
+                        guard let other = second.schema.entity(named: entity.name) else { continue }
+                        for attribute in entity.attributes {
+                            guard let theirs = other.attribute(named: attribute.name),
+                                  attribute.options.intersection(relevant) != theirs.options.intersection(relevant) else { continue }
+                            throw InvariantViolation(.schemaGate, "\(first.label) (schema v\(first.schema.version.major)) and \(second.label) "
+                                + "(v\(second.schema.version.major)) both sync zone '\(zone)', but disagree on the cloud options of "
+                                + "\(entity.name).\(attribute.name): the schema gate must refuse one")
+                        }
+                    }
+                }
+            }
+        }
     }
 
     // MARK: Hostile remote records

@@ -20,6 +20,7 @@ extension SimulationRun {
         phase = .check
         trace.event(now, "phase") { $0.add("phase", "check") }
         if !corruptions.isEmpty { try checkUnreadableBookkeeping() }
+        if hasOptionChanges { try checkSchemaGate() }
         var views = try collectViews()
         var cloudRecords = zones.reduce(into: [String: [UUID: CloudRecord]]()) { result, zone in
             result[zone] = Dictionary(uniqueKeysWithValues: cloud.records(in: zone).map { ($0.recordID, $0) })
@@ -50,7 +51,7 @@ extension SimulationRun {
         try checkLocalOnly(cloudRecords)
         try checkPlaintext()
         try checkIdempotence(views)
-        trace.event(now, "checked") { $0.add("invariants", Invariant.checkedAtEnd.count + (corruptions.isEmpty ? 0 : 1)) }
+        trace.event(now, "checked") { $0.add("invariants", Invariant.checkedAtEnd.count + (corruptions.isEmpty ? 0 : 1) + (hasOptionChanges ? 1 : 0)) }
     }
 
     func viewKey(_ device: SimDevice, _ store: String) -> String { "\(device.index)/\(store)" }

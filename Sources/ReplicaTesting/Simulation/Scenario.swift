@@ -41,6 +41,10 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var stores: [String]
         /// The schema version its app runs (older devices keep newer fields and record types they do not know).
         public var schemaVersion: Int
+        /// The schema version its app-group extension runs, when it is not the app's (an extension updated later or
+        /// earlier than its app): two app versions on one app-group store file. `nil` (the default, left out of the
+        /// canonical JSON): the app's.
+        public var extensionSchemaVersion: Int? = nil
     }
 
     /// Where stores live.
@@ -487,7 +491,7 @@ struct ScenarioReader {
     }
 
     func attribute(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Attribute {
-        let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "since"])
+        let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "optionsSince", "since"])
         let name = try identifier(object["name"], join(path, "name"))
         let typeText = try string(object["type"], join(path, "type"))
         let allowedTypes = Scenario.Limits.attributeTypes
@@ -521,8 +525,16 @@ struct ScenarioReader {
                 options.append(text)
             }
         }
+        var optionsSince: [String: Int]?
+        if let raw = object["optionsSince"] {
+            let field = join(path, "optionsSince")
+            let map = try self.object(raw, field, allowed: SimulationSchema.Attribute.knownOptions)
+            optionsSince = [:]
+            for key in map.keys.sorted() { optionsSince?[key] = try integer(map[key]!, "\(field).\(key)") }
+        }
         let since = try object["since"].map { v throws(ScenarioError) in try integer(v, join(path, "since")) } ?? entitySince
-        return SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, since: since)
+        return SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, optionsSince: optionsSince,
+                                          since: since)
     }
 
     func relationship(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Relationship {
@@ -575,13 +587,14 @@ struct ScenarioReader {
         guard list.count <= Scenario.Limits.devices else { throw fail("devices", "at most \(Scenario.Limits.devices) devices") }
         for (index, item) in list.enumerated() {
             let path = "devices[\(index)]"
-            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion"])
+            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion", "extensionSchemaVersion"])
             let name = try self.name(object["name"], "\(path).name")
             let version = try object["schemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).schemaVersion") } ?? schema.version
             var names: [String] = []
             let storeList = try object["stores"].map { v throws(ScenarioError) in try array(v, "\(path).stores") } ?? stores.map { $0.name as Any }
             for (i, entry) in storeList.enumerated() { names.append(try string(entry, "\(path).stores[\(i)]")) }
-            result.append(Scenario.Device(name: name, stores: names, schemaVersion: version))
+            let extensionVersion = try object["extensionSchemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).extensionSchemaVersion") }
+            result.append(Scenario.Device(name: name, stores: names, schemaVersion: version, extensionSchemaVersion: extensionVersion))
         }
         return result
     }

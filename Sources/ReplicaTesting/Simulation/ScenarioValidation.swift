@@ -116,6 +116,12 @@ struct ScenarioChecker {
                     throw fail("\(path).options[\(o)]", "'\(option)' is not one of: \(SimulationSchema.Attribute.knownOptions.joined(separator: ", "))")
                 }
                 try range(attribute.since, "\(path).since", 1...schema.version)
+                for option in (attribute.optionsSince ?? [:]).keys.sorted() {
+                    guard SimulationSchema.Attribute.knownOptions.contains(option) else {
+                        throw fail("\(path).optionsSince.\(option)", "'\(option)' is not one of: \(SimulationSchema.Attribute.knownOptions.joined(separator: ", "))")
+                    }
+                    try range(attribute.optionsSince![option]!, "\(path).optionsSince.\(option)", max(1, attribute.since)...schema.version)
+                }
             }
             for (i, relationship) in entity.relationships.enumerated() {
                 let path = "\(entityPath).relationships[\(i)]"
@@ -196,6 +202,16 @@ struct ScenarioChecker {
             if names.contains(device.name) { throw fail("\(path).name", "device '\(device.name)' is declared twice") }
             names.append(device.name)
             try range(device.schemaVersion, "\(path).schemaVersion", 1...schema.version)
+            if let version = device.extensionSchemaVersion {
+                try range(version, "\(path).extensionSchemaVersion", 1...schema.version)
+                let shared = device.stores.compactMap { name in stores.first { $0.name == name } }.filter { $0.kind == .appGroup }
+                guard !shared.isEmpty else {
+                    throw fail("\(path).extensionSchemaVersion", "the device opens no app-group store (only app-group stores have an extension)")
+                }
+                for store in shared where !store.entities.contains(where: { (schema.entity(named: $0)?.since ?? 1) <= version }) {
+                    throw fail("\(path).extensionSchemaVersion", "store '\(store.name)' has no entity in schema version \(version)")
+                }
+            }
             guard !device.stores.isEmpty else { throw fail("\(path).stores", "must not be empty") }
             var listed: [String] = []
             for (i, storeName) in device.stores.enumerated() {

@@ -73,6 +73,9 @@ final class SimulationRun {
     /// Hostile records injected into each zone.
     var hostileIDs: [String: Set<UUID>] = [:]
     var nextHostileSerial = 0
+    /// Whether some attribute gains an option in a later schema version (then the schema gate must keep app versions
+    /// that disagree from syncing together, and an engine it blocks may stay behind).
+    let hasOptionChanges: Bool
     /// The records each zone's end checks leave out (computed by the check phase).
     var exemptFromChecks: [String: Set<UUID>] = [:]
     /// Device stores ("device/store") whose engine refused to go on after a corruption (a typed error).
@@ -107,10 +110,13 @@ final class SimulationRun {
         let newest = scenario.schema.schema()
         var encrypted: [String: Set<String>] = [:]
         for entity in newest.entities {
-            let names = entity.attributes.filter { $0.options.contains(.allowsCloudEncryption) }.map(\.name)
+            // (An attribute encrypted only from a later version on is the schema gate's: invariant schema-gate.)
+            let laterOn = Set(scenario.schema.entity(named: entity.name)?.attributes.filter { $0.optionsSince?["allowsCloudEncryption"] != nil }.map(\.name) ?? [])
+            let names = entity.attributes.filter { $0.options.contains(.allowsCloudEncryption) && !laterOn.contains($0.name) }.map(\.name)
             if !names.isEmpty { encrypted[entity.name] = Set(names) }
         }
         self.encryptedAttributes = encrypted
+        self.hasOptionChanges = scenario.schema.entities.contains { $0.attributes.contains { !($0.optionsSince ?? [:]).isEmpty } }
         self.messageWeights = weights(scenario.faults.messageRates)
         self.cloudWeights = weights(scenario.faults.cloudRates)
         self.workloadWeights = scenario.workload.weights.map { UInt64($0) }
@@ -196,7 +202,10 @@ final class SimulationRun {
                     defaultStoreDirectory: device.directory)
                 environment.canaries = options.canaries
                 environment.faultHook = { point in try faults.fire(point) }
-                device.processes.append(SimProcess(device: device, index: processIndex, stores: owned,
+                // An extension of an older (or newer) app version than its app shares the app-group file.
+                let view = processIndex > 0 && spec.extensionSchemaVersion.map({ $0 != spec.schemaVersion }) == true
+                    ? SchemaView(scenario.schema.schema(version: spec.extensionSchemaVersion!)) : device.view
+                device.processes.append(SimProcess(device: device, index: processIndex, stores: owned, view: view,
                                                    environment: environment, faults: faults))
             }
         }
@@ -238,9 +247,9 @@ final class SimulationRun {
             var configurations: [ModelConfiguration] = []
             var entities: [Schema.Entity] = []
             for store in process.stores {
-                let owned = self.entities(of: store, on: device)
+                let owned = process.view.entities(of: store)
                 entities += owned
-                let subset = Schema(entities: owned, version: device.schema.version)
+                let subset = Schema(entities: owned, version: process.view.schema.version)
                 let name = configurationName(store.name)
                 let cloud: ModelConfiguration.CloudKitDatabase = store.isSynced && !process.syncOff.contains(store.name)
                     ? .private("iCloud.com.example.sim") : .none
@@ -253,7 +262,7 @@ final class SimulationRun {
                                                              cloudKitDatabase: cloud))
                 }
             }
-            process.container = try ModelContainer(for: Schema(entities: entities, version: device.schema.version),
+            process.container = try ModelContainer(for: Schema(entities: entities, version: process.view.schema.version),
                                                    configurations: configurations, environment: process.environment)
         }
         guard let container = process.container else { return }
@@ -545,7 +554,8 @@ final class SimulationRun {
                     guard !behind else {
                         throw InvariantViolation(.liveness, "\(engine.process.label) store '\(engine.store)' is idle but not up to date "
                             + "(pending \(status.pendingRecords), rejected \(status.rejectedRecords), waiting \(status.waitingForParent), "
-                            + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none"))")
+                            + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none")"
+                            + (status.blockedBy.map { ", blocked by \($0)" } ?? "") + (status.encryptionError.map { ", encryption error \($0)" } ?? "") + ")")
                     }
                 }
                 return

@@ -45,7 +45,7 @@ extension SimulationRun {
         if let cached = process.workloadTargets[operation.rawValue] { return cached }
         var result: [(Scenario.Store, Schema.Entity)] = []
         for store in process.stores {
-            for entity in entities(of: store, on: process.device) {
+            for entity in process.view.entities(of: store) {
                 switch operation {
                 case .relationshipEdit: if entity.toOneRelationships.isEmpty { continue }
                 case .uniqueCollision: if !entity.attributes.contains(where: \.isUnique) { continue }
@@ -53,7 +53,7 @@ extension SimulationRun {
                 case .reopen:
                     // One target per synced store (not per entity), of processes whose stores all outlive their container.
                     if store.kind != .synced || !process.stores.allSatisfy(usesFile)
-                        || entity.name != entities(of: store, on: process.device).first?.name { continue }
+                        || entity.name != process.view.entities(of: store).first?.name { continue }
                 default: break
                 }
                 result.append((store, entity))
@@ -80,7 +80,7 @@ extension SimulationRun {
             return
         }
         stats.workloadOperations += 1
-        let info = device.info(entity)
+        let info = process.view.info(entity)
         let access = info.access
         let pool = poolKey(store, entity.name, device: device)
         switch operation {
@@ -253,7 +253,7 @@ extension SimulationRun {
         let store = outcome.store
         let entity = outcome.entity
         let device = outcome.process.device
-        let info = device.info(entity)
+        let info = outcome.process.view.info(entity)
         let names = info.fieldNames
         if !store.isSynced {
             let key = "\(device.index)/\(store.name)"
@@ -348,9 +348,9 @@ extension SimulationRun {
 
     /// A reference to a record of the relationship's destination that is alive on the process's device, or null.
     private func parentReference(_ relationship: Schema.Relationship, store: Scenario.Store, process: SimProcess) throws -> SQLiteValue {
-        guard let context = process.context, let destination = process.device.schema.entity(named: relationship.destination),
+        guard let context = process.context, let destination = process.view.schema.entity(named: relationship.destination),
               let id = try pickRecord(poolKey(store, destination.name, device: process.device)) else { return .null }
-        let access = process.device.info(destination).access
+        let access = process.view.info(destination).access
         return try access.values(context, id: id) != nil ? id.sqliteValue : .null
     }
 

@@ -24,7 +24,7 @@ extension SimulationRun {
 
     /// Deletes a live record and inserts its ID again with new values, in one save: a new incarnation.
     func deleteReinsertStep(_ outcome: inout Outcome, context: ModelContext, pool: String) throws {
-        let info = outcome.process.device.info(outcome.entity)
+        let info = outcome.process.view.info(outcome.entity)
         guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
         outcome.record = id
         guard let before = try info.access.values(context, id: id) else { outcome.result = "not here"; return }
@@ -49,7 +49,7 @@ extension SimulationRun {
     /// copy in another context of the process and saves it first, then saves the first copy (which must not
     /// revert the other context's edit).
     func copiesStep(_ outcome: inout Outcome, context: ModelContext, pool: String) throws {
-        let info = outcome.process.device.info(outcome.entity)
+        let info = outcome.process.view.info(outcome.entity)
         let store = outcome.store, process = outcome.process
         let acrossContexts = try dice.below(2) == 1
         guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
@@ -110,7 +110,7 @@ extension SimulationRun {
     /// the first time, the process keeps a copy; the next time, it edits that copy and saves it, whatever happened
     /// to the record meanwhile (other operations, sync).
     func staleCopyStep(_ outcome: inout Outcome, context: ModelContext, pool: String) throws {
-        let info = outcome.process.device.info(outcome.entity)
+        let info = outcome.process.view.info(outcome.entity)
         let store = outcome.store, process = outcome.process
         let late = try dice.below(2) == 1
         if late, let kept = process.keptCopy, kept.store == store.name {
@@ -179,7 +179,7 @@ extension SimulationRun {
     /// after it (variant 0: a re-insert, a new incarnation), or a new record and a re-insert of a dead ID registered
     /// before it and selected by it (variant 1: both inserts are taken back).
     func batchDeleteStep(_ outcome: inout Outcome, context: ModelContext, pool: String) throws {
-        let info = outcome.process.device.info(outcome.entity)
+        let info = outcome.process.view.info(outcome.entity)
         let store = outcome.store, process = outcome.process
         let insertsFirst = try dice.below(2) == 1
         let count = 1 + (try dice.below(3))
