@@ -33,10 +33,15 @@ public enum FuzzOutcome: Sendable, Hashable {
 
 /// Counts of one fuzz run.
 public struct FuzzReport: Sendable {
+    /// The target run.
     public var target: FuzzTarget
+    /// The seed of the run (each iteration's input is a function of it and the iteration).
     public var seed: UInt64
+    /// Inputs run.
     public var iterations = 0
+    /// Inputs read and used (decoded, merged, parsed, run, opened).
     public var accepted = 0
+    /// Inputs refused with a typed error.
     public var refused = 0
     /// CPU seconds the run took.
     public var seconds = 0.0

@@ -76,6 +76,9 @@ final class SimulationRun {
     /// Whether some attribute gains an option in a later schema version (then the schema gate must keep app versions
     /// that disagree from syncing together, and an engine it blocks may stay behind).
     let hasOptionChanges: Bool
+    /// Whether every workload save is checked against the local reference model (scenarios that use the later
+    /// operations); otherwise only the saves of those operations are.
+    let checksEverySave: Bool
     /// The records each zone's end checks leave out (computed by the check phase).
     var exemptFromChecks: [String: Set<UUID>] = [:]
     /// Device stores ("device/store") whose engine refused to go on after a corruption (a typed error).
@@ -117,6 +120,8 @@ final class SimulationRun {
         }
         self.encryptedAttributes = encrypted
         self.hasOptionChanges = scenario.schema.entities.contains { $0.attributes.contains { !($0.optionsSince ?? [:]).isEmpty } }
+        let workload = scenario.workload
+        self.checksEverySave = workload.deleteReinsert + workload.copies + workload.staleCopy + workload.batchDelete + workload.reopen > 0
         self.messageWeights = weights(scenario.faults.messageRates)
         self.cloudWeights = weights(scenario.faults.cloudRates)
         self.workloadWeights = scenario.workload.weights.map { UInt64($0) }
