@@ -439,7 +439,10 @@ struct ReplicationPropertyTests {
     @Test("the property with opt-in steps: delete and re-insert, copies, stale copies, corrupted stamps, hostile records",
           arguments: Extra.allCases)
     func convergenceWithExtraSteps(extra: Extra) throws {
-        let result = checkProperty("replication with \(extra.rawValue)", configuration: PropertyConfiguration(cases: 60, persistence: .disabled),
+        // (While the defect is open the case fails early; a small shrink budget keeps the known issue cheap.)
+        let budget = Self.openDefects.contains(extra) ? ShrinkBudget(maxExecutions: 120, maxDuration: .seconds(10)) : ShrinkBudget()
+        let result = checkProperty("replication with \(extra.rawValue)",
+                                   configuration: PropertyConfiguration(cases: 60, shrinkBudget: budget, persistence: .disabled),
                                    Self.steps(with: [extra])) { steps in
             try Self.run(steps)
         }
