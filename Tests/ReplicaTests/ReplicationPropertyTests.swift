@@ -186,7 +186,7 @@ struct ReplicationPropertyTests {
             try Property.require(hlc.physical <= latestWall + 86_400_000, "P\(d)'s clock is \(hlc.physical - latestWall) ms "
                                  + "ahead of every wall clock", kind: "clock bounds")
             for other in hostile.sorted(by: { $0.bytes.lexicographicallyPrecedes($1.bytes) }) {
-                guard let kept = try SyncLedger.load(other, db) else { continue }
+                guard let kept = try SyncLedger.loadAsStored(other, db) else { continue }
                 let received = ([kept.created] + Array(kept.stamps.values)).map { ($0.clock.physical, $0.clock.logical) }.max { $0 < $1 }!
                 try Property.require(clock > received, "P\(d)'s clock \(clock) is not past the stamp \(received) of a record it kept",
                                      kind: "clock bounds")
@@ -236,12 +236,12 @@ struct ReplicationPropertyTests {
                 let id = ids[n % ids.count]
                 let context = devices[d].context
                 guard try context.model(SyncNote.self, id: id) != nil else { continue }
-                let before = try SyncLedger.load(id, devices[d].engine.db)?.causalLength ?? 0
+                let before = try SyncLedger.loadAsStored(id, devices[d].engine.db)?.causalLength ?? 0
                 devices[d].clock.advance(by: 2)
                 context.delete(PersistentIdentifier(entityName: "SyncNote", id: id))
                 context.insert(SyncNote(id: id, title: "dr\(title)-\(i)"))
                 try context.save()
-                let length = try SyncLedger.load(id, devices[d].engine.db)?.causalLength ?? 0
+                let length = try SyncLedger.loadAsStored(id, devices[d].engine.db)?.causalLength ?? 0
                 try Property.require(length == before + 2, "delete and re-insert in one save left causal length \(length), not \(before + 2)",
                                      kind: "local save")
                 let row = try ModelContext(devices[d].container).model(SyncNote.self, id: id)
@@ -287,7 +287,7 @@ struct ReplicationPropertyTests {
                 guard !ids.isEmpty else { continue }
                 let id = ids[n % ids.count]
                 let db = devices[d].engine.db
-                guard let state = try SyncLedger.load(id, db), state.isAlive else { continue }
+                guard let state = try SyncLedger.loadAsStored(id, db), state.isAlive else { continue }
                 let garbage: SQLiteValue = [.blob(Data()), .text("garbage"), .blob(Data([0xFF, 1, 2, 3]))][variant]
                 try db.run("UPDATE replica_sync_record SET stamps = ? WHERE id = ?", [garbage, id.sqliteValue])
                 let tag = cloud.records(in: "notes").first { $0.recordID == id }?.changeTag
