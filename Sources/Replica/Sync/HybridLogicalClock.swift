@@ -92,23 +92,11 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
             + replica.bytes.map { hexDigits(UInt64($0), width: 2) }.joined()
     }
 
+    /// Parses the 48-digit form (hex digits of either case, nothing else: no sign, no space).
     init?(hex: Substring) {
         var text = hex
-        if text.utf8.count == 48, let parsed = text.withUTF8({ HLC.parse($0, at: 0) }) {
-            self = parsed
-            return
-        }
-        guard hex.utf8.count == 48, let physical = UInt64(hex.prefix(12), radix: 16),
-              let logical = UInt64(hex.dropFirst(12).prefix(4), radix: 16) else { return nil }
-        var bytes = Data()
-        var rest = hex.dropFirst(16)
-        while !rest.isEmpty {
-            guard let byte = UInt8(rest.prefix(2), radix: 16) else { return nil }
-            bytes.append(byte)
-            rest = rest.dropFirst(2)
-        }
-        guard let replica = UUID(bytes: bytes) else { return nil }
-        self.init(physical: Int64(physical), logical: Int32(logical), replica: replica)
+        guard text.utf8.count == 48, let parsed = text.withUTF8({ HLC.parse($0, at: 0) }) else { return nil }
+        self = parsed
     }
 }
 
@@ -137,16 +125,13 @@ public struct FieldStamp: Hashable, Comparable, Sendable, Codable, CustomStringC
         return hexDigits(UInt64(max(0, incarnation)), width: 16) + clock.hex
     }
 
+    /// Parses the 64-digit form (hex digits of either case, nothing else). Returns `nil` for any other text,
+    /// including an incarnation beyond `Int64.max` (its first digit 8 or more): a stamp from outside is refused,
+    /// never converted with a trap.
     public init?(_ text: String) {
         var bytes = text
-        if bytes.utf8.count == 64, let parsed = bytes.withUTF8({ FieldStamp.parse($0, at: 0) }) {
-            self = parsed
-            return
-        }
-        let text = Substring(text)
-        guard text.utf8.count == 64, let incarnation = UInt64(text.prefix(16), radix: 16),
-              let clock = HLC(hex: text.dropFirst(16)) else { return nil }
-        self.init(incarnation: Int64(incarnation), clock: clock)
+        guard bytes.utf8.count == 64, let parsed = bytes.withUTF8({ FieldStamp.parse($0, at: 0) }) else { return nil }
+        self = parsed
     }
 
     public init(from decoder: any Decoder) throws {

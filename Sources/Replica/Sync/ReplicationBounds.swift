@@ -48,6 +48,9 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
 
     /// The causal length lies outside `1 ... ReplicationBounds.maxCausalLength`.
     case causalLengthOutOfRange(Int64)
+    /// The record ID is the nil UUID (``Foundation/UUID/unassigned``), which marks a model not inserted yet: a row
+    /// with it could never be updated or deleted by the app.
+    case nilRecordID
     /// A stamp's incarnation is negative or beyond the record's causal length.
     case incarnationBeyondCausalLength(StampSite)
     /// A stamp's clock does not fit the fixed-width text form (48-bit milliseconds, 16-bit counter).
@@ -78,6 +81,7 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case let .causalLengthOutOfRange(length): return "causal length \(length) is out of range"
+        case .nilRecordID: return "the record ID is the nil UUID, which no inserted record has"
         case let .incarnationBeyondCausalLength(site): return "\(site) has an incarnation beyond the record's causal length"
         case let .clockBeyondEncoding(site): return "\(site) has a clock outside 48-bit milliseconds and a 16-bit counter"
         case let .clockAtEdge(site):
@@ -111,7 +115,7 @@ extension SyncLedger {
     /// that needs no database (then only its ownership check remains). Decides the common case without sorting field
     /// names or formatting reasons; when it returns `false`, ``rejectionReason(_:store:db:)`` finds the reason.
     static func fits(_ remote: CloudRecord, _ remoteFields: [CloudField?], _ statements: EntityStatements) -> Bool {
-        guard (1...maxCausalLength).contains(remote.causalLength) else { return false }
+        guard (1...maxCausalLength).contains(remote.causalLength), remote.recordID != .unassigned else { return false }
         func fits(_ stamp: FieldStamp) -> Bool {
             stamp.incarnation >= 0 && stamp.incarnation <= remote.causalLength && stamp.clock.isEncodable
                 && stamp.clock.physical <= ReplicationBounds.maxRemotePhysical
@@ -130,13 +134,14 @@ extension SyncLedger {
         return true
     }
 
-    /// Why `remote` cannot be applied here, or `nil` when it can: a causal length out of range, a stamp whose clock
+    /// Why `remote` cannot be applied here, or `nil` when it can: a causal length out of range, the nil record ID, a stamp whose clock
     /// does not fit its fixed-width text form (48-bit milliseconds, 16-bit counter) or lies at the edge of that
     /// range, or whose incarnation is beyond the record's, an ID that belongs to a local record of another entity,
     /// or a known field whose value does not have the attribute's type (or is NaN, or is a reference that is not a
     /// record ID). Reasons name fields, never values.
     static func rejectionReason(_ remote: CloudRecord, store: Store, db: Connection) throws -> RecordRejection? {
         guard (1...maxCausalLength).contains(remote.causalLength) else { return .causalLengthOutOfRange(remote.causalLength) }
+        guard remote.recordID != .unassigned else { return .nilRecordID }
         if let problem = stampProblem(remote.created, of: remote, .creation) { return problem }
         let names = remote.fields.keys.sorted()
         for name in names {
