@@ -48,9 +48,14 @@ private let group = "group.replica.mixed"
 /// A container of one app-group store "shared" with the given model version, as a process of that version opens it.
 private func process(_ model: any PersistentModel.Type, _ directory: TestDirectory, seed: UInt64, version: Int,
                      synced: Bool = false) throws -> ModelContainer {
+    try process([model], directory, seed: seed, version: version, synced: synced)
+}
+
+private func process(_ models: [any PersistentModel.Type], _ directory: TestDirectory, seed: UInt64, version: Int,
+                     synced: Bool = false) throws -> ModelContainer {
     var environment = directory.environment(seed: seed)
     environment.processIdentity = ProcessIdentity(bundleIdentifier: "com.example.notes.v\(version)", processName: "v\(version)", processID: Int32(version))
-    return try ModelContainer(for: Schema([model], version: Schema.Version(version, 0, 0)), configurations: [
+    return try ModelContainer(for: Schema(models, version: Schema.Version(version, 0, 0)), configurations: [
         ModelConfiguration("shared", groupContainer: .identifier(group), cloudKitDatabase: synced ? .private("iCloud.mixed") : .none),
     ], environment: environment)
 }
@@ -272,9 +277,66 @@ private func mood(_ container: ModelContainer, _ id: UUID) throws -> String? {
     try ModelContext(container).model(SyncNoteV2.self, id: id)?.mood
 }
 
+/// An entity only the newer app version declares.
+private struct StickerV2: PersistentModel, Codable, Equatable {
+    static var entityName: String { "Sticker" }
+    var id = UUID.unassigned
+    var label: String = ""
+    static let entity = ModelEntity<StickerV2>([.attribute("label", \.label, default: "")])
+}
+
 @Suite("Mixed app versions on one synced app-group store")
 struct MixedVersionSyncedAppGroupTests {
     let directory = TestDirectory()
+
+    @Test("a record of an entity only the newer version declares, fetched by the older process, appears in the newer one's table")
+    func entityFetchedByTheOlderProcessIsAdopted() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try Device("phone", seed: 3, models: [SyncNoteV2.self, StickerV2.self], version: Schema.Version(2, 0, 0))
+        let sticker = phone.context.insert(StickerV2(label: "moon"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        let app = try process([SyncNoteV2.self, StickerV2.self], directory, seed: 2, version: 2, synced: true)
+        let widget = try process(SyncNote.self, directory, seed: 1, version: 1, synced: true)
+        // The older widget fetches first: it keeps the sticker as a record of an unknown type, and the shared change
+        // token moves past it.
+        let widgetEngine = try SyncEngine(container: widget, storeName: "shared", zone: "notes")
+        #expect(try sync(widgetEngine, widget, cloud).isUpToDate)
+        #expect(try widgetEngine.unknownTypeRecords().map(\.recordID) == [sticker.id])
+        widgetEngine.releaseLease()
+        // The app's engine fetches nothing new, yet adopts the kept record: the sticker is in its table.
+        let appEngine = try SyncEngine(container: app, storeName: "shared", zone: "notes")
+        #expect(try sync(appEngine, app, cloud).isUpToDate)
+        #expect(try ModelContext(app).model(StickerV2.self, id: sticker.id)?.label == "moon")
+        #expect(try appEngine.unknownTypeRecords().isEmpty)
+        #expect(try appEngine.ledgerEntry(for: PersistentIdentifier(entityName: "Sticker", id: sticker.id))?.state == .synced)
+    }
+
+    @Test("a record of an entity only the newer version declares stays queued while the older process syncs; the newer one uploads it")
+    func entityOnlyTheNewerVersionDeclares() throws {
+        let cloud = InMemoryCloudDatabase()
+        let app = try process([SyncNoteV2.self, StickerV2.self], directory, seed: 2, version: 2, synced: true)
+        let widget = try process(SyncNote.self, directory, seed: 1, version: 1, synced: true)
+        let appContext = ModelContext(app)
+        let sticker = appContext.insert(StickerV2(label: "star"))
+        let note = appContext.insert(SyncNoteV2(title: "beside it", mood: "glad"))
+        try appContext.save()
+        // The older widget syncs first: it uploads the note, cannot read the sticker's row, and leaves it queued —
+        // not refused, which would keep it from the cloud for good.
+        let widgetEngine = try SyncEngine(container: widget, storeName: "shared", zone: "notes")
+        let widgetStatus = try sync(widgetEngine, widget, cloud)
+        #expect(widgetStatus.rejectedRecords == 0)
+        #expect(widgetStatus.pendingRecords == 1)
+        #expect(cloud.records(in: "notes").map(\.recordID) == [note.id])
+        widgetEngine.releaseLease()
+        // The app's engine uploads it.
+        let appEngine = try SyncEngine(container: app, storeName: "shared", zone: "notes")
+        #expect(try sync(appEngine, app, cloud).isUpToDate)
+        #expect(try widgetEngine.status().isUpToDate)
+        let phone = try Device("phone", seed: 3, models: [SyncNoteV2.self, StickerV2.self], version: Schema.Version(2, 0, 0))
+        try phone.sync(cloud)
+        #expect(try ModelContext(phone.container).model(StickerV2.self, id: sticker.id)?.label == "star")
+    }
 
     @Test("a field the older process merges reaches the newer process's column; its stamp, later saves and uploads keep it")
     func olderProcessMergesIntoNewerColumns() throws {

@@ -7,7 +7,7 @@ import Testing
 @Suite("Outbox index")
 struct OutboxIndexTests {
     private func plan(_ db: Connection) throws -> String {
-        try db.rows("EXPLAIN QUERY PLAN " + SyncLedger.outboxSQL.sql, [.integer(100)])
+        try db.rows("EXPLAIN QUERY PLAN " + SyncLedger.outboxSQL(entities: ["SyncNote"]).sql, [.integer(100)])
             .map { row in if case let .text(s) = row[3] { s } else { "" } }.joined(separator: " | ")
     }
 

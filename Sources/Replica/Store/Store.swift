@@ -31,6 +31,8 @@ final class Store: Sendable {
     private let idle: Mutex<[IdleConnection]>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
+    /// The outbox query of this store's entities (``SyncLedger/outboxSQL(entities:)``).
+    var outboxSQL: StatementKey { layout.outboxSQL }
     /// What the store was made from (shared by every store with these entities): its template and the connections
     /// of in-memory stores that went away, for the next one.
     private let layout: StoreLayout
@@ -446,6 +448,9 @@ final class StoreLayout: @unchecked Sendable {
     let defaultsFingerprint: String
     /// The value of `replica_metadata['store_fields']` of a new store file with these entities (``StoreFieldUnion``).
     let fieldUnion: String
+    /// The outbox query, limited to these entities (a process of another app version may queue records of entities
+    /// this one does not know in a shared store file: those are left to it).
+    let outboxSQL: StatementKey
     /// An in-memory database holding the fresh schema, made on first use; guarded by its lock.
     private let template = Mutex<TemplateState>(.notMade)
     /// Connections of in-memory stores with these entities that went away (see `Store.deinit`), newest last.
@@ -461,6 +466,7 @@ final class StoreLayout: @unchecked Sendable {
         statements = entities.map(EntityStatements.init)
         defaultsFingerprint = Store.defaultsFingerprint(entities)
         fieldUnion = SyncLedger.encodeStampless(StoreFieldUnion(entities: []).adding(entities))
+        outboxSQL = SyncLedger.outboxSQL(entities: entities.map(\.name))
     }
 
     private struct Key: Hashable {
@@ -468,20 +474,27 @@ final class StoreLayout: @unchecked Sendable {
         let synced: Bool
     }
 
-    /// Layouts made so far; few distinct ones per process in practice. Past a bound, new ones are not kept.
-    private static let layouts = Mutex<[Key: StoreLayout]>([:])
+    /// Layouts made so far, and the order they were made in; few distinct ones per process in practice. Past a
+    /// bound the oldest is forgotten (its template and retired connections close once no store uses it), so a
+    /// process that opens many schemas — a test suite, a tool — keeps recycling the stores it opens now.
+    private static let layouts = Mutex<(byKey: [Key: StoreLayout], order: [Key])>(([:], []))
     private static let layoutLimit = 64
-    /// Template databases made so far (each a connection kept open for the process's lifetime), bounded likewise.
+    /// Names the template databases made so far (each an in-memory database of its own).
     private static let templateCount = Atomic<Int>(0)
 
     /// The layout of `entities`, made once per process.
     static func shared(_ entities: [Schema.Entity], synced: Bool) -> StoreLayout {
         let key = Key(entities: entities, synced: synced)
-        if let layout = layouts.withLock({ $0[key] }) { return layout }
+        if let layout = layouts.withLock({ $0.byKey[key] }) { return layout }
         let layout = StoreLayout(entities, synced: synced)
         return layouts.withLock { layouts in
-            if let existing = layouts[key] { return existing }
-            if layouts.count < layoutLimit { layouts[key] = layout }
+            if let existing = layouts.byKey[key] { return existing }
+            if layouts.order.count >= layoutLimit {
+                let oldest = layouts.order.removeFirst()
+                layouts.byKey[oldest] = nil
+            }
+            layouts.byKey[key] = layout
+            layouts.order.append(key)
             return layout
         }
     }
@@ -489,7 +502,6 @@ final class StoreLayout: @unchecked Sendable {
     private enum TemplateState {
         case notMade
         case made(TemplateDatabase)
-        case unavailable
     }
 
     /// Keeps `connection`, the last of an in-memory store that went away, for ``takeRetired()`` (closes it when
@@ -540,14 +552,8 @@ final class StoreLayout: @unchecked Sendable {
             switch state {
             case let .made(existing):
                 source = existing
-            case .unavailable:
-                return false
             case .notMade:
                 let serial = Self.templateCount.add(1, ordering: .relaxed).newValue
-                guard serial <= Self.layoutLimit else {
-                    state = .unavailable
-                    return false
-                }
                 let connection = try Connection(location: .memory(name: "replica-template-\(serial)"))
                 try connection.transaction(.immediate) { try connection.execute(freshSchemaSQL) }
                 source = try TemplateDatabase(connection)

@@ -23,7 +23,9 @@ public struct SyncStatus: Hashable, Sendable {
     /// ``SyncEngine/Options/maxClockDriftMilliseconds``: kept, not merged yet (R2).
     public var heldRecords = 0
     /// Records whose sync bookkeeping could not be read (``LedgerState/corrupt(_:)``): rebuilt, kept out of the
-    /// outbox until a fresh cloud copy or a full read of the zone repairs them.
+    /// outbox until a fresh cloud copy or a full read of the zone repairs them. Also counts ledger rows not read yet
+    /// whose entity or causal length is visibly unreadable (wrong storage class, out of range): they are rebuilt
+    /// when first read.
     public var corruptRecords = 0
     /// Set when the engine refuses to sync (e.g. an incompatible schema).
     public var blockedBy: ReplicaError?
@@ -343,7 +345,9 @@ public final class SyncEngine {
                    count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable'),
                    (SELECT count(*) FROM replica_sync_held),
-                   count(*) FILTER (WHERE state = 'corrupt')
+                   count(*) FILTER (WHERE state = 'corrupt' OR typeof(entity) != 'text' OR entity = ''
+                                    OR (typeof(causal_length) != 'integer' OR causal_length NOT BETWEEN 1 AND \(ReplicationBounds.maxCausalLength))
+                                       AND NOT (causal_length = 0 AND state = 'undecryptable'))
             FROM replica_sync_record
             """).first ?? []
         func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
@@ -676,7 +680,9 @@ public final class SyncEngine {
     private func mergeRecords(_ records: [CloudRecord]) throws {
         // Held versions whose time has come are merged first (R2; they may be held again).
         let retried = try SyncLedger.takeDueHeldRecords(wall: now, db)
-        let records = retried.isEmpty ? records : retried + records
+        // Records of types this schema declares that were kept as unknown (by an older version, R9) are merged too.
+        let adopted = try SyncLedger.takeAdoptableUnknownRecords(store: store, db)
+        let records = retried.isEmpty && adopted.records.isEmpty ? records : retried + adopted.records + records
         guard !records.isEmpty else { return }
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
         var changes = StoreChanges()
@@ -701,7 +707,7 @@ public final class SyncEngine {
         }
         let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
-        if !retried.isEmpty { try SyncLedger.requeueRetried(retried, db) }
+        if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
         changes.deleted += consequences.deleted

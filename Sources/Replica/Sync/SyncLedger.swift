@@ -373,12 +373,18 @@ enum SyncLedger {
                            endedRedirects: ended, fields: fields)
     }
 
-    /// The outbox in ID order: ledger state read with the ID, so no lookup per record (``loadSQL``'s columns after
-    /// the ID).
-    static let outboxSQL = StatementKey("""
-        SELECT id, \(stateColumns)
-        FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable', 'corrupt') ORDER BY id LIMIT ?
-        """)
+    /// The outbox of a store of `entities`, in ID order: ledger state read with the ID, so no lookup per record
+    /// (``loadSQL``'s columns after the ID). Only records of `entities`: in a store file shared with a process of
+    /// another app version, records of entities this schema does not know are that process's to upload (this one
+    /// cannot read their rows); they stay queued, counted as pending, never refused (P6).
+    static func outboxSQL(entities: [String]) -> StatementKey {
+        let names = entities.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ", ")
+        return StatementKey("""
+            SELECT id, \(stateColumns)
+            FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable', 'corrupt')
+                AND entity IN (\(names.isEmpty ? "NULL" : names)) ORDER BY id LIMIT ?
+            """)
+    }
 
     /// Records of unknown types to upload again (read before every upload, usually finding none).
     private static let pendingUnknownSQL = StatementKey("SELECT record FROM replica_sync_unknown_record WHERE pending = 1 ORDER BY id LIMIT ?")
@@ -394,7 +400,7 @@ enum SyncLedger {
         try db.transaction(.deferred) {
             var entries: [(state: RecordState, oneStamp: FieldStamp?)] = []
             do {
-                let statement = try db.cachedStatement(outboxSQL)
+                let statement = try db.cachedStatement(store.outboxSQL)
                 defer { statement.reset() }
                 try statement.bind(Int64(limit), at: 0)
                 // The entity of the previous row (records of one entity usually come in runs).
