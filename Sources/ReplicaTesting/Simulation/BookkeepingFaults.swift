@@ -139,6 +139,16 @@ extension SimulationRun {
         return current == corruption.written
     }
 
+    /// Whether garbage the simulator wrote into the ledger row of `id` in `engine`'s store is still in place.
+    func hasCorruptionInPlace(_ engine: SimEngine, _ id: UUID) throws -> Bool {
+        guard !corruptions.isEmpty else { return false }
+        let device = engine.process.device.index
+        for corruption in corruptions where corruption.device == device && corruption.store == engine.store && corruption.id == id {
+            if try isInPlace(corruption) { return true }
+        }
+        return false
+    }
+
     /// Whether bookkeeping of `store` on `device` was ever corrupted.
     func wasCorrupted(_ device: SimDevice, _ store: String) -> Bool {
         corruptions.contains { $0.device == device.index && $0.store == store }
@@ -149,7 +159,10 @@ extension SimulationRun {
     /// Otherwise: an unexpected error.
     func engineFailed(_ engine: SimEngine, _ what: String, _ error: any Error) throws {
         let device = engine.process.device
-        guard wasCorrupted(device, engine.store) else {
+        // The schema gate refusing an app version whose options contradict the zone's is the right answer (R13).
+        let refusedByGate: Bool
+        if hasOptionChanges, case .incompatibleSchema? = error as? ReplicaError { refusedByGate = true } else { refusedByGate = false }
+        guard wasCorrupted(device, engine.store) || refusedByGate else {
             throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': \(what) threw \(error)")
         }
         engine.isBroken = true
@@ -157,7 +170,7 @@ extension SimulationRun {
         trace.event(now, "engine-refused") { line in
             line.add("process", engine.process.label)
             line.add("store", engine.store)
-            line.add("what", what)
+            line.add("what", refusedByGate ? "schema gate" : what)
         }
     }
 
@@ -178,12 +191,17 @@ extension SimulationRun {
         }
     }
 
-    /// At the end: while corrupted bytes are in place, the store's status is not up to date.
+    /// At the end: while corrupted bytes are in place, the store's status is not up to date once the engine has
+    /// looked. An engine reads a row's bookkeeping when it starts (`verifyBookkeeping()`), merges or uploads the
+    /// record, and when asked; the status counts what it found and rows whose causal length or entity is visibly out
+    /// of range. Bytes another writer corrupted in a row the engine has not read since are found by asking, as an app's
+    /// maintenance would — so the check asks first.
     func checkUnreadableBookkeeping() throws {
         for corruption in corruptions where try isInPlace(corruption) {
             let device = devices[corruption.device]
             for process in device.processes where process.isUp {
                 guard let engine = process.engines[corruption.store], !engine.isBroken else { continue }
+                if corruption.id != nil { _ = try engine.engine.verifyBookkeeping() }
                 if try engine.engine.status().isUpToDate {
                     let what = corruption.id.map { "the ledger \(corruption.column.rawValue) of \(alias($0))" } ?? "the stored clock"
                     throw InvariantViolation(.unreadableBookkeeping, "\(process.label) store '\(corruption.store)': \(what) holds unreadable "
@@ -217,7 +235,7 @@ extension SimulationRun {
     }
 
     /// Whether an idle engine that is not up to date is so legitimately: its store holds corrupted bytes, or every
-    /// record it reports rejected is a hostile one.
+    /// record it reports rejected or holds is a hostile one.
     func mayStayBehind(_ engine: SimEngine, _ status: SyncStatus) throws -> Bool {
         if engine.isBroken { return true }
         // The schema gate refusing an app version whose schema contradicts the zone's is the right answer.
@@ -235,10 +253,12 @@ extension SimulationRun {
         for corruption in corruptions where corruption.device == device.index && corruption.store == engine.store {
             if try isInPlace(corruption) { return true }
         }
-        guard status.rejectedRecords > 0, let hostile = hostileIDs[engine.store], status.pendingRecords == 0, status.waitingForParent == 0,
-              status.undecryptableRecords == 0, !status.needsFetch, status.blockedBy == nil, status.encryptionError == nil else { return false }
-        let rejected = try engine.engine.ledgerEntries(in: .rejected)
-        return rejected.count == status.rejectedRecords && rejected.allSatisfy { hostile.contains($0.id.id) }
+        // Hostile records may stay refused, or held while stamped past the allowed clock drift (R2).
+        guard status.rejectedRecords + status.heldRecords > 0, let hostile = hostileIDs[engine.store], status.pendingRecords == 0,
+              status.waitingForParent == 0, status.undecryptableRecords == 0, status.corruptRecords == 0, !status.needsFetch,
+              status.blockedBy == nil, status.encryptionError == nil else { return false }
+        let kept = try engine.engine.ledgerEntries(in: .rejected) + engine.engine.ledgerEntries(in: .aheadOfClock)
+        return kept.count == status.rejectedRecords + status.heldRecords && kept.allSatisfy { hostile.contains($0.id.id) }
     }
 
     // MARK: App versions that disagree on what the cloud holds

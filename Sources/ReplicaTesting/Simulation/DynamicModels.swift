@@ -199,8 +199,12 @@ private struct VisitLow<A: SimulationDigit, B: SimulationDigit>: DigitVisitor {
 public protocol DynamicEntityAccess: Sendable {
     /// Registers an insert; with `id == .unassigned` a new ID is assigned. Returns the record's ID.
     func insert(_ context: ModelContext, id: UUID, values: [SQLiteValue]) -> UUID
-    /// Registers new values for an existing record.
+    /// Registers new values for an existing record (`ModelContext.update(_:)`: the context tells the copy's edits
+    /// from the versions it handed out).
     func update(_ context: ModelContext, id: UUID, values: [SQLiteValue])
+    /// Registers new values for an existing record, edited from the copy `original` (`ModelContext.update(_:from:)`:
+    /// exactly the fields that differ from it are changed).
+    func update(_ context: ModelContext, id: UUID, values: [SQLiteValue], from original: [SQLiteValue])
     /// The record's stored values, or `nil` when there is no such live record.
     func values(_ context: ModelContext, id: UUID) throws -> [SQLiteValue]?
     /// Every live record, in ID order.
@@ -217,6 +221,10 @@ struct TypedEntityAccess<S: EntitySlot>: DynamicEntityAccess {
 
     func update(_ context: ModelContext, id: UUID, values: [SQLiteValue]) {
         context.update(DynamicRecord<S>(id: id, values: values))
+    }
+
+    func update(_ context: ModelContext, id: UUID, values: [SQLiteValue], from original: [SQLiteValue]) {
+        context.update(DynamicRecord<S>(id: id, values: values), from: DynamicRecord<S>(id: id, values: original))
     }
 
     func values(_ context: ModelContext, id: UUID) throws -> [SQLiteValue]? {

@@ -888,6 +888,8 @@ extension SimulationRun {
     /// version of it (otherwise a newer local write will never be uploaded).
     private func checkOutbox(_ engine: SimEngine, records: [CloudRecord], zone: String) throws {
         for record in records {
+            // (A row whose bookkeeping the simulator overwrote since is the corruption checks' concern.)
+            if try hasCorruptionInPlace(engine, record.recordID) { continue }
             guard let state = try engine.engine.replicationStamps(of: record.recordID), !state.isPending else { continue }
             // (The message text is built only for a violation.)
             func label() -> String { "\(engine.process.label) dropped \(alias(record.recordID)) from its outbox" }

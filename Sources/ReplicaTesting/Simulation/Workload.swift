@@ -150,7 +150,10 @@ extension SimulationRun {
             outcome.fields = changed.map { fieldNames[$0] }
             let length = checks ? try ledgerCausalLength(id, store: store, on: process) : nil
             let baseline = checks ? try saveBaseline(store, on: process) : nil
-            access.update(context, id: id, values: values)
+            // The edit starts from the copy just read, so it names it: `update(_:)` alone cannot tell a fresh copy
+            // that sets a field back to a value this context saved before from a stale copy with an edit (R3a's
+            // ambiguous case); the copies and stale-copy operations exercise `update(_:)` itself.
+            access.update(context, id: id, values: values, from: before)
             let expected = ExpectedRecord(id: id, entity: info, before: before, after: values, causalLengthBefore: length, changes: [.update])
             if try saveChecked(&outcome, context: context, records: [expected], baseline: baseline, operation: operation.name) {
                 try acknowledge(&outcome, kind: .update, id: id, values: values, changed: changed, before: before)

@@ -64,16 +64,18 @@ extension SimulationRun {
         if !acrossContexts {
             guard var copyB = try info.access.values(context, id: id) else { outcome.result = "not here"; return }
             copyB[second] = try newValue(info.entity.attributes[second], store: store, collide: false)
+            // (A copy whose drawn value equals the one read is unedited: it changes nothing, R3a.)
             var expected = before
             expected[first] = copyA[first]
-            expected[second] = copyB[second]
+            if copyB[second] != before[second] { expected[second] = copyB[second] }
             let length = try ledgerCausalLength(id, store: store, on: process)
             let baseline = try saveBaseline(store, on: process)
             info.access.update(context, id: id, values: copyA)
             info.access.update(context, id: id, values: copyB)
-            let record = ExpectedRecord(id: id, entity: info, before: before, after: expected, causalLengthBefore: length, changes: [.update])
+            let record = ExpectedRecord(id: id, entity: info, before: before, after: expected, causalLengthBefore: length,
+                                        changes: expected == before ? [] : [.update])
             guard try saveChecked(&outcome, context: context, records: [record], baseline: baseline, operation: "two copies in one save") else { return }
-            try acknowledgeUpdate(&outcome, id: id, before: before, after: expected)
+            if expected != before { try acknowledgeUpdate(&outcome, id: id, before: before, after: expected) }
             wakeEngines(outcome)
             return
         }
@@ -86,13 +88,15 @@ extension SimulationRun {
         let length = try ledgerCausalLength(id, store: store, on: process)
         let baseline = try saveBaseline(store, on: process)
         info.access.update(other, id: id, values: copyB)
-        let record = ExpectedRecord(id: id, entity: info, before: before, after: afterOther, causalLengthBefore: length, changes: [.update])
+        let record = ExpectedRecord(id: id, entity: info, before: before, after: afterOther, causalLengthBefore: length,
+                                    changes: afterOther == before ? [] : [.update])
         guard try saveChecked(&outcome, context: other, records: [record], baseline: baseline, operation: "a copy saved in another context") else { return }
-        try acknowledgeUpdate(&outcome, id: id, before: before, after: afterOther)
+        if afterOther != before { try acknowledgeUpdate(&outcome, id: id, before: before, after: afterOther) }
         wakeEngines(outcome)
-        // The first context's copy is stale now in the field the other context changed.
+        // The first context's copy is stale now in the field the other context changed. (Unedited, it changes nothing:
+        // this context saved no newer version, so the copy is read as the version it was read from, R3a.)
         var expected = afterOther
-        expected[first] = copyA[first]
+        if copyA[first] != before[first] { expected[first] = copyA[first] }
         let secondBaseline = try saveBaseline(store, on: process)
         info.access.update(context, id: id, values: copyA)
         let stale = ExpectedRecord(id: id, entity: info, before: afterOther, after: expected, causalLengthBefore: length,
@@ -129,6 +133,9 @@ extension SimulationRun {
             }
             var copy = kept.values
             copy[index] = try newValue(keptInfo.entity.attributes[index], store: store, collide: false)
+            // (An unedited copy equal to an older version than the context's newest could set edits back, R3a; which
+            // ones depends on versions the model does not follow.)
+            guard copy != kept.values else { outcome.result = "no change"; return }
             var expected = current
             expected[index] = copy[index]
             let length = try ledgerCausalLength(kept.id, store: store, on: process)
@@ -156,22 +163,27 @@ extension SimulationRun {
         let length = try ledgerCausalLength(id, store: store, on: process)
         let baseline = try saveBaseline(store, on: process)
         info.access.update(context, id: id, values: fresh)
-        let record = ExpectedRecord(id: id, entity: info, before: stale, after: fresh, causalLengthBefore: length, changes: [.update])
+        let record = ExpectedRecord(id: id, entity: info, before: stale, after: fresh, causalLengthBefore: length,
+                                    changes: fresh == stale ? [] : [.update])
         guard try saveChecked(&outcome, context: context, records: [record], baseline: baseline, operation: "an edit saved after a copy was read") else { return }
-        try acknowledgeUpdate(&outcome, id: id, before: stale, after: fresh)
+        if fresh != stale { try acknowledgeUpdate(&outcome, id: id, before: stale, after: fresh) }
         wakeEngines(outcome)
         var copy = stale
         copy[second] = try newValue(info.entity.attributes[second], store: store, collide: false)
         var expected = fresh
         expected[second] = copy[second]
+        // An unedited stale copy equals the version it was read from, older than the one this context saved: it sets
+        // that save's edit back (R3a, as a toggle saved and toggled back is written).
+        if copy == stale { expected = stale }
         let secondBaseline = try saveBaseline(store, on: process)
         info.access.update(context, id: id, values: copy)
-        let late2 = ExpectedRecord(id: id, entity: info, before: fresh, after: expected, causalLengthBefore: length, changes: [.update])
+        let late2 = ExpectedRecord(id: id, entity: info, before: fresh, after: expected, causalLengthBefore: length,
+                                   changes: expected == fresh ? [] : [.update])
         outcome.result = "ok, then"
         guard try saveChecked(&outcome, context: context, records: [late2], baseline: secondBaseline,
                               operation: "a copy read before the same context saved another edit") else { return }
         outcome.result = "ok"
-        try acknowledgeUpdate(&outcome, id: id, before: fresh, after: expected)
+        if expected != fresh { try acknowledgeUpdate(&outcome, id: id, before: fresh, after: expected) }
         wakeEngines(outcome)
     }
 
