@@ -11,6 +11,12 @@
 #   postgres-cluster.sh launch DIR              start a stopped cluster again, same port
 #   postgres-cluster.sh promote DIR             promote a standby to primary (waits until it accepts writes)
 #   postgres-cluster.sh remove DIR              stop (immediate) and delete DIR
+#   postgres-cluster.sh pgbouncer DIR POOL DATABASE ROLE
+#                                               start PgBouncer in POOL (made) in front of DATABASE of the cluster in
+#                                               DIR, reaching it as ROLE over the socket: transaction mode, a pool of one
+#                                               server connection, any client login (auth_type any), 127.0.0.1 at a free
+#                                               port; print PORT=…
+#   postgres-cluster.sh pgbouncer-stop POOL     stop that PgBouncer (SIGKILL: it is thrown away) and delete POOL
 #
 # DIR must not exist for start and standby (they create it). The server runs as the `postgres` OS user when this
 # script runs as root (PostgreSQL refuses to run as root), as the current user otherwise. It listens on a Unix socket
@@ -28,7 +34,7 @@
 set -uo pipefail
 
 usage() {
-    sed -n '5,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '5,20p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 [ "$#" -ge 2 ] || usage
@@ -57,6 +63,19 @@ if [ "$(id -u)" = 0 ]; then
     fi
     as_server() { runuser -u postgres -- "$@"; }
 fi
+
+# Runs CMD… with every descriptor but 0–2 closed. A server it starts must not keep open the pipes and sockets this
+# script inherited: a caller that waits for their end (Foundation's Process waits for a socket it gives each child to
+# close) would wait for the server's.
+detached() {
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-"; fi
+        done
+        "$@"
+    )
+}
 
 # Makes DIR, owned by the server's user.
 make_directory() {
@@ -89,7 +108,7 @@ launch() {
             port=$((20000 + RANDOM % 30000))
             if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then continue; fi
         fi
-        if as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o \
+        if detached as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o \
                 "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir" >/dev/null 2>&1; then
             echo "$port" >"$dir/port"
             return 0
@@ -144,7 +163,7 @@ standby)
     [ -f "$primary/port" ] || { echo "postgres-cluster: no cluster in $primary" >&2; exit 1; }
     make_directory
     if ! as_server "$bindir/pg_basebackup" -h "$primary" -p "$(cat "$primary/port")" -U postgres -D "$dir/data" -R \
-            -X stream --no-sync >"$dir/basebackup.log" 2>&1; then
+            -X stream --checkpoint=fast --no-sync >"$dir/basebackup.log" 2>&1; then
         echo "postgres-cluster: pg_basebackup failed:" >&2
         cat "$dir/basebackup.log" >&2
         exit 1
@@ -154,7 +173,7 @@ standby)
     ;;
 restart)
     [ -f "$dir/port" ] || { echo "postgres-cluster: no cluster in $dir" >&2; exit 1; }
-    if ! as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m immediate -w -t 60 restart -o \
+    if ! detached as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m immediate -w -t 60 restart -o \
             "-c listen_addresses=127.0.0.1 -c port=$(cat "$dir/port") -c unix_socket_directories=$dir" >/dev/null 2>&1; then
         echo "postgres-cluster: the restart of $dir failed:" >&2
         tail -n 20 "$dir/server.log" >&2 2>/dev/null
@@ -169,11 +188,60 @@ launch)
     launch || exit 1
     ;;
 promote)
-    if ! as_server "$bindir/pg_ctl" -D "$dir/data" -w -t 60 promote >/dev/null 2>&1; then
+    if ! detached as_server "$bindir/pg_ctl" -D "$dir/data" -w -t 60 promote >/dev/null 2>&1; then
         echo "postgres-cluster: the promotion of $dir failed:" >&2
         tail -n 20 "$dir/server.log" >&2 2>/dev/null
         exit 1
     fi
+    ;;
+pgbouncer)
+    [ "$#" -eq 3 ] || usage
+    pool=$1
+    database=$2
+    role=$3
+    [ -f "$dir/port" ] || { echo "postgres-cluster: no cluster in $dir" >&2; exit 1; }
+    pgbouncer=$(command -v pgbouncer || ls /usr/sbin/pgbouncer 2>/dev/null)
+    [ -n "$pgbouncer" ] || { echo "postgres-cluster: pgbouncer is not installed (apt-get install pgbouncer)" >&2; exit 1; }
+    cluster=$dir
+    dir=$pool
+    make_directory
+    for _ in 1 2 3 4 5 6 7 8; do
+        port=$((20000 + RANDOM % 30000))
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then continue; fi
+        cat >"$pool/pgbouncer.ini" <<EOF
+[databases]
+$database = host=$cluster port=$(cat "$cluster/port") dbname=$database user=$role
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+default_pool_size = 1
+max_client_conn = 200
+logfile = $pool/pgbouncer.log
+pidfile = $pool/pgbouncer.pid
+EOF
+        chmod 644 "$pool/pgbouncer.ini"
+        # PgBouncer refuses to run as root.
+        detached as_server "$pgbouncer" -d "$pool/pgbouncer.ini" >/dev/null 2>&1 || continue
+        for _ in $(seq 100); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                echo "PORT=$port"
+                exit 0
+            fi
+            sleep 0.05
+        done
+        [ -f "$pool/pgbouncer.pid" ] && kill -9 "$(cat "$pool/pgbouncer.pid")" 2>/dev/null
+    done
+    echo "postgres-cluster: PgBouncer did not start:" >&2
+    tail -n 20 "$pool/pgbouncer.log" >&2 2>/dev/null
+    exit 1
+    ;;
+pgbouncer-stop)
+    # SIGKILL: a process started by a caller that blocks signals (as Swift's runtime does) keeps SIGTERM blocked.
+    if [ -f "$dir/pgbouncer.pid" ]; then kill -9 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; fi
+    rm -rf "$dir"
     ;;
 remove)
     if [ -f "$dir/data/postmaster.pid" ]; then

@@ -25,6 +25,7 @@ let usage = """
                the built-in scenarios and the canaries
       hunt     --canary NAME [--scenario NAME|PATH] [--seeds N] [--steps K] [--budget B] [-o OUT]
                run seeds (of the canary's hunting scenario) until the canary is caught, then shrink the failure
+    \(soakUsage)
 
     exit codes: 0 every invariant held, 1 an invariant failed, 2 bad usage or bad scenario, 3 nondeterminism
     """
@@ -453,6 +454,9 @@ func main() -> Int32 {
             code = try huntCommand(Arguments(arguments, valued: ["--canary", "--scenario", "--seeds", "--steps", "--budget", "-o"], flags: []))
         case "list":
             code = try listCommand(Arguments(arguments, valued: [], flags: ["--json"]))
+        case "soak":
+            code = try soakCommand(Arguments(arguments, valued: ["--cloud", "--owner", "--devices", "--duration", "--seed", "--directory",
+                                                                 "--device", "--log", "--canary"], flags: ["--no-faults"]))
         case "help", "--help", "-h":
             emit(usage)
             code = .pass
