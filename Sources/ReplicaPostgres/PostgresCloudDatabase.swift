@@ -88,17 +88,12 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
 
     public func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
         // The server assigns change tags: a record's body is stored without one, its tag in a column of its own.
-        let encoder = CloudRecordJSON.encoder()
         var bodies: [Data] = []
         bodies.reserveCapacity(records.count)
         for record in records {
             var stored = record
             stored.changeTag = nil
-            do {
-                bodies.append(try encoder.encode(stored))
-            } catch {
-                throw CloudError.invalidRecord(reason: "record \(record.recordID.uuidString.lowercased()) cannot be encoded")
-            }
+            bodies.append(CloudRecordJSON.encode(stored))
         }
         let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(records.map(\.recordID)),
                                          .textArray(records.map(\.changeTag)), .boolArray(records.map(\.isAlive)),
@@ -117,10 +112,9 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                 return (saved, tag, result.data(row, 2))
             }
         }
-        let decoder = CloudRecordJSON.decoder()
         return zip(records, rows).map { record, row in
             if row.saved { return .saved(recordID: record.recordID, changeTag: row.tag) }
-            guard let body = row.body, var server = try? decoder.decode(CloudRecord.self, from: body) else {
+            guard let body = row.body, var server = try? CloudRecordJSON.decode(body) else {
                 return .failed(recordID: record.recordID, error: .invalidRecord(reason: Self.unreadable(record.recordID, zone: zone)))
             }
             server.changeTag = row.tag
@@ -152,11 +146,10 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         }
         let more = rows.count > Int(limit)
         let page = rows.prefix(Int(limit))
-        let decoder = CloudRecordJSON.decoder()
         var records: [CloudRecord] = []
         records.reserveCapacity(page.count)
         for row in page {
-            guard var record = try? decoder.decode(CloudRecord.self, from: row.body), record.recordID == row.id else {
+            guard var record = try? CloudRecordJSON.decode(row.body), record.recordID == row.id else {
                 throw CloudError.invalidRecord(reason: Self.unreadable(row.id, zone: zone))
             }
             record.changeTag = row.tag

@@ -50,11 +50,10 @@ public struct SoakOutcome: Sendable {
         func fail(_ invariant: SoakViolation.Invariant, _ message: String) {
             violations.append(SoakViolation(invariant: invariant, message: message))
         }
-        let decoder = CloudRecordJSON.decoder()
         var cloudRecords: [UUID: CloudRecord] = [:]
         var bodies: [Data] = []
         for stored in cloud.records {
-            guard let body = Data(base64Encoded: stored.body), var record = try? decoder.decode(CloudRecord.self, from: body),
+            guard let body = Data(base64Encoded: stored.body), var record = try? CloudRecordJSON.decode(body),
                   record.recordID == stored.id else {
                 throw SoakFormatError(description: "the cloud's record \(stored.id) does not decode")
             }
