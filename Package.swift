@@ -49,6 +49,11 @@ let package = Package(
             name: "replica-sim",
             dependencies: ["ReplicaTesting", "Replica"]
         ),
+        // The fuzz targets for libFuzzer (built with -sanitize=fuzzer -DREPLICA_LIBFUZZER), else a reproducer.
+        .executableTarget(
+            name: "replica-fuzz",
+            dependencies: ["ReplicaTesting"]
+        ),
         .executableTarget(
             name: "trips-example",
             dependencies: ["Replica", "ReplicaPostgres"]

@@ -40,7 +40,7 @@ final class Device {
     let name: String
 
     init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], version: Schema.Version = Schema.Version(1, 0, 0),
-         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = []) throws {
+         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = [], options: SyncEngine.Options = SyncEngine.Options()) throws {
         let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-sync-\(UUID().uuidString)")
         var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
         environment.canaries = canaries
@@ -49,7 +49,7 @@ final class Device {
         self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
             ModelConfiguration("notes", isStoredInMemoryOnly: inMemory, cloudKitDatabase: .private("iCloud.test")),
         ], environment: environment)
-        self.engine = try SyncEngine(container: container, storeName: "notes")
+        self.engine = try SyncEngine(container: container, storeName: "notes", options: options)
         self.context = ModelContext(container)
     }
 

@@ -3,7 +3,8 @@ import Foundation
 extension ModelContext {
     /// Posted on `NotificationCenter.default` after a successful ``save()``, with the context as the object
     /// (SwiftData's `ModelContext.didSave`). `userInfo` maps each ``NotificationKey`` to a `[PersistentIdentifier]`
-    /// sorted by identifier.
+    /// sorted by identifier. A record the save deleted and inserted again (a new incarnation) is in both the deleted
+    /// and the inserted list: it was deleted, then inserted (its history transaction lists them in that order).
     public static let didSave = Notification.Name("ReplicaModelContextDidSave")
 
     /// Keys of the ``didSave`` notification's `userInfo`.

@@ -45,6 +45,16 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     /// A save failed while committing: the stores listed in `committed` were committed before the failure and keep
     /// their changes; the others were rolled back. See ``ModelContext/save()`` for the guarantee.
     case partialSave(committed: [String], failed: String, underlying: SQLiteError)
+    /// Sync bookkeeping of a synced store cannot be read (see ``BookkeepingCorruption``).
+    case corruptBookkeeping(BookkeepingCorruption)
+    /// The store's hybrid logical clock reached the top of its encodable range (``HLC/maxPhysical``,
+    /// ``HLC/maxLogical``): no later stamp exists, so the save is refused rather than stamped equal to an earlier one.
+    /// Reaching it takes a wall clock past the year 10889 (remote stamps near the top are refused, R2).
+    case clockExhausted(store: String)
+    /// A record's causal length or local version (`counter`) reached its bound (``ReplicationBounds/maxCausalLength``,
+    /// ``ReplicationBounds/maxLocalVersion``): the change that would pass it is refused rather than overflow. Takes a
+    /// record deleted and re-inserted 2⁶² times, or a causal length received at the bound.
+    case counterExhausted(store: String, recordID: UUID, counter: String)
 
     public var description: String {
         switch self {
@@ -71,6 +81,10 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
             return "schema incompatible with the zone: " + differences.map(\.description).joined(separator: "; ")
         case let .partialSave(committed, failed, underlying):
             return "save committed \(committed.joined(separator: ", ")) but failed on '\(failed)': \(underlying)"
+        case let .corruptBookkeeping(corruption): return corruption.description
+        case let .clockExhausted(store): return "the clock of store '\(store)' reached the top of its range: no later stamp exists"
+        case let .counterExhausted(store, id, counter):
+            return "the \(counter) of record \(id.uuidString.lowercased()) in store '\(store)' reached its bound"
         }
     }
 }

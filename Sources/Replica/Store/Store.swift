@@ -339,7 +339,7 @@ final class Store: Sendable {
         for entity in entities {
             for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
         }
-        return SyncLedger.encode(defaults)
+        return SyncLedger.encodeStampless(defaults)
     }
 
     /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
@@ -363,8 +363,10 @@ final class Store: Sendable {
             let select = try Statement(connection: db, sql: "SELECT id, stamps FROM replica_sync_record WHERE entity = ? AND causal_length % 2 = 1")
             try select.bind(.text(entity.name), at: 0)
             while try select.step() {
-                guard let id = select.uuid(0) else { continue }
-                stamped.append((id, Set((SyncLedger.readStamps(select, 1) ?? [:]).keys)))
+                // A row whose stamps cannot be read says nothing about which fields were written: its values stay
+                // (never replaced by defaults); the sync engine finds it corrupt and repairs it (R14).
+                guard let id = select.uuid(0), let stamps = SyncLedger.readStamps(select, 1) else { continue }
+                stamped.append((id, Set(stamps.keys)))
             }
             for attribute in entity.attributes {
                 let value = attribute.defaultValue ?? .null
@@ -458,7 +460,7 @@ final class StoreLayout: @unchecked Sendable {
         freshSchemaSQL = Store.freshSchemaSQL(entities, synced: synced)
         statements = entities.map(EntityStatements.init)
         defaultsFingerprint = Store.defaultsFingerprint(entities)
-        fieldUnion = SyncLedger.encode(StoreFieldUnion(entities: []).adding(entities))
+        fieldUnion = SyncLedger.encodeStampless(StoreFieldUnion(entities: []).adding(entities))
     }
 
     private struct Key: Hashable {
@@ -609,6 +611,8 @@ func quoted(_ identifier: String) -> String {
 /// The SQL text Replica uses for one entity's table, built once per store. A class, so that handing it around per
 /// record retains one reference rather than each of its fields.
 final class EntityStatements: Sendable {
+    /// The entity's name.
+    let entityName: String
     let table: String
     /// `"id", "a", "b", ...` in field order.
     let columnList: String
@@ -639,6 +643,7 @@ final class EntityStatements: Sendable {
     let attributes: [Schema.Attribute?]
 
     init(_ entity: Schema.Entity) {
+        entityName = entity.name
         table = quoted(entity.name)
         let columns = [quoted("id")] + entity.fieldNames.map(quoted)
         columnList = columns.joined(separator: ", ")

@@ -40,6 +40,10 @@ struct StoreFieldUnion: Codable, Equatable {
     /// it changes.
     static func record(_ entities: [Schema.Entity], _ db: Connection) throws {
         let stored = try db.scalar("SELECT value FROM replica_metadata WHERE key = ?", [.text(metadataKey)])
+        // No union yet, or one that does not decode (damaged metadata): begin again from this version's entities.
+        // Nothing is lost with it — every app version records its entities again when it opens the file, and until
+        // then an older process keeps the fields it does not know as unknown fields (R9) — and the bytes that did not
+        // decode are replaced, not read as an empty union.
         let current: StoreFieldUnion
         if case let .text(json)? = stored, let decoded = SyncLedger.decode(StoreFieldUnion.self, json) {
             current = decoded
@@ -86,7 +90,12 @@ final class StoreColumnFieldsCache: Sendable {
             return Array(repeating: [], count: store.entities.count)
         }
         if let known = state.withLock({ $0 }), known.text == text { return known.fields }
-        let union = SyncLedger.decode(StoreFieldUnion.self, text) ?? StoreFieldUnion(entities: [])
+        guard let union = SyncLedger.decode(StoreFieldUnion.self, text) else {
+            // Damaged after this process opened the store: never read as "no other version's fields" (a merge would
+            // then keep their values aside, and a save could drop them); the next open records the union again.
+            throw ReplicaError.corruptBookkeeping(BookkeepingCorruption(store: store.configuration.name, recordID: nil,
+                                                                        column: "replica_metadata.\(StoreFieldUnion.metadataKey)"))
+        }
         let fields = store.entities.map { entity -> [StoreColumnField] in
             guard let declared = union.entities.first(where: { $0.name == entity.name }) else { return [] }
             let own = Set(entity.fieldNames)

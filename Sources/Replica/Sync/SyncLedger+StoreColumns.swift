@@ -62,7 +62,7 @@ extension SyncLedger {
             }
             let fields = try batch?.columnFields(of: store, db)[entityIndex] ?? store.columnFields.fields(of: store, db)[entityIndex]
             var stamps: [String: FieldStamp] = [:]
-            if localHasOthers, !fields.isEmpty, let local, let full = try load(local.id, db)?.stamps {
+            if localHasOthers, !fields.isEmpty, let local, let full = try load(local.id, store: store, db)?.stamps {
                 for field in fields { if let stamp = full[field.name] { stamps[field.name] = stamp } }
                 localStampCount -= stamps.count
             }
@@ -152,7 +152,8 @@ extension SyncLedger {
                                cache: false)
         for row in rows {
             guard let id = try? UUID(sqliteValue: row[0]), case let .text(entityName) = row[1],
-                  let entityIndex = entities.firstIndex(where: { $0.name == entityName }), var state = try load(id, db) else { continue }
+                  let entityIndex = entities.firstIndex(where: { $0.name == entityName }), var state = try loadAsStored(id, db), state.corruptColumns.isEmpty else { continue }
+            // (A row whose bookkeeping cannot be read stays as it is: the engine rebuilds and repairs it, R14.)
             let sql = statements[entityIndex]
             var changed = false
             for (name, field) in state.unknown {
