@@ -194,7 +194,7 @@ func postgresUploadFetchTrial(_ n: Int) throws -> Trial {
 func rawUploadFetchTrial(_ n: Int, json: Bool) throws -> Trial {
     let server = try BenchServer.get()
     let records = uploadBatch(n)
-    let bodies = records.map { CloudRecordJSON.encode($0) }
+    let bodies = try records.map { try CloudRecordJSON.encode($0) }
     let owner = BenchServer.freshOwner(json ? "b13c" : "b13raw")
     let upload = try RawPG(server.url), download = try RawPG(server.url)
     for connection in [upload, download] {
@@ -214,7 +214,7 @@ func rawUploadFetchTrial(_ n: Int, json: Bool) throws -> Trial {
             var start = 0
             while start < records.count {
                 let end = min(start + b13BatchSize, records.count)
-                let chunk = json ? records[start..<end].map { CloudRecordJSON.encode($0) } : Array(bodies[start..<end])
+                let chunk = json ? try records[start..<end].map { try CloudRecordJSON.encode($0) } : Array(bodies[start..<end])
                 let params: [[UInt8]?] = [Array(owner.utf8), Array("bench".utf8),
                                           binaryArray(records[start..<end].map { withUnsafeBytes(of: $0.recordID.uuid) { Array($0) } }, oid: 2950),
                                           binaryArray(Array(repeating: nil, count: end - start), oid: 25),

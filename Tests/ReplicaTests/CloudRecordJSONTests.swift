@@ -46,7 +46,7 @@ struct CloudRecordJSONTests {
         let encoder = CloudRecordJSON.encoder(), decoder = CloudRecordJSON.decoder()
         for _ in 0..<2_000 {
             let record = Self.record(random)
-            let written = CloudRecordJSON.encode(record)
+            let written = try CloudRecordJSON.encode(record)
             // JSONDecoder reads what the fast path writes; the fast path reads what JSONEncoder writes; each way the
             // same record (compared by JSONEncoder's bytes: NaN is not equal to itself).
             let byFoundation = try decoder.decode(CloudRecord.self, from: written)
@@ -55,7 +55,7 @@ struct CloudRecordJSONTests {
             #expect(try encoder.encode(byFoundation) == foundationBytes)
             #expect(try encoder.encode(CloudRecordJSON.decode(foundationBytes)) == foundationBytes)
             #expect(try encoder.encode(CloudRecordJSON.decode(written)) == foundationBytes)
-            #expect(CloudRecordJSON.encode(record) == written)
+            #expect(try CloudRecordJSON.encode(record) == written)
             if !record.fields.values.contains(where: { if case let .real(x) = $0.value { x.isNaN } else { false } }) {
                 #expect(try CloudRecordJSON.decode(written) == record)
             }
@@ -71,7 +71,7 @@ struct CloudRecordJSONTests {
                                      "up": CloudField(value: .real(.infinity), stamp: stamp),
                                      "text": CloudField(value: .text("\"\\/\u{8}\u{C}\n\r\t\u{0}\u{1F}é"), stamp: stamp, isEncrypted: true),
                                  ])
-        let written = CloudRecordJSON.encode(record)
+        let written = try CloudRecordJSON.encode(record)
         let text = String(decoding: written, as: UTF8.self)
         #expect(text.contains(#"{"real":{"_0":"NaN"}}"#) && text.contains(#"{"real":{"_0":"+Infinity"}}"#))
         #expect(text.contains(#""\"\\/\b\f\n\r\t\u0000\u001fé""#))
@@ -134,7 +134,7 @@ struct CloudRecordJSONTests {
             .map { Array($0.utf8) } + [[0x80], [0xC3], [0xE6, 0x97], [0xC0, 0x80], [0xFF], [0xED, 0xA0, 0x80], [0x00], [0x7F]]
         var accepted = 0, refused = 0
         for round in 0..<10_000 {
-            var bytes = [UInt8](CloudRecordJSON.encode(Self.record(random)))
+            var bytes = [UInt8](try CloudRecordJSON.encode(Self.record(random)))
             switch round % 4 {
             case 0:  // truncated
                 bytes = Array(bytes.prefix(draw(bytes.count)))
@@ -163,10 +163,29 @@ struct CloudRecordJSONTests {
         #expect(accepted > 250 && refused > 2_500, "accepted \(accepted), refused \(refused)")
     }
 
+    @Test("a stamp the text form cannot hold — creation or field, negative or past 48-bit milliseconds or a 16-bit counter — is refused with EncodingError, as JSONEncoder refuses it")
+    func unencodableStampsAreRefused() throws {
+        let replica = UUID(uuidString: "00000000-0000-7000-8000-000000000003")!
+        let fits = FieldStamp(incarnation: 1, clock: HLC(physical: 5, logical: 0, replica: replica))
+        let beyond = [FieldStamp(incarnation: -1, clock: fits.clock),
+                      FieldStamp(incarnation: 1, clock: HLC(physical: HLC.maxPhysical + 1, logical: 0, replica: replica)),
+                      FieldStamp(incarnation: 1, clock: HLC(physical: -1, logical: 0, replica: replica)),
+                      FieldStamp(incarnation: 1, clock: HLC(physical: 5, logical: HLC.maxLogical + 1, replica: replica))]
+        for stamp in beyond {
+            for inCreation in [true, false] {
+                let record = CloudRecord(recordID: replica, recordType: "Note", causalLength: 1, created: inCreation ? stamp : fits,
+                                         fields: ["a": CloudField(value: .null, stamp: fits), "b": CloudField(value: .integer(1), stamp: inCreation ? fits : stamp)])
+                #expect(record.unencodableStamp == (inCreation ? .creation : .field("b")))
+                #expect(throws: EncodingError.self) { try CloudRecordJSON.encoder().encode(record) }
+                #expect(throws: EncodingError.self) { try CloudRecordJSON.encode(record) }
+            }
+        }
+    }
+
     @Test("bytes that are not UTF-8 inside a string are refused as JSONDecoder refuses them, never repaired")
     func invalidUTF8IsRefused() throws {
         let record = Self.record(SeededRandomSource(seed: 11))
-        var bytes = [UInt8](CloudRecordJSON.encode(record))
+        var bytes = [UInt8](try CloudRecordJSON.encode(record))
         let type = try #require(bytes.firstRange(of: Array("\"recordType\":\"".utf8)))
         bytes.insert(contentsOf: [0xFF, 0xC3], at: type.upperBound)
         let data = Data(bytes)

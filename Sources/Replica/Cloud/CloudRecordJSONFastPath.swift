@@ -10,8 +10,14 @@ import Foundation
 extension CloudRecordJSON {
     /// The stored form of `record` (``CloudRecord/changeTag`` included when set): the bytes ``encoder()`` writes for
     /// it.
+    /// - Throws: `EncodingError.invalidValue`, as ``encoder()`` does, when a stamp cannot be written (a negative
+    ///   incarnation, or a clock outside 48-bit milliseconds and a 16-bit counter: ``CloudRecord/unencodableStamp``).
     /// - Complexity: O(size of the record).
-    public static func encode(_ record: CloudRecord) -> Data {
+    public static func encode(_ record: CloudRecord) throws -> Data {
+        if let site = record.unencodableStamp {
+            let stamp = if case let .field(name) = site, let field = record.fields[name] { field.stamp } else { record.created }
+            throw EncodingError.invalidValue(stamp, .init(codingPath: [], debugDescription: "field stamp outside the text form's range"))
+        }
         var writer = JSONBytes()
         writer.record(record)
         return Data(writer.bytes)
