@@ -59,8 +59,8 @@ public final class SoakRun: @unchecked Sendable {
         /// …at most this.
         public var maximumInterval = 1.5
         /// Further faults of the caller's (e.g. a server restart), each with its weight: the closure performs it and
-        /// returns what to log.
-        public var extra: [(name: String, weight: Int, perform: @Sendable () async throws -> String)] = []
+        /// returns what to log. It runs on the run's own thread (see ``SoakRun/run()``) and may block it.
+        public var extra: [(name: String, weight: Int, perform: @Sendable () throws -> String)] = []
 
         public init() {}
 
@@ -97,7 +97,8 @@ public final class SoakRun: @unchecked Sendable {
     }
 
     /// A device process of the run.
-    private final class Device {
+    /// A device process. Used by one thread at a time: the run's task, or its chaos thread while the task waits.
+    private final class Device: @unchecked Sendable {
         let index: Int
         let name: String
         let store: URL
@@ -154,22 +155,9 @@ public final class SoakRun: @unchecked Sendable {
         let devices = (0..<configuration.devices).map { Device(index: $0, directory: configuration.directory) }
         for device in devices { try launch(device) }
 
-        // Chaos: faults at random intervals until the time is up; killed devices come back after a while.
-        var nextFault = drawSeconds(configuration.faults.minimumInterval, configuration.faults.maximumInterval)
-        while elapsed < configuration.duration {
-            try await Task.sleep(nanoseconds: 50_000_000)
-            for device in devices {
-                if let at = device.restartAt, elapsed >= at {
-                    device.restartAt = nil
-                    if configuration.duration - elapsed > 0.5 { try launch(device) }
-                }
-                try reap(device)
-            }
-            if elapsed >= nextFault {
-                try await injectFault(devices)
-                nextFault = elapsed + drawSeconds(configuration.faults.minimumInterval, configuration.faults.maximumInterval)
-            }
-        }
+        // Chaos, on a thread of its own: faults must come on time even when Swift's cooperative pool (as wide as the
+        // machine has cores) is busy for minutes, as it is beside a parallel test suite.
+        try await Self.onThreadOfItsOwn { try self.chaos(devices) }
         note("workload over: waiting for the devices to finish")
         for device in devices {
             try await waitForExit(device, seconds: 30)
@@ -257,7 +245,42 @@ public final class SoakRun: @unchecked Sendable {
 
     // MARK: Faults
 
-    private func injectFault(_ devices: [Device]) async throws {
+    /// Faults at random intervals until the time is up; killed devices come back after a while. Blocks its thread.
+    private func chaos(_ devices: [Device]) throws {
+        var nextFault = drawSeconds(configuration.faults.minimumInterval, configuration.faults.maximumInterval)
+        while elapsed < configuration.duration {
+            Thread.sleep(forTimeInterval: 0.05)
+            for device in devices {
+                if let at = device.restartAt, elapsed >= at {
+                    device.restartAt = nil
+                    if configuration.duration - elapsed > 0.5 { try launch(device) }
+                }
+                try reap(device)
+            }
+            if elapsed >= nextFault {
+                try injectFault(devices)
+                nextFault = elapsed + drawSeconds(configuration.faults.minimumInterval, configuration.faults.maximumInterval)
+            }
+        }
+    }
+
+    /// Runs `body` on a new thread and waits for it without holding a thread of the cooperative pool.
+    private static func onThreadOfItsOwn(_ body: @escaping @Sendable () throws -> Void) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let thread = Thread {
+                do {
+                    try body()
+                    continuation.resume()
+                } catch {
+                    continuation.resume(throwing: error)
+                }
+            }
+            thread.name = "soak chaos"
+            thread.start()
+        }
+    }
+
+    private func injectFault(_ devices: [Device]) throws {
         let faults = configuration.faults
         var kinds: [(String, Int)] = [("kill", faults.processKills), ("disconnect", faults.connectionKills), ("pause", faults.pauses)]
         kinds += faults.extra.map { ($0.name, $0.weight) }
@@ -282,15 +305,15 @@ public final class SoakRun: @unchecked Sendable {
                 device.restartAt = elapsed + drawSeconds(0.2, 2)
                 note("kill -9 \(device.name) (generation \(device.generation)); restart at \(String(format: "%.2f", device.restartAt!))")
             } else if kind == "disconnect" {
-                let (_, output, error) = try await Self.run(configuration.deviceExecutable,
-                                                            ["terminate", "--cloud", configuration.cloudURL, "--application", Self.applicationName(device.name)],
-                                                            environment: [:])
+                let (_, output, error) = try Self.runBlocking(configuration.deviceExecutable,
+                                                              ["terminate", "--cloud", configuration.cloudURL, "--application", Self.applicationName(device.name)],
+                                                              environment: [:])
                 note("terminate the sessions of \(device.name): \((output + error).trimmingCharacters(in: .whitespacesAndNewlines))")
             } else {
                 let seconds = drawSeconds(0.2, 1.5)
                 kill(process.processIdentifier, SIGSTOP)
                 note("SIGSTOP \(device.name) for \(String(format: "%.2f", seconds)) s")
-                try await Task.sleep(nanoseconds: UInt64(seconds * 1e9))
+                Thread.sleep(forTimeInterval: seconds)
                 kill(process.processIdentifier, SIGCONT)
                 note("SIGCONT \(device.name)")
             }
@@ -298,7 +321,7 @@ public final class SoakRun: @unchecked Sendable {
             guard let fault = faults.extra.first(where: { $0.name == kind }) else { return }
             faultCounts[kind, default: 0] += 1
             note("\(kind): begin")
-            let outcome = try await fault.perform()
+            let outcome = try fault.perform()
             note("\(kind): \(outcome)")
         }
     }
@@ -322,7 +345,7 @@ public final class SoakRun: @unchecked Sendable {
         process.arguments = arguments
         process.environment = Self.environment(device: device.name)
         if !FileManager.default.fileExists(atPath: device.logFile.path) {
-            FileManager.default.createFile(atPath: device.logFile.path, contents: nil)
+            _ = FileManager.default.createFile(atPath: device.logFile.path, contents: nil)
         }
         let output = try FileHandle(forWritingTo: device.logFile)
         try output.seekToEnd()
@@ -373,6 +396,32 @@ public final class SoakRun: @unchecked Sendable {
         if let owner = configuration.owner { all += ["--owner", owner] }
         if !configuration.canaries.isEmpty { all += ["--canary", configuration.canaries.map(\.rawValue).sorted().joined(separator: ",")] }
         return try await run(configuration.deviceExecutable, all, environment: environment(device: name))
+    }
+
+    /// ``run(_:_:environment:)`` blocking the calling thread (the chaos thread's).
+    static func runBlocking(_ executable: URL, _ arguments: [String], environment: [String: String]) throws -> (Int32, String, String) {
+        let process = Process()
+        process.executableURL = executable
+        process.arguments = arguments
+        if !environment.isEmpty { process.environment = environment }
+        let output = Pipe(), error = Pipe()
+        process.standardOutput = output
+        process.standardError = error
+        try process.run()
+        let collected = Mutex<(Data, Data)>((Data(), Data()))
+        let group = DispatchGroup()
+        for (pipe, isOutput) in [(output, true), (error, false)] {
+            group.enter()
+            DispatchQueue.global().async {
+                let data = pipe.fileHandleForReading.readDataToEndOfFile()
+                collected.withLock { if isOutput { $0.0 = data } else { $0.1 = data } }
+                group.leave()
+            }
+        }
+        group.wait()
+        process.waitUntilExit()
+        let (out, err) = collected.withLock { $0 }
+        return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
     }
 
     /// Runs `executable` to its end; returns its exit status, standard output and standard error.
