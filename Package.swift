@@ -56,21 +56,27 @@ let package = Package(
         ),
         .executableTarget(
             name: "trips-example",
-            dependencies: ["Replica"]
+            dependencies: ["Replica", "ReplicaPostgres"]
         ),
         .executableTarget(
             name: "replica-widget",
             dependencies: ["Replica"]
         ),
+        // A device as an OS process, syncing through a PostgreSQL cloud: the device of `replica-sim soak` and of the
+        // tests that crash servers, connections and devices.
+        .executableTarget(
+            name: "replica-device",
+            dependencies: ["Replica", "ReplicaPostgres", "ReplicaTesting", "CLibpq"]
+        ),
         // Benchmarks against raw SQLite/libsodium C calls (`make bench`). Meaningful in release builds only: the
         // executable refuses to run when built in debug.
         .executableTarget(
             name: "replica-bench",
-            dependencies: ["Replica", "ReplicaTesting", "CSQLite", "CSodium"]
+            dependencies: ["Replica", "ReplicaTesting", "ReplicaPostgres", "CSQLite", "CSodium", "CLibpq"]
         ),
         .testTarget(
             name: "ReplicaTests",
-            dependencies: ["Replica", "ReplicaTesting", "ReplicaPostgres", "replica-widget", "replica-cloud"]
+            dependencies: ["Replica", "ReplicaTesting", "ReplicaPostgres", "replica-widget", "replica-cloud", "replica-device", "replica-sim", "trips-example"]
         ),
         .testTarget(
             name: "ReplicaTestingTests",

@@ -102,7 +102,7 @@ public final class PostgresCloudAdministration {
         public var oldestValidSequence: Int64
     }
 
-    private let connection: PGConnection
+    let connection: PGConnection
 
     /// Connects to the database `connectionString` names.
     /// - Throws: ``Failure/malformedConnectionString`` or ``Failure/connection(_:)``.
@@ -118,7 +118,7 @@ public final class PostgresCloudAdministration {
     /// The role this connection uses.
     public var role: String { connection.role }
 
-    private func run(_ sql: String, _ parameters: [PGParameter] = []) throws(Failure) -> PGRows {
+    func run(_ sql: String, _ parameters: [PGParameter] = []) throws(Failure) -> PGRows {
         do {
             return try connection.query(sql, parameters, prepare: false)
         } catch {
@@ -126,7 +126,7 @@ public final class PostgresCloudAdministration {
         }
     }
 
-    private func execute(_ sql: String) throws(Failure) {
+    func execute(_ sql: String) throws(Failure) {
         do {
             try connection.execute(sql)
         } catch {
@@ -134,7 +134,7 @@ public final class PostgresCloudAdministration {
         }
     }
 
-    private static func failure(_ error: PGFailure) -> Failure {
+    static func failure(_ error: PGFailure) -> Failure {
         if let state = error.sqlState, error.origin == .server { return .server(sqlState: state, message: error.message) }
         return .connection(error.message)
     }
@@ -198,7 +198,7 @@ public final class PostgresCloudAdministration {
     }
 
     /// Fails unless the schema is installed at the version this code speaks.
-    private func requireCurrentSchema() throws(Failure) {
+    func requireCurrentSchema() throws(Failure) {
         guard let version = try schemaVersion() else { throw .schemaMissing }
         if version > PostgresCloudSchema.currentVersion {
             throw .schemaNewer(found: version, supported: PostgresCloudSchema.currentVersion)
@@ -237,7 +237,7 @@ public final class PostgresCloudAdministration {
     }
 
     /// Fails unless this role sees every user's rows.
-    private func requireAdministrator() throws(Failure) {
+    func requireAdministrator() throws(Failure) {
         let rows = try run("""
             SELECT r.rolsuper OR r.rolbypassrls OR pg_catalog.pg_has_role('replica_admin', 'MEMBER')
             FROM pg_catalog.pg_roles r WHERE r.rolname = current_user

@@ -88,23 +88,29 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
 
     public func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
         // The server assigns change tags: a record's body is stored without one, its tag in a column of its own.
-        let encoder = CloudRecordJSON.encoder()
+        // As the other clouds: a record whose stamps the stored form cannot hold is refused on its own (it could never
+        // be read back); the rest of the batch is saved. An empty batch still checks that the zone exists.
+        var refused: [Int: RecordSaveResult] = [:]
+        var sent: [CloudRecord] = []
         var bodies: [Data] = []
+        sent.reserveCapacity(records.count)
         bodies.reserveCapacity(records.count)
-        for record in records {
+        for (index, record) in records.enumerated() {
             var stored = record
             stored.changeTag = nil
-            do {
-                bodies.append(try encoder.encode(stored))
-            } catch {
-                throw CloudError.invalidRecord(reason: "record \(record.recordID.uuidString.lowercased()) cannot be encoded")
+            guard record.unencodableFailure == nil, let body = try? CloudRecordJSON.encode(stored) else {
+                refused[index] = record.unencodableFailure
+                    ?? .failed(recordID: record.recordID, error: .invalidRecord(reason: "record \(record.recordID.uuidString.lowercased()) cannot be encoded"))
+                continue
             }
+            sent.append(record)
+            bodies.append(body)
         }
-        let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(records.map(\.recordID)),
-                                         .textArray(records.map(\.changeTag)), .boolArray(records.map(\.isAlive)),
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(sent.map(\.recordID)),
+                                         .textArray(sent.map(\.changeTag)), .boolArray(sent.map(\.isAlive)),
                                          .byteaArray(bodies)]
         let prepare = preparesStatements
-        let count = records.count
+        let count = sent.count
         let rows = try await pool.run { connection throws(PGFailure) -> [(saved: Bool, tag: String, body: Data?)] in
             let result = try connection.query(SQL.modifyRecords, parameters, prepare: prepare)
             guard result.count == count else {
@@ -117,10 +123,12 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                 return (saved, tag, result.data(row, 2))
             }
         }
-        let decoder = CloudRecordJSON.decoder()
-        return zip(records, rows).map { record, row in
+        var answers = zip(sent, rows).makeIterator()
+        return records.indices.map { index in
+            if let failure = refused[index] { return failure }
+            let (record, row) = answers.next()!
             if row.saved { return .saved(recordID: record.recordID, changeTag: row.tag) }
-            guard let body = row.body, var server = try? decoder.decode(CloudRecord.self, from: body) else {
+            guard let body = row.body, var server = try? CloudRecordJSON.decode(body) else {
                 return .failed(recordID: record.recordID, error: .invalidRecord(reason: Self.unreadable(record.recordID, zone: zone)))
             }
             server.changeTag = row.tag
@@ -152,18 +160,23 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         }
         let more = rows.count > Int(limit)
         let page = rows.prefix(Int(limit))
-        let decoder = CloudRecordJSON.decoder()
         var records: [CloudRecord] = []
+        var unreadable: [UnreadableCloudRecord] = []
         records.reserveCapacity(page.count)
         for row in page {
-            guard var record = try? decoder.decode(CloudRecord.self, from: row.body), record.recordID == row.id else {
-                throw CloudError.invalidRecord(reason: Self.unreadable(row.id, zone: zone))
+            guard var record = try? CloudRecordJSON.decode(row.body), record.recordID == row.id else {
+                // One record no device can read is that record's problem, reported with the page (as the other clouds
+                // do): the rest of the zone stays readable.
+                unreadable.append(UnreadableCloudRecord(recordID: row.id, recordType: Self.recordType(row.body), changeTag: row.tag,
+                                                        reason: Self.unreadable(row.id, zone: zone)))
+                continue
             }
             record.changeTag = row.tag
             records.append(record)
         }
         let last = more ? page.last!.sequence : zoneSequence
-        return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: epoch, sequence: last), moreComing: more)
+        return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: epoch, sequence: last), moreComing: more,
+                               unreadable: unreadable)
     }
 
     public func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] {
@@ -196,6 +209,11 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
     }
 
     /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
+    /// The record type an unreadable stored body still names, when it is a JSON object with a string `recordType`.
+    private static func recordType(_ body: Data) -> String? {
+        ((try? JSONSerialization.jsonObject(with: body)) as? [String: Any])?["recordType"] as? String
+    }
+
     private static func unreadable(_ id: UUID, zone: String) -> String {
         "stored record \(id.uuidString.lowercased()) of zone '\(zone)' is unreadable"
     }

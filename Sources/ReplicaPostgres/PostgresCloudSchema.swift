@@ -439,5 +439,6 @@ enum PostgresCloudSchema {
             REVOKE EXECUTE ON FUNCTION replica.prune_zone(bigint, double precision) FROM replica_user, replica_app;
             REVOKE EXECUTE ON FUNCTION replica.create_login(text, text, text) FROM replica_user, replica_app;
             """),
+        lineageAndShards,
     ]
 }

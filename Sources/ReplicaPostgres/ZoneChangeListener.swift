@@ -27,8 +27,11 @@ extension PostgresCloudDatabase {
     /// Source: <https://www.postgresql.org/docs/current/libpq-notify.html>, <https://www.postgresql.org/docs/current/sql-notify.html>
     public func zoneChanges() -> AsyncStream<String> { zoneChanges(onListening: nil) }
 
-    /// ``zoneChanges()``, calling `onListening` each time its connection starts listening (tests wait for it).
-    func zoneChanges(onListening: (@Sendable () -> Void)?) -> AsyncStream<String> {
+    /// ``zoneChanges()``, calling `onListening` each time its connection starts listening: first, and after each
+    /// reconnection. A caller that must not miss a commit waits for the first call before relying on the sequence
+    /// (commits before it are not announced; a fetch reads them).
+    /// - Parameter onListening: called on the listener's queue, never concurrently with itself.
+    public func zoneChanges(onListening: (@Sendable () -> Void)?) -> AsyncStream<String> {
         let (stream, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingNewest(1024))
         let listener = ZoneChangeListener(options: options, owner: owner, environment: environment, continuation: continuation,
                                           onListening: onListening)

@@ -110,6 +110,19 @@ let workloads: [Workload] = [
     Workload(id: "B12", title: "property engine, 3 devices × 50 steps", target: .perSecond(100, units: "cases/s"),
              count: { $0.scaled(100, quickDivisor: 4) },
              replica: { size in propertyTrial(size.scaled(100, quickDivisor: 4)) }, raw: nil),
+    // The PostgreSQL cloud (PostgresWorkloads.swift): a server from REPLICA_BENCH_POSTGRES_URL or a throwaway cluster.
+    Workload(id: "B13", title: "PostgreSQL: upload 10k records (10 fields), fetch on a 2nd device", target: .ratio(1.3),
+             count: { $0.scaled(10_000) },
+             replica: { size in try postgresUploadFetchTrial(size.scaled(10_000)) },
+             raw: { size in try rawUploadFetchTrial(size.scaled(10_000), json: false) }, repetitions: (full: 5, quick: 3)),
+    Workload(id: "B13c", title: "B13 against raw libpq that also codes the JSON bodies", target: .comparison,
+             count: { $0.scaled(10_000) },
+             replica: { size in try postgresUploadFetchTrial(size.scaled(10_000)) },
+             raw: { size in try rawUploadFetchTrial(size.scaled(10_000), json: true) }, repetitions: (full: 5, quick: 3)),
+    Workload(id: "B14", title: "PostgreSQL: 8 devices sync 10k records concurrently", target: .perSecond(5_000, units: "records/s"),
+             count: { $0.scaled(10_000) },
+             replica: { size in try concurrentDevicesTrial(size.scaled(10_000), latencySamples: size.quick ? 50 : 200) }, raw: nil,
+             repetitions: (full: 3, quick: 1)),
 ]
 
 let selected = workloads.filter { options.only?.contains($0.id.uppercased()) ?? true }

@@ -1,9 +1,13 @@
 // replica-cloud: set-up and upkeep of a PostgreSQL server as Replica's cloud database.
 //
-//   replica-cloud init [URL]               install the schema (tables, indexes, policies, roles), or upgrade it
+//   replica-cloud init [URL] [--shard N]   install the schema (tables, indexes, policies, roles), or upgrade it
 //   replica-cloud add-user NAME [--app|--admin]   make a login role; password from $REPLICA_CLOUD_PASSWORD or stdin
 //   replica-cloud status                   zones, records, tombstones, oldest token kept
 //   replica-cloud prune --keep DAYS        drop tombstones older than DAYS; older tokens then expire
+//   replica-cloud failover                 expire every token (after a loss of acknowledged writes the server's
+//                                          lineage does not show)
+//   replica-cloud shard N CONNECTION       the directory: how to reach shard N
+//   replica-cloud place OWNER N            the directory: OWNER's zones live on shard N
 //
 // Every command takes --url URL (a libpq connection string); without it, $REPLICA_CLOUD_URL, then libpq's own
 // defaults (PGHOST, PGUSER, …). Exit status: 0 done, 1 failed (connection, server, schema), 2 wrong usage.
@@ -13,13 +17,21 @@ import ReplicaPostgres
 
 let usage = """
     usage: replica-cloud COMMAND [--url URL] …
-      init [URL]                  install or upgrade the replica schema (idempotent)
+      init [URL] [--shard N]      install or upgrade the replica schema (idempotent); --shard: this database's shard
+                                  id (0…32767, fixed once it keeps zones)
       add-user NAME [--app|--admin]
                                   make login role NAME (a user owning its zones; --app: a backend acting for users;
                                   --admin: sees every zone). The password comes from $REPLICA_CLOUD_PASSWORD, or
                                   the first line of standard input (asked for, unechoed, on a terminal).
       status                      every zone: owner, records, tombstones, sequence, oldest valid token
       prune --keep DAYS           drop tombstones older than DAYS (devices with older tokens resync in full)
+      failover                    every zone gets new epochs: every device re-reads its zones and re-uploads what only
+                                  it holds. Needed only after a loss the server's lineage does not show (a logical dump
+                                  restored into the same cluster, a crash with synchronous_commit off); a promoted
+                                  standby or a point-in-time recovery changes the lineage by itself
+      shard N CONNECTION          record in this directory database how to reach shard N (a connection string
+                                  without credentials)
+      place OWNER N               record in this directory database that OWNER's zones live on shard N
     URL: a libpq connection string (postgresql://role@host:port/database or key=value pairs); default
     $REPLICA_CLOUD_URL, then libpq's environment (PGHOST, PGUSER, PGPASSWORD, …).
     exit status: 0 done, 1 failed, 2 wrong usage
@@ -68,6 +80,7 @@ if command == "help" || command == "--help" || command == "-h" {
 
 var url: String?
 var keepDays: Double?
+var shardOption: Int?
 var group = PostgresCloudAdministration.Group.user
 var positional: [String] = []
 var index = 0
@@ -83,6 +96,12 @@ while index < arguments.count {
             usageError("--keep needs a number of days ≥ 0")
         }
         keepDays = days
+        index += 1
+    case "--shard":
+        guard index + 1 < arguments.count, let shard = Int(arguments[index + 1]), (0...32767).contains(shard) else {
+            usageError("--shard needs a number in 0...32767")
+        }
+        shardOption = shard
         index += 1
     case "--app": group = .app
     case "--admin": group = .admin
@@ -128,6 +147,10 @@ case "init":
             print("replica-cloud: schema \(from) to version \(report.version)")
             for step in report.stepsRun { print("  step \(step)") }
         }
+        if let shardOption {
+            try admin.setShard(shardOption)
+            print("replica-cloud: shard id \(shardOption)")
+        }
     }
 case "add-user":
     guard positional.count == 1, let name = positional.first else { usageError("add-user takes one role NAME") }
@@ -165,6 +188,27 @@ case "prune":
         }
         let days = keepDays == keepDays.rounded() && keepDays < 1e15 ? String(Int(keepDays)) : String(keepDays)
         print("replica-cloud: pruned \(pruned.count) zone(s), keeping \(days) day(s) of tombstones")
+    }
+case "failover":
+    guard positional.isEmpty else { usageError("failover takes no arguments") }
+    let admin = administration(url)
+    run { () throws(PostgresCloudAdministration.Failure) in
+        try admin.renewEpochs()
+        print("replica-cloud: every zone has new epochs: devices re-read their zones in full and upload what only they hold")
+    }
+case "shard":
+    guard positional.count == 2, let shard = Int(positional[0]) else { usageError("shard takes a shard id N and a CONNECTION string") }
+    let admin = administration(url)
+    run { () throws(PostgresCloudAdministration.Failure) in
+        try admin.setShardEndpoint(shard, connection: positional[1])
+        print("replica-cloud: shard \(shard) recorded")
+    }
+case "place":
+    guard positional.count == 2, let shard = Int(positional[1]) else { usageError("place takes an OWNER and a shard id N") }
+    let admin = administration(url)
+    run { () throws(PostgresCloudAdministration.Failure) in
+        try admin.place(owner: positional[0], shard: shard)
+        print("replica-cloud: '\(positional[0])' placed on shard \(shard)")
     }
 default:
     usageError("unknown command '\(command)'")

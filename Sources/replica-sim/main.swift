@@ -29,6 +29,7 @@ let usage = """
                [--input-file PATH] [--iteration I]
                mutate and run inputs from outside (a typed error is fine, a trap is a failure); each input is written
                to --input-file before it runs, so a trap leaves it behind; --iteration I prints and runs one input
+    \(soakUsage)
 
     exit codes: 0 every invariant held, 1 an invariant failed, 2 bad usage or bad scenario, 3 nondeterminism
     """
@@ -506,6 +507,9 @@ func main() -> Int32 {
             code = try fuzzCommand(Arguments(arguments, valued: ["--target", "--iterations", "--seed", "--from", "--input-file", "--iteration"], flags: []))
         case "list":
             code = try listCommand(Arguments(arguments, valued: [], flags: ["--json"]))
+        case "soak":
+            code = try soakCommand(Arguments(arguments, valued: ["--cloud", "--owner", "--devices", "--duration", "--seed", "--directory",
+                                                                 "--device", "--log", "--canary"], flags: ["--no-faults"]))
         case "help", "--help", "-h":
             emit(usage)
             code = .pass

@@ -97,17 +97,47 @@ func syncExample(in directory: URL) async throws -> [String] {
 }
 // README:end
 
+// Modes: no arguments — the tour above, syncing through a cloud database file. `--cloud URL` (or REPLICA_CLOUD_URL
+// in the environment) — two devices sync through a PostgreSQL server instead (`replica-cloud init` and `add-user`
+// first); add `--device NAME --store DIR` to run one device that keeps its store in DIR (one per machine). `--owner
+// NAME` when the URL's role is an app backend acting for users.
+var options: [String: String] = [:]
+var rest = Array(CommandLine.arguments.dropFirst())
+while let name = rest.first, name.hasPrefix("--"), rest.count >= 2 {
+    options[String(name.dropFirst(2))] = rest[1]
+    rest.removeFirst(2)
+}
+guard rest.isEmpty, Set(options.keys).isSubset(of: ["cloud", "owner", "device", "store"]) else {
+    print("usage: trips-example [--cloud URL [--owner NAME] [--device NAME --store DIR]]")
+    exit(2)
+}
+let cloudURL = options["cloud"] ?? ProcessInfo.processInfo.environment["REPLICA_CLOUD_URL"].flatMap { $0.isEmpty ? nil : $0 }
+
 let directory = FileManager.default.temporaryDirectory
     .appendingPathComponent("replica-trips-example-\(ProcessInfo.processInfo.processIdentifier)", isDirectory: true)
 try? FileManager.default.removeItem(at: directory)
 defer { try? FileManager.default.removeItem(at: directory) }
 do {
-    print("trips-example: one container, two stores, under \(directory.path)")
-    for line in try runExample(in: directory) { print("  " + line) }
-    let files = (try? FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".store") }.sorted()) ?? []
-    print("store files: \(files.joined(separator: ", "))")
-    print("sync between two devices through one cloud database file:")
-    for line in try await syncExample(in: directory.appendingPathComponent("sync")) { print("  " + line) }
+    if let cloudURL, let device = options["device"] {
+        guard let store = options["store"] else {
+            print("trips-example: --device needs --store DIR (the device's store directory, kept between runs)")
+            exit(2)
+        }
+        for line in try await postgresDeviceExample(url: cloudURL, owner: options["owner"], device: device,
+                                                    store: URL(fileURLWithPath: store, isDirectory: true)) {
+            print(line)
+        }
+    } else if let cloudURL {
+        print("trips-example: two devices sync through PostgreSQL, under \(directory.path)")
+        for line in try await postgresSyncExample(url: cloudURL, owner: options["owner"], in: directory) { print("  " + line) }
+    } else {
+        print("trips-example: one container, two stores, under \(directory.path)")
+        for line in try runExample(in: directory) { print("  " + line) }
+        let files = (try? FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".store") }.sorted()) ?? []
+        print("store files: \(files.joined(separator: ", "))")
+        print("sync between two devices through one cloud database file:")
+        for line in try await syncExample(in: directory.appendingPathComponent("sync")) { print("  " + line) }
+    }
 } catch {
     print("trips-example failed: \(error)")
     exit(1)

@@ -165,6 +165,29 @@ struct CloudDatabaseTests {
         #expect(try await db.fetchZoneChanges("z", since: nil, limit: 10).records.count == 2)
     }
 
+    @Test("a record whose stamps the text form cannot hold is refused on its own, in its place; the rest of the batch is saved", arguments: kinds)
+    func unencodableStampRefused(kind: Kind) async throws {
+        let db = try Self.make(kind)
+        try await db.createZone("z")
+        var beyond = Self.record(2)
+        beyond.fields["title"]!.stamp.clock.physical = HLC.maxPhysical + 1
+        var negative = Self.record(3)
+        negative.created.incarnation = -1
+        let results = try await db.modifyRecords([Self.record(1), beyond, negative, Self.record(4)], in: "z")
+        #expect(results.map(\.recordID) == [1, 2, 3, 4].map { Self.record($0).recordID })
+        guard case .saved = results[0], case let .failed(_, fieldError) = results[1], case let .failed(_, creationError) = results[2],
+              case .saved = results[3] else {
+            Issue.record("unexpected results \(results)")
+            return
+        }
+        #expect("\(fieldError)".contains("title"))
+        #expect("\(creationError)".contains("creation"))
+        #expect(try await db.fetchZoneChanges("z", since: nil, limit: 10).records.map(\.recordID) == [Self.record(1).recordID, Self.record(4).recordID])
+        // Only refused records: nothing saved, the zone still checked.
+        #expect(try await db.modifyRecords([beyond], in: "z").count == 1)
+        await #expect(throws: CloudError.zoneNotFound) { try await db.modifyRecords([beyond], in: "missing") }
+    }
+
     @Test("a token from the future — a sequence the zone never reached — expires", arguments: kinds)
     func tokenFromTheFuture(kind: Kind) async throws {
         let db = try Self.make(kind)

@@ -157,6 +157,30 @@ struct PostgresCloudTests {
         }
     }
 
+    @Test("a stored body no device can read is reported with its page (ID, type, tag), never failing the page; a save with its tag replaces it")
+    func unreadableStoredRecord() async throws {
+        let server = try PostgresTestServer.get()
+        let owner = "owner-\(UUID().uuidString.lowercased())"
+        let cloud = try server.cloud(owner: owner)
+        try await cloud.createZone("notes")
+        _ = try await cloud.modifyRecords([Self.record(1), Self.record(2), Self.record(3)], in: "notes")
+        let id2 = Self.record(2).recordID.uuidString.lowercased(), id3 = Self.record(3).recordID.uuidString.lowercased()
+        // Record 2's body loses its fields; record 3's is not JSON at all.
+        try server.superuserSQL("UPDATE replica.record SET body = convert_to('{\"recordType\":\"Note\",\"broken\":true}', 'UTF8') WHERE owner = '\(owner)' AND id = '\(id2)'")
+        try server.superuserSQL("UPDATE replica.record SET body = '\\xff00'::bytea WHERE owner = '\(owner)' AND id = '\(id3)'")
+        let page = try await cloud.fetchZoneChanges("notes", since: nil, limit: 10)
+        #expect(page.records.map(\.recordID) == [Self.record(1).recordID])
+        #expect(page.unreadable.map(\.recordID) == [Self.record(2).recordID, Self.record(3).recordID])
+        #expect(page.unreadable.map(\.recordType) == ["Note", nil])
+        #expect(page.unreadable.allSatisfy { $0.changeTag != nil && $0.reason.contains("unreadable") && !$0.reason.contains("broken") })
+        // A save carrying the unreadable version's tag replaces it.
+        let replaced = try await cloud.modifyRecords([Self.record(2, tag: page.unreadable[0].changeTag)], in: "notes")
+        guard case .saved = replaced[0] else { Issue.record("not saved: \(replaced)"); return }
+        let after = try await cloud.fetchZoneChanges("notes", since: nil, limit: 10)
+        #expect(after.records.map(\.recordID) == [Self.record(1).recordID, Self.record(2).recordID])
+        #expect(after.unreadable.map(\.recordID) == [Self.record(3).recordID])
+    }
+
     @Test("a write that waits past the lock timeout on a busy zone is zoneBusy; retried later it saves")
     func lockTimeoutIsZoneBusy() async throws {
         let server = try PostgresTestServer.get()

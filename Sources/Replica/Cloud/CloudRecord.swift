@@ -115,8 +115,9 @@ public struct CloudRecord: Hashable, Sendable, Codable {
     }
 
     /// The per-record failure a cloud database answers a save of this record with when it has an
-    /// ``unencodableStamp``.
-    var unencodableFailure: RecordSaveResult? {
+    /// ``unencodableStamp`` (``CloudError/invalidRecord(reason:)`` naming the stamp's place, never a value); `nil`
+    /// when every stamp fits.
+    public var unencodableFailure: RecordSaveResult? {
         unencodableStamp.map { .failed(recordID: recordID, error: .invalidRecord(reason: "\($0) has a clock outside 48-bit milliseconds and a 16-bit counter")) }
     }
 }
