@@ -191,7 +191,7 @@ struct SimulationCanaryTests {
             }
         }
         let failure = try #require(caught, "\(canary.rawValue) was not caught within 1,000 seeds of \(entry.scenario)")
-        let shrunk = try Simulator.shrink(scenario, tape: failure.tape.choices, seed: failure.seed, options: options, budget: 250)
+        let shrunk = try Simulator.shrink(scenario, tape: failure.tape.choices, seed: failure.seed, options: options, budget: 1_000)
         let violation = try #require(shrunk.violation)
         #expect(violation.invariant == failure.violation?.invariant)
         #expect(shrunk.steps <= 15, "\(canary.rawValue): shrunk to \(shrunk.steps) steps\n\(shrunk.witness.joined(separator: "\n"))")

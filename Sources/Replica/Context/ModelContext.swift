@@ -138,6 +138,8 @@ public final class ModelContext {
         case .delete?:
             preconditionFailure("Replica: update(_:) of \(id), which this context deleted and has not saved: to keep the record, "
                 + "insert(_:) it again (saved as a delete and a re-insert, a new incarnation), or rollback() the delete")
+        case .update(_, _)? where container.environment.canaries.contains(.lastCopyWins), nil where container.environment.canaries.contains(.lastCopyWins):
+            register(id, .update(snapshot, fields: nil))
         case let .update(current, earlier)?:
             let versions = reads.versions(of: id)
             guard let fields = Self.changedFields(of: snapshot, versions: versions.snapshots, newestWritten: versions.newestWritten) else {

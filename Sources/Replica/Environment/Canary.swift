@@ -28,4 +28,20 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     case importSkipsHistory = "import-skips-history"
     /// Attributes marked for cloud encryption are uploaded without being sealed: their plaintext reaches the cloud.
     case plaintextUploaded = "plaintext-uploaded"
+    /// `update(_:)` writes every field of the copy that differs from the stored row, without comparing it with the
+    /// versions the context handed out: of two copies edited in one context the last wins whole, and a stale copy
+    /// reverts an edit the context saved (R3a).
+    case lastCopyWins = "last-copy-wins"
+    /// Remote stamps are merged however far ahead of this device's clock they are: a broken clock elsewhere drags
+    /// every later stamp of every device that merges it along (R2).
+    case unboundedRemoteClock = "unbounded-remote-clock"
+    /// The schema gate compares attribute types but not the options that change what the cloud holds (cloud
+    /// encryption, external storage): app versions that disagree on them both sync (R13).
+    case gateIgnoresOptions = "gate-ignores-options"
+    /// An engine builds uploads of records of entities its schema does not declare (queued by another app version's
+    /// process sharing the store file), finds no row it can read and refuses them for good (P6).
+    case unknownEntityRefused = "unknown-entity-refused"
+    /// Records kept as of an unknown type are never merged once the schema declares the type: a newer process
+    /// sharing the file with the older one that fetched them never shows them (R9).
+    case unknownTypesNeverAdopted = "unknown-types-never-adopted"
 }

@@ -32,7 +32,7 @@ final class Store: Sendable {
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
     /// The outbox query of this store's entities (``SyncLedger/outboxSQL(entities:)``).
-    var outboxSQL: StatementKey { layout.outboxSQL }
+    let outboxSQL: StatementKey
     /// What the store was made from (shared by every store with these entities): its template and the connections
     /// of in-memory stores that went away, for the next one.
     private let layout: StoreLayout
@@ -57,6 +57,7 @@ final class Store: Sendable {
         let layout = StoreLayout.shared(entities, synced: configuration.isSynced)
         self.layout = layout
         self.statements = layout.statements
+        self.outboxSQL = environment.canaries.contains(.unknownEntityRefused) ? SyncLedger.outboxSQL(entities: nil) : layout.outboxSQL
         let name = configuration.name
         func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: name, reason: reason) }
 

@@ -16,7 +16,17 @@ extension SyncLedger {
         var records: [CloudRecord] = []
         var requeue: [CloudRecord] = []
         for row in try db.rows("SELECT id, record, pending FROM replica_sync_unknown_record WHERE record_type IN (\(names)) ORDER BY id") {
-            guard case let .text(json) = row[1], let record = decode(CloudRecord.self, json), store.entity(named: record.recordType) != nil else { continue }
+            guard case let .text(json) = row[1], var record = decode(CloudRecord.self, json),
+                  let entity = store.entity(named: record.recordType) else { continue }
+            // A tombstone kept opaquely holds every field its versions had (the older schema cannot tell which ones
+            // survive a delete); this one can: only attributes preserved on deletion (and fields it does not know)
+            // stay, as in the tombstone the deleting device uploaded.
+            if !record.isAlive {
+                record.fields = record.fields.filter { name, _ in
+                    if let attribute = entity.attribute(named: name) { return attribute.options.contains(.preserveValueOnDeletion) }
+                    return entity.relationship(named: name) == nil
+                }
+            }
             try db.run("DELETE FROM replica_sync_unknown_record WHERE id = ?", [row[0]])
             records.append(record)
             if row[2] == .integer(1) { requeue.append(record) }

@@ -55,7 +55,8 @@ struct ZoneSchema: Codable, Hashable {
     /// Compares a device's schema with the zone's and returns the differences that make it incompatible, and the
     /// union to store when there are none. A device older than the zone may lack things (it keeps them as unknown
     /// fields); a device at or past the zone's version may not.
-    static func check(local: ZoneSchema, zone: ZoneSchema?) -> (differences: [SchemaDifference], union: ZoneSchema) {
+    /// - Parameter comparesOptions: `false` only for the canary ``Canary/gateIgnoresOptions``.
+    static func check(local: ZoneSchema, zone: ZoneSchema?, comparesOptions: Bool = true) -> (differences: [SchemaDifference], union: ZoneSchema) {
         guard let zone else { return ([], local) }
         let current = local.version >= zone.version
         var differences: [SchemaDifference] = []
@@ -75,7 +76,7 @@ struct ZoneSchema: Codable, Hashable {
                     differences.append(.attributeRetyped(entity: mine.name, attribute: attribute.name, zoneType: attribute.type, localType: own.type))
                 }
                 for option in SchemaDifference.CloudOption.allCases
-                where own.options.contains(option.option) != attribute.options.contains(option.option) {
+                where comparesOptions && own.options.contains(option.option) != attribute.options.contains(option.option) {
                     differences.append(.attributeOptionChanged(entity: mine.name, attribute: attribute.name, option: option,
                                                                zone: attribute.options.contains(option.option)))
                 }

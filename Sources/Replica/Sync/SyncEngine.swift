@@ -457,7 +457,8 @@ public final class SyncEngine {
                 return
             }
         }
-        let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema)
+        let (differences, union) = ZoneSchema.check(local: local, zone: zoneSchema,
+                                                    comparesOptions: !container.environment.canaries.contains(.gateIgnoresOptions))
         if !differences.isEmpty {
             blocked = .incompatibleSchema(differences)
             return
@@ -681,7 +682,8 @@ public final class SyncEngine {
         // Held versions whose time has come are merged first (R2; they may be held again).
         let retried = try SyncLedger.takeDueHeldRecords(wall: now, db)
         // Records of types this schema declares that were kept as unknown (by an older version, R9) are merged too.
-        let adopted = try SyncLedger.takeAdoptableUnknownRecords(store: store, db)
+        let adopted = container.environment.canaries.contains(.unknownTypesNeverAdopted) ? (records: [CloudRecord](), requeue: [CloudRecord]())
+            : try SyncLedger.takeAdoptableUnknownRecords(store: store, db)
         let records = retried.isEmpty && adopted.records.isEmpty ? records : retried + adopted.records + records
         guard !records.isEmpty else { return }
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
@@ -693,7 +695,8 @@ public final class SyncEngine {
         batch.fieldsAreOpened = encryption != nil
         for record in records {
             let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now,
-                                               maxDrift: options.maxClockDriftMilliseconds, canaries: container.environment.canaries,
+                                               maxDrift: container.environment.canaries.contains(.unboundedRemoteClock) ? .max : options.maxClockDriftMilliseconds,
+                                               canaries: container.environment.canaries,
                                                batch: batch)
             changes.add(outcome)
             if let id = outcome.tombstoned { tombstoned.append(id) }

@@ -377,12 +377,13 @@ enum SyncLedger {
     /// (``loadSQL``'s columns after the ID). Only records of `entities`: in a store file shared with a process of
     /// another app version, records of entities this schema does not know are that process's to upload (this one
     /// cannot read their rows); they stay queued, counted as pending, never refused (P6).
-    static func outboxSQL(entities: [String]) -> StatementKey {
-        let names = entities.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ", ")
+    /// `entities` `nil`: every record (only for the canary ``Canary/unknownEntityRefused``).
+    static func outboxSQL(entities: [String]?) -> StatementKey {
+        let names = entities.map { $0.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ", ") }
         return StatementKey("""
             SELECT id, \(stateColumns)
             FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable', 'corrupt')
-                AND entity IN (\(names.isEmpty ? "NULL" : names)) ORDER BY id LIMIT ?
+                \(names.map { "AND entity IN (\($0.isEmpty ? "NULL" : $0))" } ?? "") ORDER BY id LIMIT ?
             """)
     }
 

@@ -84,6 +84,11 @@ public enum CanaryCatalog {
         ("import-skips-history", "trips", "sync imports write rows without a history transaction"),
         ("plaintext-uploaded", "notes-files", "encrypted attributes are uploaded without sealing"),
         ("dedup-skipped", "people-unique", "concurrent records with one unique key are not deduplicated"),
+        ("last-copy-wins", "copies-of-one-record", "update(_:) writes a copy whole: two copies' edits do not add up, a stale copy reverts a saved edit"),
+        ("unbounded-remote-clock", "hostile-remote-clocks", "remote stamps far ahead of the device clock are merged and drag it along"),
+        ("gate-ignores-options", "encryption-turned-on-across-versions", "the schema gate ignores cloud options such as encryption"),
+        ("unknown-entity-refused", "app-group-two-app-versions", "an older process refuses a newer entity's queued records for good"),
+        ("unknown-types-never-adopted", "app-group-two-app-versions", "records kept as of an unknown type never reach the table of a schema that declares it"),
     ]
 
     /// Every canary the library has, in the library's order.
