@@ -50,11 +50,41 @@ public final class ModelContext {
     }
 
     /// Gives the context's connections back to their stores, for the next context or sync engine (see
-    /// `Store.reuse(_:)`).
+    /// `Store.reuse(_:)`), and closes the loader of the references it handed out (they no longer load targets).
     deinit {
+        if ownsHandoutLoader { handoutLoaderStorage?.close() }
         for (index, connection) in connections.enumerated() {
             if let connection { container.stores[index].reuse(connection) }
         }
+    }
+
+    // MARK: Loading reference targets
+
+    private var handoutLoaderStorage: ReferenceLoader?
+    private var ownsHandoutLoader = true
+
+    /// The loader that the unresolved references this context hands out carry (see ``Reference/loadTarget()``),
+    /// made on first use.
+    var handoutLoader: ReferenceLoader {
+        if let loader = handoutLoaderStorage { return loader }
+        let loader = ReferenceLoader(container: container)
+        handoutLoaderStorage = loader
+        return loader
+    }
+
+    /// Makes this context (a reference loader's private one) hand out `loader`, which it does not own, so that
+    /// targets loaded through a reference load their own references' targets through the same loader.
+    func lendHandoutLoader(_ loader: ReferenceLoader) {
+        handoutLoaderStorage = loader
+        ownsHandoutLoader = false
+    }
+
+    /// The stored record `id` of `type` (no unsaved changes), not registered as a base of change tracking: what a
+    /// reference loads on demand. One query, plus one per to-many relationship.
+    func loadTarget<T: PersistentModel>(_ type: T.Type, id: UUID) throws -> T? {
+        let engine = try queryEngine(T.self, includePendingChanges: false)
+        engine.registersReads = false
+        return try engine.loadModel(T.self, id: id)
     }
 
     // MARK: Registering changes
@@ -238,6 +268,7 @@ public final class ModelContext {
         for changes in saved { reads.register(inserted: changes.inserted) }
         pending.forEachUpdateOrDelete { reads.forget($0) }
         rollback()
+        handoutLoaderStorage?.invalidate()
         postDidSave(saved)
     }
 

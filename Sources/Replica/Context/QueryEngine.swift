@@ -483,6 +483,7 @@ final class QueryEngine: QuerySources, ModelLoading {
     func complete<Model: PersistentModel>(_ models: inout [Model], toMany names: Set<String>?, prefetch: PrefetchTree) throws {
         guard !models.isEmpty else { return }
         try loadToMany(&models, only: names)
+        attachLoader(&models)
         for (name, subtree) in prefetch.children {
             guard let resolve = Model.entity.prefetchByName[name] else { continue }
             let dangling = try resolve(&models, self, subtree)
@@ -519,7 +520,8 @@ final class QueryEngine: QuerySources, ModelLoading {
                 guard let owner = statement.uuid(0), let member = statement.uuid(1) else { continue }
                 members[owner, default: []].append(member)
             }
-            for index in models.indices { assign(&models[index], members[models[index].id] ?? []) }
+            let loader = context.handoutLoader
+            for index in models.indices { assign(&models[index], members[models[index].id] ?? [], loader) }
         }
     }
 
@@ -573,6 +575,15 @@ final class QueryEngine: QuerySources, ModelLoading {
         return result
     }
 
+    /// Lets the unresolved to-one references of `models` load their targets on demand through the context's
+    /// loader (see ``Reference/loadTarget()``); to-many members get it when ``loadToMany(_:only:)`` assigns them.
+    /// O(models) for an entity with to-one relationships, else O(1).
+    func attachLoader<Model: PersistentModel>(_ models: inout [Model]) {
+        let entity = Model.entity
+        guard !entity.storage.loaderAttachers.isEmpty, !models.isEmpty else { return }
+        entity.attach(context.handoutLoader, to: &models)
+    }
+
     /// Registers the models a fetch hands out with the context (see ``registersReads``). O(1).
     func register<Model: PersistentModel>(_ models: [Model]) {
         guard registersReads else { return }
@@ -611,6 +622,8 @@ final class QueryEngine: QuerySources, ModelLoading {
                 if plan.filtersInMemory, let predicate = descriptor.predicate {
                     batch = try batch.filter { try predicate.evaluate($0) }
                 }
+            } else {
+                attachLoader(&batch)
             }
             if plan.sortsInMemory {
                 collected.append(contentsOf: batch)
