@@ -213,6 +213,14 @@ public final class ModelContext {
         var open: [Connection] = []
         var failures: [ModelValidationFailure] = []
         var saved: [StoreChanges] = []
+        /// The history token each store's transaction records (announced to the change hub before the commit).
+        var tokens: [Int64?] = []
+        let hub = container.changeHub
+        func abandonTokens(from position: Int = 0) {
+            for (offset, token) in tokens.enumerated() where offset >= position {
+                if let token { hub.abandon(store: affected[offset], token: token) }
+            }
+        }
         do {
             for index in affected {
                 let connection = try connection(for: index)
@@ -221,9 +229,12 @@ public final class ModelContext {
                 var writer = StoreWriter(store: container.stores[index], db: connection)
                 try writer.apply(byStore[index])
                 failures += writer.failures
+                var token: Int64?
+                defer { tokens.append(token) }
                 if writer.failures.isEmpty {
                     if container.stores[index].configuration.tracksHistory {
-                        _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                        token = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                        if let token { hub.willCommit(store: index, token: token, origin: .localSave) }
                     }
                     if container.stores[index].configuration.isSynced {
                         try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
@@ -234,10 +245,12 @@ public final class ModelContext {
             }
         } catch {
             open.forEach { $0.rollback() }
+            abandonTokens()
             throw error
         }
         if !failures.isEmpty {
             open.forEach { $0.rollback() }
+            abandonTokens()
             throw ReplicaError.modelValidationFailure(failures)
         }
         var committed: [Int] = []
@@ -246,6 +259,7 @@ public final class ModelContext {
                 for index in affected { try hook(.beforeCommit(store: container.stores[index].configuration.name)) }
             } catch {
                 open.forEach { $0.rollback() }
+                abandonTokens()
                 throw error
             }
         }
@@ -253,9 +267,17 @@ public final class ModelContext {
             do {
                 try open[position].commit()
                 committed.append(index)
+                // Announced before the fault hook: a simulated crash after the commit still leaves it announced, as
+                // the history holds it.
+                if let token = tokens[position] {
+                    hub.didCommit(store: index, token: token, reading: open[position])
+                } else {
+                    hub.didCommitUntracked(store: index, changes: saved[position], author: author)
+                }
                 try? container.environment.faultHook?(.afterCommit(store: container.stores[index].configuration.name))
             } catch let error as SQLiteError {
                 open[position...].forEach { $0.rollback() }
+                abandonTokens(from: position)
                 for store in committed { forgetPending(inStore: store) }
                 if committed.isEmpty { throw error }
                 throw ReplicaError.partialSave(

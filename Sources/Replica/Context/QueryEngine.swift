@@ -87,6 +87,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     var registersReads = true
     private var tableSources: [String: String] = [:]
     private var linkSources: [String: String] = [:]
+    /// When set, the entities whose records the queries read (see `ModelContext.entitiesRead(by:)`).
+    var readEntities: Set<String>?
 
     init(context: ModelContext, storeIndex: Int, includePendingChanges: Bool) throws {
         self.context = context
@@ -107,6 +109,7 @@ final class QueryEngine: QuerySources, ModelLoading {
     // MARK: Sources (with pending changes overlaid)
 
     func table(_ entity: String) throws -> String {
+        readEntities?.insert(entity)
         if let source = tableSources[entity] { return source }
         var source = quoted(entity)
         if includePendingChanges, context.hasPendingChanges(ofEntity: entity), let schema = schemaEntity(entity) {
@@ -144,6 +147,7 @@ final class QueryEngine: QuerySources, ModelLoading {
     }
 
     func links(_ table: LinkTable) throws -> String {
+        readEntities?.formUnion([table.ownerEntity, table.memberEntity])
         if let source = linkSources[table.name] { return source }
         var source = table.quotedName
         if includePendingChanges {
