@@ -68,6 +68,8 @@ final class SimulationRun {
     }()
     /// Last history token seen per (device, store), for the monotonicity check.
     var lastHistoryToken: [String: Int64] = [:]
+    /// Each process's live queries, for the observers-agree check (`ObserverAgreement.swift`).
+    var observers = ProcessObservers()
     /// Positions of the "another step?" choices (for truncation while shrinking).
     var stepFlagPositions: [Int] = []
     /// Fates for the next messages and cloud requests: each chaos step draws a fixed block of them for the window
@@ -258,6 +260,7 @@ final class SimulationRun {
             process.engines[store.name] = simEngine
         }
         process.isUp = true
+        try observeStores(of: process)
         if phase != .setup {
             for store in process.stores where usesFile(store) { try checkIntegrity(process, store) }
         }
@@ -516,6 +519,7 @@ final class SimulationRun {
                             + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none"))")
                     }
                 }
+                try checkObservers()
                 return
             }
         }
@@ -553,6 +557,7 @@ final class SimulationRun {
     /// A state-digest line: the cloud's records and each store's history position and outbox size. Checks that
     /// history tokens never go back (traced or not); the digest itself is computed only when the trace is recorded.
     func digest() throws {
+        try checkObservers()
         var cloudBytes: [UInt8] = []
         if trace.isEnabled {
             for zone in zones {

@@ -41,6 +41,10 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     case noPlaintext = "no-plaintext-in-cloud"
     /// Reading the whole zone again (an expired change token) changes nothing: no upload, no row, stamp or history.
     case idempotence
+    /// Every process's live queries (one per entity of each store, observed from the process's start) equal a fresh
+    /// fetch at every quiescent point (see `ObserverAgreement.swift`). Checked as the run settles, not in the check
+    /// phase.
+    case observersAgree = "observers-agree"
 
     /// One line describing the invariant.
     public var summary: String {
@@ -58,6 +62,7 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
         case .localOnly: return "local-only data never leaves its device"
         case .noPlaintext: return "no plaintext of encrypted fields in the cloud"
         case .idempotence: return "a full re-read changes nothing"
+        case .observersAgree: return "live queries equal a fresh fetch at every quiescent point"
         }
     }
 }
