@@ -270,7 +270,7 @@ public final class ModelContext {
                 // Announced before the fault hook: a simulated crash after the commit still leaves it announced, as
                 // the history holds it.
                 if let token = tokens[position] {
-                    hub.didCommit(store: index, token: token, reading: open[position])
+                    hub.didCommit(store: index, token: token, reading: open[position], changes: saved[position], author: author)
                 } else {
                     hub.didCommitUntracked(store: index, changes: saved[position], author: author)
                 }

@@ -57,6 +57,12 @@ final class ChangeHub: Sendable {
         let watchesOtherProcesses: Bool
     }
 
+    /// A subscriber as the stores' indexes hold it (the receiver itself: handing out a change looks nothing up).
+    private struct Subscriber {
+        let id: Int
+        let receiver: any ChangeSubscriber
+    }
+
     private struct StoreState {
         /// The last token read, valid while ``subscribers`` > 0.
         var lastToken: Int64 = 0
@@ -64,9 +70,9 @@ final class ChangeHub: Sendable {
         var expected: [Int64: ChangeOrigin] = [:]
         var subscribers = 0
         /// Subscribers that want every change of the store.
-        var all: [Int] = []
+        var all: [Subscriber] = []
         /// Subscribers by the entities they want.
-        var byEntity: [String: [Int]] = [:]
+        var byEntity: [String: [Subscriber]] = [:]
         /// Subscribers that want other processes' commits noticed without delay (the watcher runs for them).
         var watching = 0
         /// The hub's own reader, for reads no caller's connection serves (the watcher's).
@@ -113,9 +119,9 @@ final class ChangeHub: Sendable {
                 }
                 state.stores[index].subscribers += 1
                 if let names = entities?[index] {
-                    for name in names { state.stores[index].byEntity[name, default: []].append(id) }
+                    for name in names { state.stores[index].byEntity[name, default: []].append(Subscriber(id: id, receiver: subscriber)) }
                 } else {
-                    state.stores[index].all.append(id)
+                    state.stores[index].all.append(Subscriber(id: id, receiver: subscriber))
                 }
                 if watchesOtherProcesses, case .file = stores[index].location {
                     state.stores[index].watching += 1
@@ -154,11 +160,11 @@ final class ChangeHub: Sendable {
                 store.subscribers -= 1
                 if let names = registration.entities?[index] {
                     for name in names {
-                        store.byEntity[name]?.removeAll { $0 == id }
+                        store.byEntity[name]?.removeAll { $0.id == id }
                         if store.byEntity[name]?.isEmpty == true { store.byEntity[name] = nil }
                     }
                 } else {
-                    store.all.removeAll { $0 == id }
+                    store.all.removeAll { $0.id == id }
                 }
                 if registration.watchesOtherProcesses, case .file = stores[index].location {
                     store.watching -= 1
@@ -193,13 +199,29 @@ final class ChangeHub: Sendable {
         _ = state.withLock { $0.stores[store].expected.removeValue(forKey: token) }
     }
 
-    /// The commit of `token` to `store` succeeded: while anything subscribes to the store, reads its history after
-    /// the hub's position on `db` (the committer's connection, outside any transaction) and hands it out.
-    func didCommit(store: Int, token: Int64, reading db: Connection) {
+    /// The commit of `token` to `store` succeeded, writing `changes` (what its history transaction records): while
+    /// anything subscribes to the store, hands out what was committed since the hub's position.
+    ///
+    /// Change-stream subscribers get transactions read back from the history log on `db` (the committer's connection,
+    /// outside any transaction). When only live queries subscribe — they need to know which records changed, not the
+    /// transaction — and nothing else was committed since the hub's position (`token` follows it), the hub hands them
+    /// `changes` as the committer wrote them to the log in this transaction, and reads nothing; otherwise (another
+    /// process committed in between) it reads the log.
+    func didCommit(store: Int, token: Int64, reading db: Connection, changes: StoreChanges, author: String?) {
         let reader = ConnectionReference(db)
         state.withLock { state in
             guard state.stores[store].subscribers > 0 else {
                 state.stores[store].expected.removeValue(forKey: token)
+                return
+            }
+            if state.stores[store].all.isEmpty, token == state.stores[store].lastToken + 1,
+               let origin = state.stores[store].expected.removeValue(forKey: token) {
+                state.stores[store].lastToken = token
+                let change = StoreChange(storeName: stores[store].configuration.name, origin: origin,
+                                         token: HistoryToken(storeIdentity: stores[store].identity, value: token), author: author,
+                                         timestamp: environment.now(), processIdentity: environment.processIdentity,
+                                         changes: Self.historyChanges(changes))
+                deliver(change, store: store, state)
                 return
             }
             readNew(store, &state, reader)
@@ -210,18 +232,25 @@ final class ChangeHub: Sendable {
     func didCommitUntracked(store: Int, changes: StoreChanges, author: String?) {
         state.withLock { state in
             guard state.stores[store].subscribers > 0 else { return }
-            var list: [HistoryChange] = []
-            list.reserveCapacity(changes.inserted.count + changes.updated.count + changes.deleted.count)
-            for snapshot in changes.inserted { list.append(.insert(snapshot.persistentModelID)) }
-            for (snapshot, fields) in changes.updated { list.append(.update(snapshot.persistentModelID, updatedAttributes: fields)) }
-            for record in changes.deleted {
-                let values = Dictionary(record.preservedValues, uniquingKeysWith: { first, _ in first })
-                list.append(.delete(record.id, tombstone: HistoryTombstone(values: values)))
-            }
             let change = StoreChange(storeName: stores[store].configuration.name, origin: .localSave, token: nil, author: author,
-                                     timestamp: environment.now(), processIdentity: environment.processIdentity, changes: list)
+                                     timestamp: environment.now(), processIdentity: environment.processIdentity,
+                                     changes: Self.historyChanges(changes))
             deliver(change, store: store, state)
         }
+    }
+
+    /// A save's changes as its history transaction lists them (``HistoryLog/record(_:author:environment:db:)``):
+    /// inserts, updates with their changed fields, deletes with the preserved values.
+    static func historyChanges(_ changes: StoreChanges) -> [HistoryChange] {
+        var list: [HistoryChange] = []
+        list.reserveCapacity(changes.inserted.count + changes.updated.count + changes.deleted.count)
+        for snapshot in changes.inserted { list.append(.insert(snapshot.persistentModelID)) }
+        for (snapshot, fields) in changes.updated { list.append(.update(snapshot.persistentModelID, updatedAttributes: fields)) }
+        for record in changes.deleted {
+            let values = Dictionary(record.preservedValues, uniquingKeysWith: { first, _ in first })
+            list.append(.delete(record.id, tombstone: HistoryTombstone(values: values)))
+        }
+        return list
     }
 
     // MARK: Catching up
@@ -306,7 +335,7 @@ final class ChangeHub: Sendable {
             return
         }
         if let gap = read.gap {
-            for id in subscribers(of: index, state, entities: nil) { state.registrations[id]?.subscriber.receiveGap(gap) }
+            for subscriber in subscribers(of: index, state, entities: nil) { subscriber.receiver.receiveGap(gap) }
             if let through = gap.through { state.stores[index].lastToken = max(state.stores[index].lastToken, through.value) }
         }
         for transaction in read.transactions {
@@ -320,24 +349,19 @@ final class ChangeHub: Sendable {
         }
     }
 
-    /// The transactions of `store` after token value `after`, and the gap when history after it was pruned, read in
-    /// one read transaction.
+    /// The transactions of `store` after token value `after`, and the gap when history after it was pruned: one
+    /// statement (``HistoryLog/transactions(after:storeName:identity:db:)``), plus a read of the pruning mark when
+    /// the first transaction does not follow `after`.
     static func transactions(of store: Store, after: Int64, db: Connection) throws -> (transactions: [HistoryTransaction], gap: DroppedChanges?) {
-        try db.transaction(.deferred) {
-            let pruned = try HistoryLog.prunedThrough(db)
-            var gap: DroppedChanges?
-            var from = after
-            if pruned > after {
-                let name = store.configuration.name
-                gap = DroppedChanges(storeName: name, after: after > 0 ? HistoryToken(storeIdentity: store.identity, value: after) : nil,
-                                     through: HistoryToken(storeIdentity: store.identity, value: pruned),
-                                     count: Int(pruned - after))
-                from = pruned
-            }
-            let transactions = try HistoryLog.fetch(HistoryDescriptor(after: HistoryToken(storeIdentity: store.identity, value: from)),
-                                                    storeName: store.configuration.name, identity: store.identity, db: db)
-            return (transactions, gap)
-        }
+        let (transactions, contiguous) = try HistoryLog.transactions(after: after, storeName: store.configuration.name,
+                                                                     identity: store.identity, db: db)
+        guard !contiguous || transactions.isEmpty else { return (transactions, nil) }
+        let pruned = try HistoryLog.prunedThrough(db)
+        guard pruned > after else { return (transactions, nil) }
+        let gap = DroppedChanges(storeName: store.configuration.name,
+                                 after: after > 0 ? HistoryToken(storeIdentity: store.identity, value: after) : nil,
+                                 through: HistoryToken(storeIdentity: store.identity, value: pruned), count: Int(pruned - after))
+        return (transactions.filter { $0.token.value > pruned }, gap)
     }
 
     /// The origin of a transaction no committer of this container announced: one saved before the hub's position
@@ -360,32 +384,33 @@ final class ChangeHub: Sendable {
     /// Hands `change` to the subscribers of `store` it concerns: those of every change, and those of an entity it
     /// changed (each once).
     private func deliver(_ change: StoreChange, store index: Int, _ state: State) {
-        for id in subscribers(of: index, state, entities: change.entityNames) {
-            state.registrations[id]?.subscriber.receive(change)
+        // The common case, a change of one entity: its subscribers' list as it is, no set to build.
+        if change.changes.allSatisfy({ $0.changedPersistentIdentifier.entityName == change.changes[0].changedPersistentIdentifier.entityName }),
+           let first = change.changes.first {
+            for subscriber in state.stores[index].all { subscriber.receiver.receive(change) }
+            for subscriber in state.stores[index].byEntity[first.changedPersistentIdentifier.entityName] ?? [] {
+                subscriber.receiver.receive(change)
+            }
+            return
         }
+        for subscriber in subscribers(of: index, state, entities: change.entityNames) { subscriber.receiver.receive(change) }
     }
 
-    /// Subscriber IDs of `store`: those of every change, then those of `entities` (all of them when `nil`), each once.
-    private func subscribers(of index: Int, _ state: State, entities: [String]?) -> [Int] {
-        let store = state.stores[index]
-        var ids = store.all
+    /// The subscribers of `store`: those of every change, then those of `entities` (all of them when `nil`), each once.
+    private func subscribers(of index: Int, _ state: State, entities: [String]?) -> [Subscriber] {
+        var list = state.stores[index].all
         if let entities {
-            if entities.count == 1, let only = store.byEntity[entities[0]] {
-                if ids.isEmpty { return only }
-                ids += only
-            } else {
-                for name in entities { ids += store.byEntity[name] ?? [] }
-            }
+            for name in entities { list += state.stores[index].byEntity[name] ?? [] }
         } else {
-            for name in store.byEntity.keys.sorted() { ids += store.byEntity[name] ?? [] }
+            for name in state.stores[index].byEntity.keys.sorted() { list += state.stores[index].byEntity[name] ?? [] }
         }
-        guard ids.count > 1 else { return ids }
+        guard list.count > 1 else { return list }
         var seen = Set<Int>()
-        return ids.filter { seen.insert($0).inserted }
+        return list.filter { seen.insert($0.id).inserted }
     }
 
     private func failAll(_ index: Int, _ state: State, _ error: ReplicaError) {
-        for id in subscribers(of: index, state, entities: nil) { state.registrations[id]?.subscriber.fail(error) }
+        for subscriber in subscribers(of: index, state, entities: nil) { subscriber.receiver.fail(error) }
     }
 
     // MARK: Watching other processes

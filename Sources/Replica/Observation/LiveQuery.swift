@@ -197,6 +197,10 @@ final class LiveQueryCore<Value: Sendable> {
 }
 
 /// Marks a live query stale when a committed change concerns it, and wakes its iterator. Internal.
+///
+/// Marking is the hot path (every commit of an entity marks every query of it): two atomic operations while the
+/// query is already marked or nobody waits; the lock only to wake a waiting iterator. `changed` and `waiting` are
+/// sequentially consistent, so a mark and a wait that race either see each other's flag (no wake is lost).
 final class LiveQuerySignal: ChangeSubscriber {
     enum Wake: Sendable {
         case changed
@@ -205,13 +209,16 @@ final class LiveQuerySignal: ChangeSubscriber {
     }
 
     private struct State {
-        var changed = false
         var failure: ReplicaError?
         var cancelled = false
         var waiter: CheckedContinuation<Wake, Never>?
     }
 
     private let state = Mutex(State())
+    /// A change concerned the query since the last fetch began.
+    private let changed = Atomic<Bool>(false)
+    /// An iterator waits (or is about to): a mark must take the lock and wake it.
+    private let waiting = Atomic<Bool>(false)
     private let entities: Set<String>
     /// For one observed record: changes of its own entity concern it only when they are of this record.
     private let identifier: PersistentIdentifier?
@@ -237,13 +244,13 @@ final class LiveQuerySignal: ChangeSubscriber {
     func receiveGap(_ dropped: DroppedChanges) { mark() }
 
     private func mark() {
+        changed.store(true, ordering: .sequentiallyConsistent)
+        guard waiting.load(ordering: .sequentiallyConsistent) else { return }
         state.withLock { state in
-            state.changed = true
-            if let waiter = state.waiter {
-                state.waiter = nil
-                state.changed = false
-                waiter.resume(returning: .changed)
-            }
+            guard let waiter = state.waiter, changed.exchange(false, ordering: .sequentiallyConsistent) else { return }
+            state.waiter = nil
+            waiting.store(false, ordering: .sequentiallyConsistent)
+            waiter.resume(returning: .changed)
         }
     }
 
@@ -252,6 +259,7 @@ final class LiveQuerySignal: ChangeSubscriber {
             state.failure = error
             if let waiter = state.waiter {
                 state.waiter = nil
+                waiting.store(false, ordering: .sequentiallyConsistent)
                 waiter.resume(returning: .failed(error))
             }
         }
@@ -259,10 +267,7 @@ final class LiveQuerySignal: ChangeSubscriber {
 
     /// Whether a change arrived since the last call (and clears it): what a synchronous observer polls.
     func takeChange() -> Bool {
-        state.withLock { state in
-            defer { state.changed = false }
-            return state.changed
-        }
+        changed.exchange(false, ordering: .sequentiallyConsistent)
     }
 
     /// The failure that ended the subscription, if any.
@@ -275,10 +280,16 @@ final class LiveQuerySignal: ChangeSubscriber {
                 state.withLock { state in
                     if let failure = state.failure {
                         continuation.resume(returning: .failed(failure))
-                    } else if state.cancelled || Task.isCancelled {
+                        return
+                    }
+                    if state.cancelled || Task.isCancelled {
                         continuation.resume(returning: .cancelled)
-                    } else if state.changed {
-                        state.changed = false
+                        return
+                    }
+                    // Announce the wait before looking at the mark (see the type's documentation).
+                    waiting.store(true, ordering: .sequentiallyConsistent)
+                    if changed.exchange(false, ordering: .sequentiallyConsistent) {
+                        waiting.store(false, ordering: .sequentiallyConsistent)
                         continuation.resume(returning: .changed)
                     } else {
                         state.waiter = continuation
@@ -290,6 +301,7 @@ final class LiveQuerySignal: ChangeSubscriber {
                 state.cancelled = true
                 if let waiter = state.waiter {
                     state.waiter = nil
+                    waiting.store(false, ordering: .sequentiallyConsistent)
                     waiter.resume(returning: .cancelled)
                 }
             }

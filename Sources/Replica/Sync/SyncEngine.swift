@@ -561,7 +561,10 @@ public final class SyncEngine {
         }
         guard let imported = importedChanges else { return }
         importedChanges = nil
-        if let token = imported.token { container.changeHub.didCommit(store: storeIndex, token: token, reading: db) }
+        if let token = imported.token {
+            container.changeHub.didCommit(store: storeIndex, token: token, reading: db, changes: imported.changes,
+                                          author: HistoryTransaction.syncAuthor)
+        }
         ModelContext.postDidSave([imported.changes], object: self)
     }
 
