@@ -26,18 +26,32 @@ protocol ChangeSubscriber: AnyObject, Sendable {
 /// observer catches up. Transactions whose token a committer announced get its origin; the others come from
 /// elsewhere (``ChangeOrigin/otherProcess``).
 ///
-/// Cost while nothing subscribes to a store: one lock and a dictionary insert and removal per save. With subscribers:
-/// one history read per commit (one range query of the token key), and per transaction O(subscribers of the entities
-/// it changed).
+/// Live queries need to know which records changed, not the transaction: when only they subscribe to a store and the
+/// committed token follows the hub's position (nothing else was committed in between), the hub hands them the
+/// committer's own changes — those its history transaction records — and reads nothing.
+///
+/// Cost while nothing subscribes to a store: three uncontended locks and a dictionary insert and removal per save.
+/// With subscribers: one history read per commit (one prepared statement over the token range; none for live queries
+/// alone, see above), and per transaction O(subscribers of the entities it changed).
 final class ChangeHub: Sendable {
     let stores: [Store]
     let environment: ReplicaEnvironment
     private let state: Mutex<State>
+    /// Per store, the tokens this container is committing (or committed, not read yet), with their origin. A lock of
+    /// its own, taken alone by committers inside their write transactions (never waiting for a read the hub's lock
+    /// covers) and inside the hub's lock by readers (always in that order).
+    private let expected: Mutex<[[Int64: ChangeOrigin]]>
 
     init(stores: [Store], environment: ReplicaEnvironment) {
         self.stores = stores
         self.environment = environment
         self.state = Mutex(State(stores: stores.map { _ in StoreState() }))
+        self.expected = Mutex(stores.map { _ in [:] })
+    }
+
+    /// Removes and returns the origin a committer announced for `token` of store `index`.
+    private func takeExpected(_ index: Int, _ token: Int64) -> ChangeOrigin? {
+        expected.withLock { $0[index].removeValue(forKey: token) }
     }
 
     deinit {
@@ -66,8 +80,6 @@ final class ChangeHub: Sendable {
     private struct StoreState {
         /// The last token read, valid while ``subscribers`` > 0.
         var lastToken: Int64 = 0
-        /// Tokens this container is committing (or committed, not read yet), with their origin.
-        var expected: [Int64: ChangeOrigin] = [:]
         var subscribers = 0
         /// Subscribers that want every change of the store.
         var all: [Subscriber] = []
@@ -175,7 +187,6 @@ final class ChangeHub: Sendable {
                     if let connection = store.connection { stores[index].reuse(connection.connection) }
                     store.connection = nil
                     store.dataVersion = nil
-                    store.expected.removeAll()
                 }
                 state.stores[index] = store
             }
@@ -191,12 +202,12 @@ final class ChangeHub: Sendable {
 
     /// A committer of this container is about to commit history token `token` of store `store`.
     func willCommit(store: Int, token: Int64, origin: ChangeOrigin) {
-        state.withLock { $0.stores[store].expected[token] = origin }
+        expected.withLock { $0[store][token] = origin }
     }
 
     /// The commit announced with ``willCommit(store:token:origin:)`` did not happen.
     func abandon(store: Int, token: Int64) {
-        _ = state.withLock { $0.stores[store].expected.removeValue(forKey: token) }
+        _ = takeExpected(store, token)
     }
 
     /// The commit of `token` to `store` succeeded, writing `changes` (what its history transaction records): while
@@ -211,11 +222,11 @@ final class ChangeHub: Sendable {
         let reader = ConnectionReference(db)
         state.withLock { state in
             guard state.stores[store].subscribers > 0 else {
-                state.stores[store].expected.removeValue(forKey: token)
+                _ = takeExpected(store, token)
                 return
             }
             if state.stores[store].all.isEmpty, token == state.stores[store].lastToken + 1,
-               let origin = state.stores[store].expected.removeValue(forKey: token) {
+               let origin = takeExpected(store, token) {
                 state.stores[store].lastToken = token
                 let change = StoreChange(storeName: stores[store].configuration.name, origin: origin,
                                          token: HistoryToken(storeIdentity: stores[store].identity, value: token), author: author,
@@ -339,13 +350,13 @@ final class ChangeHub: Sendable {
             if let through = gap.through { state.stores[index].lastToken = max(state.stores[index].lastToken, through.value) }
         }
         for transaction in read.transactions {
-            let origin = state.stores[index].expected.removeValue(forKey: transaction.token.value) ?? classify(transaction)
+            let origin = takeExpected(index, transaction.token.value) ?? classify(transaction)
             state.stores[index].lastToken = transaction.token.value
             deliver(change(transaction, origin: origin), store: index, state)
         }
         let last = state.stores[index].lastToken
-        if !state.stores[index].expected.isEmpty {
-            state.stores[index].expected = state.stores[index].expected.filter { $0.key > last }
+        expected.withLock { expected in
+            if !expected[index].isEmpty { expected[index] = expected[index].filter { $0.key > last } }
         }
     }
 
