@@ -1,6 +1,6 @@
 # Replica — set-up and everyday commands. `make run` and `make test` work on a fresh machine (they run `setup`).
 SHELL := /bin/bash
-PACKAGES := libsqlite3-dev libsodium-dev pkg-config
+PACKAGES := libsqlite3-dev libsodium-dev pkg-config postgresql libpq-dev
 SWIFT ?= swift
 # Extra flags for swift build/test/run, e.g. `make test SWIFT_FLAGS="--scratch-path /tmp/build"`.
 SWIFT_FLAGS ?=
@@ -8,7 +8,8 @@ export SWIFT_DETERMINISTIC_HASHING := 1
 
 .PHONY: setup build test run example bench bench-instructions sim-bench clean
 
-## setup: install the system packages Replica links (apt-get when root; otherwise print the command).
+## setup: install the system packages Replica links, and PostgreSQL for the tests of its cloud (apt-get when root;
+## otherwise print the command).
 setup:
 	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -25,9 +26,10 @@ setup:
 build: setup
 	$(SWIFT) build $(SWIFT_FLAGS)
 
-## test: the whole test suite.
+## test: the whole test suite, beside a throwaway PostgreSQL cluster (Scripts/with-postgres.sh starts it in a temporary
+## directory, exports REPLICA_TEST_POSTGRES_URL and REPLICA_REQUIRE_POSTGRES=1, and removes it afterwards).
 test: setup
-	$(SWIFT) test $(SWIFT_FLAGS)
+	Scripts/with-postgres.sh $(SWIFT) test $(SWIFT_FLAGS)
 
 # Seeds per built-in scenario for `make run` (a few hundred: about five minutes on two cores).
 SIM_SEEDS ?= 250

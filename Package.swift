@@ -6,6 +6,9 @@ let package = Package(
     products: [
         .library(name: "Replica", targets: ["Replica"]),
         .library(name: "ReplicaTesting", targets: ["ReplicaTesting"]),
+        // The PostgreSQL cloud: its own product, so that an app using only `Replica` never links libpq.
+        .library(name: "ReplicaPostgres", targets: ["ReplicaPostgres"]),
+        .executable(name: "replica-cloud", targets: ["replica-cloud"]),
         .executable(name: "trips-example", targets: ["trips-example"]),
         .executable(name: "replica-sim", targets: ["replica-sim"]),
     ],
@@ -20,9 +23,23 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]
         ),
+        .systemLibrary(
+            name: "CLibpq",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
         .target(
             name: "Replica",
             dependencies: ["CSQLite", "CSodium"]
+        ),
+        .target(
+            name: "ReplicaPostgres",
+            dependencies: ["Replica", "CLibpq"]
+        ),
+        // Server set-up and upkeep for the PostgreSQL cloud: schema, users, status, pruning.
+        .executableTarget(
+            name: "replica-cloud",
+            dependencies: ["ReplicaPostgres"]
         ),
         .target(
             name: "ReplicaTesting",
@@ -31,6 +48,11 @@ let package = Package(
         .executableTarget(
             name: "replica-sim",
             dependencies: ["ReplicaTesting", "Replica"]
+        ),
+        // The fuzz targets for libFuzzer (built with -sanitize=fuzzer -DREPLICA_LIBFUZZER), else a reproducer.
+        .executableTarget(
+            name: "replica-fuzz",
+            dependencies: ["ReplicaTesting"]
         ),
         .executableTarget(
             name: "trips-example",
@@ -48,7 +70,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ReplicaTests",
-            dependencies: ["Replica", "ReplicaTesting", "replica-widget"]
+            dependencies: ["Replica", "ReplicaTesting", "ReplicaPostgres", "replica-widget", "replica-cloud"]
         ),
         .testTarget(
             name: "ReplicaTestingTests",

@@ -25,6 +25,10 @@ let usage = """
                the built-in scenarios and the canaries
       hunt     --canary NAME [--scenario NAME|PATH] [--seeds N] [--steps K] [--budget B] [-o OUT]
                run seeds (of the canary's hunting scenario) until the canary is caught, then shrink the failure
+      fuzz     --target cloud-record|trace|scenario|store-file|all [--iterations N] [--seed S] [--from I]
+               [--input-file PATH] [--iteration I]
+               mutate and run inputs from outside (a typed error is fine, a trap is a failure); each input is written
+               to --input-file before it runs, so a trap leaves it behind; --iteration I prints and runs one input
 
     exit codes: 0 every invariant held, 1 an invariant failed, 2 bad usage or bad scenario, 3 nondeterminism
     """
@@ -429,6 +433,53 @@ func huntCommand(_ arguments: Arguments) throws -> ExitCode {
     return .pass
 }
 
+func fuzzCommand(_ arguments: Arguments) throws -> ExitCode {
+    let known = FuzzTarget.allCases.map(\.rawValue).joined(separator: ", ")
+    guard let name = arguments.value("--target") else { throw UsageError(message: "fuzz needs --target NAME (\(known), all)") }
+    let targets: [FuzzTarget]
+    if name == "all" {
+        targets = FuzzTarget.allCases
+    } else {
+        guard let target = FuzzTarget(rawValue: name) else { throw UsageError(message: "unknown fuzz target '\(name)' (known: \(known), all)") }
+        targets = [target]
+    }
+    let seed = try arguments.seed("--seed") ?? 1
+    if let iteration = try arguments.integer("--iteration", in: 0...Int.max) {
+        for target in targets {
+            let input = Fuzzer.input(target, seed: seed, iteration: iteration)
+            emit("\(target) seed \(seed) iteration \(iteration): \(input.count) bytes")
+            emit(Fuzzer.hex(input))
+            let outcome = Fuzzer.execute(target, input)
+            emit(finalLine(scenario: target.rawValue, seedKey: "seed", seed: String(seed), steps: 1, verdict: "pass", invariant: nil) { line in
+                line.add("iteration", iteration)
+                if case let .refused(error) = outcome { line.add("refused", error) } else { line.add("refused", nil as String?) }
+            })
+        }
+        return .pass
+    }
+    let iterations = try arguments.integer("--iterations", in: 1...100_000_000) ?? 1_000
+    let first = try arguments.integer("--from", in: 0...Int.max) ?? 0
+    let inputPath = try outputPath(arguments.value("--input-file"), for: "--input-file")
+        ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-fuzz-input-\(ProcessInfo.processInfo.processIdentifier).bin").path
+    for target in targets {
+        let report = Fuzzer.run(target, seed: seed, iterations: iterations, first: first) { iteration, input in
+            // Left behind by a trap: the input, and the iteration that reproduces it.
+            FileManager.default.createFile(atPath: inputPath, contents: Data(input))
+            FileManager.default.createFile(atPath: inputPath + ".iteration", contents: Data("\(target) --seed \(seed) --iteration \(iteration)\n".utf8))
+        }
+        emit("\(target): \(report.iterations) inputs, \(report.accepted) accepted, \(report.refused) refused (typed errors), "
+            + "\(String(format: "%.1f", report.seconds)) s cpu, no trap")
+        emit(finalLine(scenario: target.rawValue, seedKey: "seed", seed: String(seed), steps: report.iterations, verdict: "pass", invariant: nil) { line in
+            line.add("from", first)
+            line.add("accepted", report.accepted)
+            line.add("refused", report.refused)
+        })
+    }
+    try? FileManager.default.removeItem(atPath: inputPath)
+    try? FileManager.default.removeItem(atPath: inputPath + ".iteration")
+    return .pass
+}
+
 // MARK: - Main
 
 func main() -> Int32 {
@@ -451,6 +502,8 @@ func main() -> Int32 {
             code = try shrinkCommand(Arguments(arguments, valued: ["-o", "--budget"], flags: []))
         case "hunt":
             code = try huntCommand(Arguments(arguments, valued: ["--canary", "--scenario", "--seeds", "--steps", "--budget", "-o"], flags: []))
+        case "fuzz":
+            code = try fuzzCommand(Arguments(arguments, valued: ["--target", "--iterations", "--seed", "--from", "--input-file", "--iteration"], flags: []))
         case "list":
             code = try listCommand(Arguments(arguments, valued: [], flags: ["--json"]))
         case "help", "--help", "-h":

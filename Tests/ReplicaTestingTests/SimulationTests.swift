@@ -120,6 +120,33 @@ struct SimulationTraceTests {
         #expect(replay.divergence?.replayed == result.trace[index])
     }
 
+    @Test("weights and faults added later stay out of the canonical JSON while 0, so older scenarios keep their hashes and traces")
+    func laterFieldsLeftOutWhileZero() throws {
+        var trips = try scenario("trips")
+        trips.steps = 3
+        // The hash trips (with 3 steps) had before the operations and faults of Simulations/known-issues/ existed.
+        #expect(trips.hash == "a0dc8bb247b27b7a")
+        for key in ["deleteReinsert", "copies", "staleCopy", "batchDelete", "reopen", "corruptStamps", "corruptUnknown", "corruptClock",
+                    "corruptCausalLength", "hostileRecord"] {
+            #expect(!trips.canonicalJSON.contains("\"\(key)\""), "\(key)")
+        }
+        var changed = trips
+        changed.workload.deleteReinsert = 3
+        changed.faults.hostileRecord = 0.25
+        let decoded = try JSONDecoder().decode(Scenario.self, from: Data(changed.canonicalJSON.utf8))
+        #expect(decoded == changed)
+        #expect(decoded.hash != trips.hash)
+    }
+
+    @Test("a scenario using the later operations and faults replays byte for byte", arguments: ["delete-reinsert-one-save", "copies-of-one-record",
+                                                                                                "hostile-remote-clocks", "corrupt-bookkeeping"])
+    func laterOperationsReplay(name: String) throws {
+        let scenario = try Scenario.load(path: try simulationsDirectory().appendingPathComponent("known-issues/\(name).json").path)
+        let result = try Simulator.run(scenario, seed: 3, options: SimulationOptions(steps: 12))
+        let replay = try Simulator.replay(traceText: result.traceText, file: "\(name).ndjson")
+        #expect(replay.divergence == nil, "\(replay.divergence.map { "line \($0.line): \($0.replayed)" } ?? "")")
+    }
+
     @Test("no value of an encrypted attribute ever appears in a trace")
     func noSecretsInTraces() throws {
         let result = try Simulator.run(try scenario("notes-files"), seed: 2)
@@ -231,6 +258,15 @@ struct SimulationRegressionTests {
         } else {
             #expect(result.violation == nil, "\(file): \(result.violation?.description ?? "")")
         }
+    }
+
+    /// Simulations/known-traps/ holds scenarios whose open bug traps (ends the process): the suite never runs them;
+    /// it only checks that they are well-formed. Run one with `replica-sim explore --scenario Simulations/known-traps/NAME.json`.
+    @Test("the scenarios in Simulations/known-traps/ (if any) are well-formed")
+    func knownTrapScenarios() throws {
+        let directory = try simulationsDirectory().appendingPathComponent("known-traps")
+        let names = ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []).filter { $0.hasSuffix(".json") }.sorted()
+        for name in names { _ = try Scenario.load(path: directory.appendingPathComponent(name).path) }
     }
 
     @Test("the scenarios in Simulations/known-issues/ (if any) still fail: each reproduces an open bug")

@@ -120,4 +120,77 @@ struct SimulatorCommandTests {
         #expect(verdict["verdict"] as? String == "pass")
         #expect(verdict["invariant"] is NSNull)
     }
+
+    /// A trace of a short passing run whose header's `scenario_json` is changed by `edit`.
+    private func traceWithHeader(_ name: String, _ edit: (inout [String: Any]) -> Void) throws -> String {
+        let trace = temporaryFile("\(name).ndjson")
+        let run = try replicaSim(["run", "--scenario", "trips", "--seed", "1", "--steps", "3", "--trace", trace])
+        #expect(run.code == 0, "\(run.stdout)\(run.stderr)")
+        var lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").map(String.init)
+        var header = try #require(try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any])
+        edit(&header)
+        lines[0] = String(decoding: try JSONSerialization.data(withJSONObject: header, options: [.sortedKeys]), as: UTF8.self)
+        try (lines.joined(separator: "\n") + "\n").write(toFile: trace, atomically: true, encoding: .utf8)
+        return trace
+    }
+
+    /// Applies `edit` to the header's scenario object.
+    private func editScenario(_ edit: @escaping (inout [String: Any]) -> Void) -> (inout [String: Any]) -> Void {
+        { header in
+            var scenario = header["scenario_json"] as? [String: Any] ?? [:]
+            edit(&scenario)
+            header["scenario_json"] = scenario
+        }
+    }
+
+    @Test("replay and shrink check a trace header's scenario as a scenario file is checked: exit 2 naming the field", arguments: [
+        ("no-devices", "scenario_json.devices", "must not be empty"),
+        ("unknown-store", "scenario_json.devices[0].stores[0]", "no store 'nowhere'"),
+        ("schema-version-zero", "scenario_json.devices[1].schemaVersion", "out of range"),
+        ("negative-rate", "scenario_json.faults.crash", "out of range"),
+        ("negative-weight", "scenario_json.workload.delete", "out of range"),
+        ("digest-every-zero", "scenario_json.timing.digestEvery", "out of range"),
+        ("scenario-as-string", "scenario_json", "expected an object, found a string"),
+        ("missing-field", "scenario_json.timing", "missing"),
+    ])
+    func malformedHeaderScenario(name: String, field: String, problem: String) throws {
+        let edit: (inout [String: Any]) -> Void
+        switch name {
+        case "no-devices": edit = editScenario { $0["devices"] = [Any]() }
+        case "unknown-store": edit = editScenario { scenario in
+            var devices = scenario["devices"] as! [[String: Any]]
+            devices[0]["stores"] = ["nowhere"]
+            scenario["devices"] = devices
+        }
+        case "schema-version-zero": edit = editScenario { scenario in
+            var devices = scenario["devices"] as! [[String: Any]]
+            devices[1]["schemaVersion"] = 0
+            scenario["devices"] = devices
+        }
+        case "negative-rate": edit = editScenario { scenario in
+            var faults = scenario["faults"] as! [String: Any]
+            faults["crash"] = -0.5
+            scenario["faults"] = faults
+        }
+        case "negative-weight": edit = editScenario { scenario in
+            var workload = scenario["workload"] as! [String: Any]
+            workload["delete"] = -3
+            scenario["workload"] = workload
+        }
+        case "digest-every-zero": edit = editScenario { scenario in
+            var timing = scenario["timing"] as! [String: Any]
+            timing["digestEvery"] = 0
+            scenario["timing"] = timing
+        }
+        case "missing-field": edit = editScenario { $0["timing"] = nil }
+        default: edit = { $0["scenario_json"] = "trips" }
+        }
+        let trace = try traceWithHeader("header-\(name)", edit)
+        for command in [["replay", trace], ["shrink", trace, "-o", temporaryFile("header-\(name)-out.ndjson")]] {
+            let result = try replicaSim(command)
+            #expect(result.code == 2, "\(command[0]) \(name): exit \(result.code)\n\(result.stdout)\(result.stderr)")
+            #expect(result.stderr.contains("\(trace): field '\(field)': "), "\(command[0]) \(name): \(result.stderr)")
+            #expect(result.stderr.contains(problem), "\(command[0]) \(name): \(result.stderr)")
+        }
+    }
 }

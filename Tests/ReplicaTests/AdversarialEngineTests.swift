@@ -58,7 +58,7 @@ struct AdversarialEngineTests {
         #expect(cloud.records(in: "notes").count == 1)
     }
 
-    @Test("a record the cloud file cannot read is reported by ID, and never makes the engine spin")
+    @Test("a record the cloud file cannot read is rejected by ID for that record only: the rest of the zone arrives, the engine never spins")
     func unreadableCloudRecord() async throws {
         let root = adversarialDirectory()
         let file = root.appendingPathComponent("cloud.sqlite")
@@ -76,16 +76,21 @@ struct AdversarialEngineTests {
         try await drive(b, cloud, maxRequests: 20)
         let status = try b.engine.status()
         #expect(!status.isUpToDate)
-        // A clear, typed error naming the record that cannot be read...
-        guard case let .invalidRecord(reason)? = status.lastError else {
-            Issue.record("expected an invalidRecord error, got \(String(describing: status.lastError))")
+        #expect(status.rejectedRecords == 1)
+        #expect(status.lastError == nil, "one bad record is not a zone-wide failure")
+        // The readable record and the device's own arrive and upload.
+        #expect(try b.notes().map(\.title).sorted() == ["from b", "two"])
+        #expect(try cloud.records(in: "notes").count == 2, "the unreadable record stays as it is; b's own was uploaded")
+        // A clear reason naming the record that cannot be read, in its own ledger entry...
+        let badID = try #require(a.notes().first?.id)
+        let entry = try b.engine.ledgerEntries(in: .rejected).first { $0.id.id == badID }
+        guard case let .rejected(reason)? = entry?.state else {
+            Issue.record("expected a rejected entry for the unreadable record, got \(String(describing: entry))")
             return
         }
-        let badID = try #require(a.notes().first?.id)
         #expect(reason.contains(badID.uuidString.lowercased()))
-        // ...and the engine backs off instead of asking again at once, forever.
+        // ...and nothing left to ask: the engine does not spin on it.
         #expect(try b.engine.nextRequest() == nil)
-        #expect(b.engine.wakeTime != nil)
     }
 
     /// The engine reads the zone before it uploads; a zone the cloud cannot serve must not keep this device's own
@@ -108,7 +113,7 @@ struct AdversarialEngineTests {
         #expect(try rawConnection(file).rows("SELECT id FROM cloud_record").count == 2)
         let status = try b.engine.status()
         #expect(status.pendingRecords == 0)
-        #expect(!status.isUpToDate)  // the zone still cannot be read
+        #expect(!status.isUpToDate)  // the unreadable record stays rejected
     }
 
     /// Runs one engine against a cloud whose first answer is a rate limit with `milliseconds`; exits non-zero when

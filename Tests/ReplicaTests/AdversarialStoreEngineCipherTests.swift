@@ -444,7 +444,7 @@ struct AdversarialInspectionTests {
         try db.execute("DROP TABLE break4_row")
         let old: [ReplicationState] = try db.rows("SELECT id FROM replica_sync_record ORDER BY id").compactMap { row in
             guard let id = try? UUID(sqliteValue: row[0]) else { return nil }
-            return try SyncLedger.load(id, db).map(ReplicationState.init)
+            return try SyncLedger.loadAsStored(id, db).map { ReplicationState($0, storeName: "notes") }
         }
         #expect(try b.engine.replicationStates() == old)
         #expect(old.count == 30)

@@ -140,6 +140,9 @@ struct SQLiteCloudProcessTests {
 
         var environment = ReplicaEnvironment.seeded(seed: 5, directory: root.appendingPathComponent("device-here"))
         environment.sleep = { _ in await Task.yield() }
+        // The other process runs on the real clock: this device's clock agrees with it, as two real devices' clocks do
+        // (a record stamped further ahead than the engine's drift bound would wait for this clock to catch up).
+        (environment.clock as? ManualClock)?.set(milliseconds: Int64(Date().timeIntervalSince1970 * 1000))
         let here = try ModelContainer(for: Schema([WidgetNote.self]), configurations: [
             ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.replica.tests")),
         ], environment: environment)

@@ -263,6 +263,106 @@ struct HistoryTests {
         #expect(try reader.fetch(HTrip.self).isEmpty)
         #expect(try reader.fetchHistory().isEmpty)
     }
+
+    @Test("one save mixing inserts, updates, plain deletes and deletes with preserved values records every change once, tombstones on the right records")
+    func mixedSaveHistory() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 7, directory: adversarialDirectory())
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        let context = ModelContext(container)
+        var trips: [Trip] = [], items: [Item] = []
+        for i in 0..<6 { trips.append(context.insert(Trip(name: "t\(i)"))) }
+        for i in 0..<6 { items.append(context.insert(Item(title: "i\(i)"))) }
+        try context.save()
+        let before = try #require(try context.fetchHistory().last).token
+        // Interleave: delete item, delete trip (preserved name), update trip, delete item, insert, delete trip...
+        context.delete(items[0]); context.delete(trips[0])
+        var t = trips[1]; t.rating = 5; context.update(t)
+        context.delete(items[1]); context.insert(Item(title: "new")); context.delete(trips[2])
+        var u = items[2]; u.title = "changed"; context.update(u)
+        context.delete(trips[3]); context.delete(items[3])
+        try context.save()
+        let transactions = try context.fetchHistory(HistoryDescriptor(after: before))
+        #expect(transactions.count == 1)
+        let changes = try #require(transactions.first).changes
+        var deletes: [UUID: HistoryTombstone] = [:], inserts = 0, updates = 0
+        for change in changes {
+            switch change {
+            case let .delete(id, tombstone): deletes[id.id] = tombstone
+            case .insert: inserts += 1
+            case .update: updates += 1
+            }
+        }
+        #expect(inserts == 1 && updates == 2 && deletes.count == 6, "\(changes)")
+        for trip in [trips[0], trips[2], trips[3]] { #expect(deletes[trip.id]?["name"] == .text(trip.name)) }
+        for item in [items[0], items[1], items[3]] { #expect(deletes[item.id]?.values.isEmpty == true) }
+    }
+
+    @Test("after-token reads match a brute-force filter for every combination of token, dates, author, entity, sort and limit")
+    func historyBruteForce() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 5, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-history-\(UUID().uuidString)"))
+        let clock = environment.clock as! ManualClock
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        let context = ModelContext(container)
+        var rng = SeededGenerator(seed: 9)
+        var trips: [Trip] = []
+        for i in 0..<80 {
+            // The clock jumps back now and then: timestamps are not in token order.
+            clock.advance(by: Int64(rng.next() % 50) - (i % 7 == 0 ? 120 : 0))
+            context.author = ["a", "b", nil][Int(rng.next() % 3)]
+            switch rng.next() % 3 {
+            case 0: trips.append(context.insert(Trip(name: "t\(i)")))
+            case 1 where !trips.isEmpty: context.insert(Item(title: "i\(i)", trip: Reference(trips[Int(rng.next() % UInt64(trips.count))].id)))
+            default:
+                if !trips.isEmpty {
+                    var trip = trips[Int(rng.next() % UInt64(trips.count))]
+                    trip.rating = i
+                    context.update(trip)
+                } else {
+                    trips.append(context.insert(Trip(name: "t\(i)")))
+                }
+            }
+            try context.save()
+        }
+        let all = try context.fetchHistory()
+        #expect(all.count == 80)
+        let times = all.map(\.timestamp).sorted()
+        let dates: [Date?] = [nil, times[10], times[40], times[40].addingTimeInterval(0.0005), times[79]]
+        var checked = 0
+        for tokenIndex in [nil, 0, 20, 50, 79] as [Int?] {
+            for from in dates { for to in dates { for authors in [nil, ["a"], ["b", "c"]] as [[String]?] {
+                for entities in [nil, ["Item"], ["Trip"]] as [[String]?] {
+                    for sort in [HistoryDescriptor.SortKey.token, .timestamp] { for reverse in [false, true] {
+                        for limit in [nil, 0, 3] as [Int?] {
+                            let token = tokenIndex.map { all[$0].token }
+                            let descriptor = HistoryDescriptor(after: token, authors: authors, from: from, to: to, entityNames: entities,
+                                                               sortBy: sort, reverse: reverse, fetchLimit: limit)
+                            var expected = all.filter { t in
+                                (tokenIndex.map { t.token > all[$0].token } ?? true)
+                                    && (authors.map { t.author.map($0.contains) ?? false } ?? true)
+                                    && (from.map { t.timestamp >= $0 } ?? true) && (to.map { t.timestamp < $0 } ?? true)
+                                    && (entities.map { names in t.changes.contains { names.contains($0.changedPersistentIdentifier.entityName) } } ?? true)
+                            }
+                            if sort == .timestamp {
+                                expected.sort { ($0.timestamp, $0.token.value) < ($1.timestamp, $1.token.value) }
+                            }
+                            if reverse { expected.reverse() }
+                            if let limit { expected = Array(expected.prefix(limit)) }
+                            let actual = try context.fetchHistory(descriptor)
+                            #expect(actual.map(\.token) == expected.map(\.token), "\(descriptor)")
+                            if let entities {
+                                #expect(actual.allSatisfy { $0.changes.allSatisfy { entities.contains($0.changedPersistentIdentifier.entityName) } })
+                            }
+                            checked += 1
+                        }
+                    } }
+                }
+            } } }
+        }
+        #expect(checked > 1000)
+    }
 }
 
 @Suite("History tracking switch")

@@ -122,7 +122,7 @@ struct KnownVersionMergeTests {
         }
     }
 
-    /// Review finding (session 6): a version that failed to decrypt keeps its tag in the ledger; once a new key opens
+    /// Regression: a version that failed to decrypt keeps its tag in the ledger; once a new key opens
     /// it, the record's state goes back to synced before the merge, and the version must still be merged.
     @Test func aVersionThatOpensOnceANewKeyIsReadIsMergedInFull() throws {
         let cloud = InMemoryCloudDatabase()
@@ -150,7 +150,7 @@ struct KnownVersionMergeTests {
         #expect(try b.engine.undecryptableRecords().isEmpty)
     }
 
-    /// Review finding (session 6): fields an older schema kept as unknown become columns after an upgrade; a re-read
+    /// Regression: fields an older schema kept as unknown become columns after an upgrade; a re-read
     /// of the same version must fill them in (the full merge does), not skip the version as already held.
     @Test func aKnownVersionCarryingFieldsTheUpgradedSchemaNowKnowsIsMergedInFull() throws {
         let cloud = InMemoryCloudDatabase()
@@ -171,7 +171,7 @@ struct KnownVersionMergeTests {
         #expect(try upgraded.context.fetch(SyncNoteV2.self).map(\.mood) == ["happy"])
     }
 
-    /// Found in session 6 (an idempotence failure of the simulator once held versions were merged in full during a
+    /// Regression (an idempotence failure the simulator found once held versions were merged in full during a
     /// full re-read): a local delete kept the stamps of the incarnation it ended, which merging the record's own
     /// upload back would drop. The ledger row of a local delete is now the one a merge stores.
     @Test func aLocalDeleteStoresTheTombstoneAMergeWouldStore() throws {
@@ -186,5 +186,223 @@ struct KnownVersionMergeTests {
         let changes = sqlite3_total_changes64(device.engine.db.handle)
         try merge(tombstone, into: device, fullRead: true)
         #expect(sqlite3_total_changes64(device.engine.db.handle) == changes, "merging the acknowledged tombstone back changes nothing")
+    }
+
+    /// A row edited by a process that opened the file without sync (local-only configuration) after the record was
+    /// synced: the ledger still says "synced, tag T". A later full re-read returns version T: skipped by the shortcut.
+    /// The devices must still converge (the edit reaches the other device, or the remote version is restored).
+    @Test func anEditMadeWithoutSyncThenAFullReRead() throws {
+        let cloud = InMemoryCloudDatabase()
+        let dirB = FileManager.default.temporaryDirectory.appendingPathComponent("replica-known-nosync-\(UUID().uuidString)")
+        let a = try Device("a", seed: 1)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud)
+        do {
+            let b = try Device("b", seed: 2, directory: dirB)
+            try b.sync(cloud)
+        }
+        do {
+            var environment = ReplicaEnvironment.seeded(seed: 4, directory: dirB)
+            environment.canaries = []
+            let local = try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+                ModelConfiguration("notes", isStoredInMemoryOnly: false, cloudKitDatabase: .none),
+            ], environment: environment)
+            let context = ModelContext(local)
+            var edited = try #require(try context.model(SyncNote.self, id: note.id))
+            edited.rating = 5
+            context.update(edited)
+            try context.save()
+        }
+        let b = try Device("b", seed: 3, directory: dirB)
+        cloud.expireChangeTokens(in: "notes")
+        try b.sync(cloud)
+        try a.sync(cloud)
+        let onA = try a.notes().map(\.rating), onB = try b.notes().map(\.rating)
+        // Regression (merge shortcut): b kept 5, a and the cloud 1, for good, while the shortcut skipped the re-read
+        // version (the full merge rewrites b's row, and they converge). SyncLedger's own comment names this case
+        // ("a row can predate it ... saved ... by a process that opened the file without sync"): the shortcut's premise
+        // "the row is what version T says" does not hold for such rows. Held versions are now skipped only while no
+        // full resync is under way.
+        #expect(onB == onA, "a and b converge")
+    }
+
+    /// Change tags are only unique within one cloud database. When the device's store moves to another cloud
+    /// database (account switch, a rebuilt server database), a version there can carry a tag the ledger holds from
+    /// the old cloud for a different version. The shortcut then skips it, and the device keeps stale data while the
+    /// cloud and the other device have newer data: they diverge for good (no later fetch delivers it again).
+    /// Regression: failed with the first version of the shortcut. A read of another cloud database starts from no
+    /// valid token, so it is a full resync, which merges every version in full.
+    @Test func aTagRepeatedByAnotherCloudDatabaseIsNotMistakenForAHeldVersion() throws {
+        let cloud1 = InMemoryCloudDatabase()
+        let a = try Device("a", seed: 1), b = try Device("b", seed: 2)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud1)
+        try b.sync(cloud1)
+        #expect(try b.notes().map(\.rating) == [1])
+
+        // Both move to a new cloud database; a edits the note and uploads it there first.
+        let cloud2 = InMemoryCloudDatabase()
+        var edited = try #require(try a.context.model(SyncNote.self, id: note.id))
+        edited.rating = 2
+        a.context.update(edited)
+        try a.context.save()
+        try a.sync(cloud2)
+        // b reads the new cloud from scratch (its token is not valid there).
+        cloud2.expireChangeTokens(in: "notes")
+        try b.sync(cloud2)
+        try a.sync(cloud2)
+        let cloudRating = cloud2.records(in: "notes").first.flatMap { record -> Int64? in
+            if case let .integer(value)? = record.fields["rating"]?.value { return value } else { return nil }
+        }
+        #expect(try a.notes().map(\.rating) == [2])
+        #expect(try b.notes().map(\.rating) == (try a.notes().map(\.rating)), "b converges with a and the cloud (\(String(describing: cloudRating)))")
+    }
+
+    /// A device on an older schema keeps a newer device's extra field as unknown; after upgrading it must show it.
+    @Test func aFieldUnknownBeforeAnUpgradeShowsAfterIt() throws {
+        let cloud = InMemoryCloudDatabase()
+        let dirB = FileManager.default.temporaryDirectory.appendingPathComponent("replica-known-upgrade-\(UUID().uuidString)")
+        let a = try Device("a", seed: 1, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0))
+        let note = a.context.insert(SyncNoteV2(title: "one", rating: 1, mood: "stormy"))
+        try a.context.save()
+        try a.sync(cloud)
+        do {
+            let b = try Device("b", seed: 2, directory: dirB)
+            try b.sync(cloud)
+            #expect(try b.notes().map(\.title) == ["one"])
+        }
+        let upgraded = try Device("b", seed: 3, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0), directory: dirB)
+        try upgraded.sync(cloud)
+        // Regression (older than the merge shortcut): on upgrade, a field the ledger kept as unknown (R9) was not
+        // moved into the row; the upgraded device showed the default "calm" while the record says "stormy". An
+        // upgrade that adds tables or columns to a synced store now starts a full resync.
+        let moods = try ModelContext(upgraded.container).fetch(SyncNoteV2.self).map(\.mood)
+        #expect(moods == ["stormy"])
+        _ = note
+    }
+
+    private func upgradedDevice(_ cloud: InMemoryCloudDatabase) throws -> (Device, Device) {
+        let dirB = FileManager.default.temporaryDirectory.appendingPathComponent("replica-known-upgrade-\(UUID().uuidString)")
+        let a = try Device("a", seed: 1, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0))
+        _ = a.context.insert(SyncNoteV2(title: "one", rating: 1, mood: "stormy"))
+        try a.context.save()
+        try a.sync(cloud)
+        do {
+            let b = try Device("b", seed: 2, directory: dirB)
+            try b.sync(cloud)
+        }
+        let upgraded = try Device("b", seed: 3, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0), directory: dirB)
+        return (a, upgraded)
+    }
+
+    /// As above, then a full re-read of the zone (expired token). Before the shortcut, the full resync merged the
+    /// record again and the now-known field arrived. The shortcut's premise (P3: "by R10 merging it again changes
+    /// nothing") does not hold across a schema upgrade: the same version merged under the new schema changes the row.
+    @Test func aFullResyncAfterAnUpgradeBringsTheNowKnownField() throws {
+        let cloud = InMemoryCloudDatabase()
+        let (_, b) = try upgradedDevice(cloud)
+        cloud.expireChangeTokens(in: "notes")
+        try b.sync(cloud)
+        // Regression (merge shortcut): the re-read version's tag is in the ledger, state synced, so the shortcut
+        // (SyncLedger.swift, "A version this device holds already") skipped it although merging it under the new
+        // schema sets the field.
+        let moods = try ModelContext(b.container).fetch(SyncNoteV2.self).map(\.mood)
+        // A full resync now merges held versions in full, and so does a held version carrying a field the ledger
+        // keeps as unknown that the schema now knows.
+        #expect(moods == ["stormy"])
+    }
+
+    /// After the upgrade, the upgraded device edits another field and uploads: the newer device's value of the field
+    /// the older version did not know must survive (R9: an older app version never erases what a newer one wrote).
+    @Test func anUpgradedDeviceEditingAnotherFieldDoesNotEraseTheFormerlyUnknownOne() throws {
+        let cloud = InMemoryCloudDatabase()
+        let (a, b) = try upgradedDevice(cloud)
+        try b.sync(cloud)
+        var note = try #require(try ModelContext(b.container).fetch(SyncNoteV2.self).first)
+        note.title = "edited on b"
+        b.context.update(note)
+        try b.context.save()
+        try b.sync(cloud)
+        try a.sync(cloud)
+        let onA = try ModelContext(a.container).fetch(SyncNoteV2.self).map { "\($0.title) \($0.mood)" }
+        let onB = try ModelContext(b.container).fetch(SyncNoteV2.self).map { "\($0.title) \($0.mood)" }
+        #expect(onA == ["edited on b stormy"])
+        // Regression (older than the merge shortcut; fixed as above): b's row kept "calm" while a and the cloud had
+        // "stormy" — the devices diverged for good.
+        #expect(onB == onA)
+    }
+
+    /// Control for the tag-collision test: the same moves, but the new cloud gives the note a tag b never saw
+    /// (another record takes the first sequence number there): b converges. The difference is the repeated tag.
+    @Test func controlAnotherCloudWithFreshTagsConverges() throws {
+        let cloud1 = InMemoryCloudDatabase()
+        let a = try Device("a", seed: 1), b = try Device("b", seed: 2)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud1)
+        try b.sync(cloud1)
+        let cloud2 = InMemoryCloudDatabase()
+        let c = try Device("c", seed: 3)
+        c.context.insert(SyncNote(title: "from c"))
+        try c.context.save()
+        try c.sync(cloud2)
+        var edited = try #require(try a.context.model(SyncNote.self, id: note.id))
+        edited.rating = 2
+        a.context.update(edited)
+        try a.context.save()
+        try a.sync(cloud2)
+        cloud2.expireChangeTokens(in: "notes")
+        try b.sync(cloud2)
+        try a.sync(cloud2)
+        #expect(try b.notes().map(\.rating).sorted() == (try a.notes().map(\.rating).sorted()))
+        #expect(try b.notes().contains { $0.id == note.id && $0.rating == 2 })
+    }
+
+    /// A zone reset in the same cloud, then the record re-uploaded and edited: tags stay unique across resets of one
+    /// InMemoryCloudDatabase (epochs outlive resets), so b converges.
+    @Test func zoneResetThenReuploadConverges() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("a", seed: 1), b = try Device("b", seed: 2)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud)
+        try b.sync(cloud)
+        cloud.resetZone("notes")
+        var edited = try #require(try a.context.model(SyncNote.self, id: note.id))
+        edited.rating = 2
+        a.context.update(edited)
+        try a.context.save()
+        try a.sync(cloud)
+        try b.sync(cloud)
+        try a.sync(cloud)
+        try b.sync(cloud)
+        #expect(try a.notes().map(\.rating) == [2])
+        #expect(try b.notes().map(\.rating) == [2])
+    }
+
+    /// A record deleted and re-inserted on one device, fetched by another that held the earlier version.
+    @Test func deleteThenReinsertElsewhereConverges() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("a", seed: 1), b = try Device("b", seed: 2)
+        let note = a.context.insert(SyncNote(title: "one", rating: 1))
+        try a.context.save()
+        try a.sync(cloud)
+        try b.sync(cloud)
+        a.context.delete(try #require(try a.context.model(SyncNote.self, id: note.id)))
+        try a.context.save()
+        try a.sync(cloud)
+        // b misses the delete: it reads from scratch later
+        var again = note
+        again.rating = 7
+        a.context.insert(again)
+        try a.context.save()
+        try a.sync(cloud)
+        cloud.expireChangeTokens(in: "notes")
+        try b.sync(cloud)
+        try a.sync(cloud)
+        #expect(try b.notes().map(\.rating) == (try a.notes().map(\.rating)))
+        #expect(try a.notes().map(\.rating) == [7])
     }
 }

@@ -7,6 +7,8 @@ import Testing
 /// instead of a load and a full upsert: each keeps exactly the stored state the longer path wrote.
 @Suite("Ledger write avoidance")
 struct LedgerWriteAvoidanceTests {
+    private static let people: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+
     /// A device with one note uploaded and acknowledged; returns the device and the cloud's copy of the note.
     private func syncedNote() throws -> (Device, InMemoryCloudDatabase, CloudRecord) {
         let cloud = InMemoryCloudDatabase()
@@ -178,6 +180,155 @@ struct LedgerWriteAvoidanceTests {
         #expect(try device.engine.replicationState(of: later.id)?.causalLength == 1)
         try device.sync(cloud)
         #expect(try Set(device.notes().map(\.title)) == ["fresh", "again", "later"])
+        #expect(try device.engine.status().isUpToDate)
+    }
+
+    @Test("versions of one record delivered repeatedly and out of order, within and across batches, while a local edit is pending")
+    func repeatedDeliveriesWithPendingEdit() throws {
+        let cloud = InMemoryCloudDatabase()
+        let laptop = try Device("laptop", seed: 1), phone = try Device("phone", seed: 2)
+        var note = laptop.context.insert(SyncNote(title: "v1", rating: 1))
+        try laptop.context.save()
+        try laptop.sync(cloud)
+        try phone.sync(cloud)
+        var versions: [CloudRecord] = []
+        for rating in [2, 3] {
+            phone.clock.advance(by: 1_000)
+            var copy = try #require(try phone.context.model(SyncNote.self, id: note.id))
+            copy.rating = rating
+            phone.context.update(copy)
+            try phone.context.save()
+            try phone.sync(cloud)
+            versions.append(try #require(cloud.records(in: "notes").first))
+        }
+        laptop.clock.advance(by: 5_000)
+        note.title = "laptop title"
+        laptop.context.update(note)
+        try laptop.context.save()
+        #expect(try laptop.deliver([versions[1], versions[0], versions[1]], cloud: cloud))
+        let afterFirst = try laptop.engine.replicationState(of: note.id)
+        let rowBefore = try laptop.engine.db.rows("SELECT * FROM replica_sync_record WHERE id = ?", [note.id.sqliteValue])
+        #expect(try laptop.notes().map(\.rating) == [3])
+        #expect(try laptop.notes().map(\.title) == ["laptop title"])
+        #expect(try laptop.engine.ledgerEntry(for: noteID(note.id))?.state == .pending)
+        // Delivered again, in separate batches: nothing changes.
+        #expect(try laptop.deliver([versions[0]], cloud: cloud))
+        #expect(try laptop.deliver([versions[1], versions[1]], cloud: cloud))
+        #expect(try laptop.engine.replicationState(of: note.id) == afterFirst)
+        #expect(try laptop.engine.db.rows("SELECT * FROM replica_sync_record WHERE id = ?", [note.id.sqliteValue]) == rowBefore)
+        #expect(try laptop.engine.ledgerEntry(for: noteID(note.id))?.state == .pending)
+        try settle([laptop, phone], cloud)
+        for device in [laptop, phone] {
+            #expect(try device.notes().map(\.title) == ["laptop title"], "\(device.name)")
+            #expect(try device.notes().map(\.rating) == [3], "\(device.name)")
+            #expect(try device.engine.status().isUpToDate, "\(device.name)")
+        }
+    }
+
+    @Test("a child received before its parent waits; deleted locally while waiting, then the parent and the child again arrive: nothing waits, the delete wins")
+    func waiterDeletedBeforeParentArrives() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [STrip.self, SItem.self, SStep.self]
+        let a = try Device("A", seed: 1, models: models)
+        let trip = a.context.insert(STrip(name: "Iceland"))
+        let item = a.context.insert(SItem(title: "lights", trip: Reference(trip)))
+        try a.context.save()
+        try a.sync(cloud)
+        let records = cloud.records(in: "notes")
+        let parent = try #require(records.first { $0.recordType == "Trip" })
+        let child = try #require(records.first { $0.recordType == "Item" })
+        let b = try Device("B", seed: 2, models: models)
+        #expect(try b.deliver([child, child], cloud: cloud))
+        #expect(try b.engine.ledgerEntry(for: PersistentIdentifier(entityName: "Item", id: item.id))?.state == .waitingForParent(trip.id))
+        b.clock.advance(by: 1_000)
+        let local = try #require(try b.context.model(SItem.self, id: item.id))
+        b.context.delete(local)
+        try b.context.save()
+        #expect(try b.deliver([child, parent, child], cloud: cloud))
+        #expect(try b.engine.status().waitingForParent == 0)
+        #expect(try ModelContext(b.container).fetch(SItem.self).isEmpty)
+        #expect(try ModelContext(b.container).fetch(STrip.self).map(\.name) == ["Iceland"])
+        try settle([a, b], cloud)
+        for device in [a, b] {
+            #expect(try ModelContext(device.container).fetch(SItem.self).isEmpty, "\(device.name)")
+            #expect(try ModelContext(device.container).fetch(STrip.self).map(\.name) == ["Iceland"], "\(device.name)")
+            #expect(try device.engine.status().isUpToDate, "\(device.name)")
+            #expect(try device.engine.status().waitingForParent == 0, "\(device.name)")
+        }
+    }
+
+    @Test("a save rolled back by a validation failure (beside a re-insert of a tombstoned ID) and saved again after the fix")
+    func rolledBackSaveThenSave() throws {
+        let cloud = InMemoryCloudDatabase()
+        let device = try Device("a", seed: 1, models: Self.people)
+        let old = device.context.insert(DPerson(email: "old@example.com", name: "old"))
+        try device.context.save()
+        device.context.delete(old)
+        try device.context.save()
+        try device.sync(cloud)
+        #expect(try device.engine.replicationState(of: old.id)?.causalLength == 2)
+        let existing = device.context.insert(DPerson(email: "taken@example.com", name: "first"))
+        try device.context.save()
+        // One save: a new record, the tombstoned ID again, and a duplicate of a unique key (fails the whole save).
+        let fresh = device.context.insert(DPerson(email: "fresh@example.com", name: "fresh"))
+        device.context.insert(DPerson(id: old.id, email: "again@example.com", name: "again"))
+        var duplicate = device.context.insert(DPerson(email: "taken@example.com", name: "second"))
+        #expect(throws: (any Error).self) { try device.context.save() }
+        #expect(try device.engine.replicationState(of: fresh.id) == nil)
+        #expect(try device.engine.replicationState(of: old.id)?.causalLength == 2)
+        duplicate.email = "second@example.com"
+        device.context.update(duplicate)
+        try device.context.save()
+        #expect(try device.engine.replicationState(of: old.id)?.causalLength == 3)
+        #expect(try device.engine.replicationState(of: fresh.id)?.causalLength == 1)
+        #expect(try device.engine.replicationState(of: duplicate.id)?.causalLength == 1)
+        #expect(try device.engine.replicationState(of: existing.id)?.causalLength == 1)
+        try device.sync(cloud)
+        let other = try Device("other", seed: 2, models: Self.people)
+        try other.sync(cloud)
+        #expect(try peopleState(other) == peopleState(device))
+        #expect(try ModelContext(other.container).fetch(DPerson.self).count == 4)
+        #expect(try device.engine.status().isUpToDate)
+    }
+
+    @Test("IDs not in time order: a save that inserts IDs below the ledger's largest (one of them tombstoned remotely) beside new ones")
+    func idsBelowTheLedgerBound() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [SyncNote.self, SyncTag.self]
+        let device = try Device("a", seed: 1, models: models)
+        // Another device's records with IDs far above and below this device's time-ordered ones.
+        let high = UUID(uuidString: "FFFFFFFF-0000-7000-8000-000000000001")!
+        let low = UUID(uuidString: "00000001-0000-7000-8000-000000000001")!
+        let stamp = foreignStamp(seededStart - 10_000)
+        var tombstone = noteRecord(low, causalLength: 2, stamp: stamp, title: .text("low"))
+        tombstone.fields = ["title": CloudField(value: .text("low"), stamp: stamp)]
+        let foreign = [noteRecord(high, stamp: stamp, title: .text("high")), tombstone]
+        try cloud.createZone("notes")
+        _ = try cloud.modifyRecords(foreign, in: "notes")
+        #expect(try device.deliver(cloud.records(in: "notes"), cloud: cloud))
+        #expect(try device.notes().map(\.title) == ["high"])
+        // One save: the remotely deleted low ID again, a new ID (below `high`), and an ID just below `high`.
+        let middle = UUID(uuidString: "FFFFFFFE-0000-7000-8000-000000000001")!
+        device.context.insert(SyncNote(id: low, title: "low again"))
+        let fresh = device.context.insert(SyncNote(title: "fresh"))
+        device.context.insert(SyncNote(id: middle, title: "middle"))
+        try device.context.save()
+        #expect(try device.engine.replicationState(of: low)?.causalLength == 3)
+        #expect(try device.engine.replicationState(of: fresh.id)?.causalLength == 1)
+        #expect(try device.engine.replicationState(of: middle)?.causalLength == 1)
+        #expect(try device.engine.replicationState(of: high)?.causalLength == 1)
+        // An ID the ledger holds for another entity is refused, even above every ID of this save.
+        device.context.insert(SyncTag(id: high, label: "clash"))
+        #expect(throws: (any Error).self) { try device.context.save() }
+        device.context.rollback()
+        device.context.insert(SyncNote(title: "after"))
+        try device.context.save()
+        try device.sync(cloud)
+        let other = try Device("other", seed: 2, models: models)
+        try other.sync(cloud)
+        let titles = try other.notes().map(\.title).sorted()
+        #expect(titles == ["after", "fresh", "high", "low again", "middle"])
+        #expect(cloud.records(in: "notes").first { $0.recordID == low }?.causalLength == 3)
         #expect(try device.engine.status().isUpToDate)
     }
 }

@@ -130,6 +130,83 @@ struct StoreConnectionReuseTests {
         #expect(Connection.uriPath("replica-main-1-0A1B") == "replica-main-1-0A1B")
         #expect(Connection.uriPath("a?b#c%d e") == "a%3Fb%23c%25d%20e")
     }
+
+    @Test("contexts on many threads at once share an in-memory store's connections without losing or leaking writes")
+    func manyThreadsManyContexts() async throws {
+        let environment = ReplicaEnvironment.seeded(seed: 4, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-reuse-\(UUID().uuidString)"))
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for worker in 0..<8 {
+                group.addTask {
+                    for i in 0..<25 {
+                        let context = ModelContext(container)
+                        context.author = "w\(worker)"
+                        context.insert(Trip(name: "w\(worker)-\(i)"))
+                        if i % 5 == 0 {
+                            // Leave a transaction open and an unfinished statement behind.
+                            let db = try context.connection(for: 0)
+                            try db.begin(.deferred)
+                            let statement = try db.cachedStatement("SELECT name FROM \"Trip\"")
+                            _ = try statement.step()
+                            continue
+                        }
+                        try context.save()
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let context = ModelContext(container)
+        #expect(try context.fetchCount(FetchDescriptor<Trip>()) == 8 * 20)
+        let history = try context.fetchHistory()
+        #expect(history.count == 8 * 20)
+        for transaction in history {
+            let names = try transaction.changes.compactMap { change -> String? in
+                guard case let .insert(id) = change, id.entityName == "Trip" else { return nil }
+                return try context.model(Trip.self, id: id.id)?.name
+            }
+            #expect(names.allSatisfy { $0.hasPrefix(transaction.author ?? "?") }, "author of another owner leaked: \(transaction.author ?? "nil") \(names)")
+        }
+    }
+
+    @Test("an in-memory store's sync engine dropped with a request outstanding: the next engine gets its connection and uploads everything once")
+    func engineDroppedMidRequest() throws {
+        let cloud = InMemoryCloudDatabase()
+        var environment = ReplicaEnvironment.seeded(seed: 61, directory: adversarialDirectory())
+        environment.canaries = []
+        let clock = environment.clock as! ManualClock
+        let container = try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+            ModelConfiguration("notes", isStoredInMemoryOnly: true, cloudKitDatabase: .private("iCloud.test"))], environment: environment)
+        let context = ModelContext(container)
+        for i in 0..<5 { context.insert(SyncNote(title: "n\(i)")) }
+        try context.save()
+        for round in 0..<3 {
+            let engine = try SyncEngine(container: container, storeName: "notes")
+            engine.setNeedsFetch()
+            // Perform a few requests, then leave one outstanding (its answer never handled) and drop the engine.
+            for _ in 0..<(round + 1) {
+                guard let request = try engine.nextRequest() else { break }
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            }
+            if let request = try engine.nextRequest() { _ = cloud.performNow(request.operation) }
+            context.insert(SyncNote(title: "r\(round)"))
+            try context.save()
+        }
+        let engine = try SyncEngine(container: container, storeName: "notes")
+        engine.setNeedsFetch()
+        for _ in 0..<200 {
+            if let request = try engine.nextRequest() {
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            } else if let wake = engine.wakeTime {
+                clock.set(milliseconds: wake)
+            } else { break }
+        }
+        #expect(try engine.status().pendingRecords == 0)
+        #expect(cloud.records(in: "notes").count == 8)
+        #expect(Set(cloud.records(in: "notes").compactMap { $0.fields["title"]?.value }).count == 8)
+    }
 }
 
 @Suite("Store connection reuse: statements still held")
@@ -150,5 +227,26 @@ struct StoreConnectionReuseHeldStatementTests {
         // Once nothing outside the caches is held, a returned connection is reused again.
         store.reuse(next)
         #expect(try store.openConnection() === next)
+    }
+
+    @Test("an in-memory store's only connection refused for reuse (a statement still held) does not take the database with it")
+    func refusedReuseKeepsTheDatabase() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 3, directory: FileManager.default.temporaryDirectory
+            .appendingPathComponent("replica-reuse-\(UUID().uuidString)"))
+        let container = try ModelContainer(for: Schema([Trip.self, Item.self]), configurations: [
+            ModelConfiguration("main", isStoredInMemoryOnly: true)], environment: environment)
+        var held: Statement?
+        do {
+            // The first context takes the connection that created the store (the only one).
+            let context = ModelContext(container)
+            context.insert(Trip(name: "kept"))
+            try context.save()
+            held = try Statement(connection: context.connection(for: 0), sql: "SELECT 1")
+        }
+        // The context is gone; its connection was not taken back (a statement is still held) and closes once the
+        // statement goes.
+        held = nil
+        _ = held
+        #expect(try ModelContext(container).fetch(Trip.self).map(\.name) == ["kept"])
     }
 }

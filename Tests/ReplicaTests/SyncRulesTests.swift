@@ -10,13 +10,13 @@ struct SyncRulesTests {
         let a = try Device("A", seed: 1)
         let note = a.context.insert(SyncNote(title: "t", body: "b"))
         try a.context.save()
-        let before = try #require(try SyncLedger.load(note.id, a.engine.db))
+        let before = try #require(try SyncLedger.loadAsStored(note.id, a.engine.db))
         a.clock.advance(by: 10)
         var changed = note
         changed.rating = 3
         a.context.update(changed)
         try a.context.save()
-        let after = try #require(try SyncLedger.load(note.id, a.engine.db))
+        let after = try #require(try SyncLedger.loadAsStored(note.id, a.engine.db))
         #expect(after.stamps["title"] == before.stamps["title"])
         #expect(after.stamps["body"] == before.stamps["body"])
         #expect(after.stamps["rating"]! > before.stamps["rating"]!)

@@ -40,7 +40,7 @@ final class Device {
     let name: String
 
     init(_ name: String, seed: UInt64, models: [any PersistentModel.Type] = [SyncNote.self], version: Schema.Version = Schema.Version(1, 0, 0),
-         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = []) throws {
+         directory: URL? = nil, inMemory: Bool = false, canaries: Set<Canary> = [], options: SyncEngine.Options = SyncEngine.Options()) throws {
         let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-sync-\(UUID().uuidString)")
         var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
         environment.canaries = canaries
@@ -49,7 +49,7 @@ final class Device {
         self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
             ModelConfiguration("notes", isStoredInMemoryOnly: inMemory, cloudKitDatabase: .private("iCloud.test")),
         ], environment: environment)
-        self.engine = try SyncEngine(container: container, storeName: "notes")
+        self.engine = try SyncEngine(container: container, storeName: "notes", options: options)
         self.context = ModelContext(container)
     }
 
@@ -104,3 +104,22 @@ final class Device {
     /// Every live record of the store as (id, title, body, rating), sorted by ID.
     func notes() throws -> [SyncNote] { try ModelContext(container).fetch(SyncNote.self) }
 }
+
+/// Syncs every device of `devices` with `cloud`, in turn, `rounds` times.
+func settle(_ devices: [Device], _ cloud: InMemoryCloudDatabase, rounds: Int = 3) throws {
+    for _ in 0..<rounds { for device in devices { try device.sync(cloud) } }
+}
+
+/// Runs `engine` against `cloud` until it has no request left (at most 300 requests; no clock is moved, so a wait
+/// ends the run). Records an issue if the engine does not settle.
+func sync(_ engine: SyncEngine, _ cloud: InMemoryCloudDatabase) throws {
+    engine.setNeedsFetch()
+    for _ in 0..<300 {
+        guard let request = try engine.nextRequest() else { return }
+        try engine.handle(request.id, cloud.performNow(request.operation))
+    }
+    Issue.record("the engine did not settle")
+}
+
+/// The persistent identifier of the SyncNote with `id`.
+func noteID(_ id: UUID) -> PersistentIdentifier { PersistentIdentifier(entityName: "SyncNote", id: id) }

@@ -103,6 +103,45 @@ public struct CloudRecord: Hashable, Sendable, Codable {
 
     /// `true` while the record is alive (odd causal length).
     public var isAlive: Bool { causalLength % 2 == 1 }
+
+    /// The first stamp (the creation stamp, then fields in name order) that the fixed-width text form cannot hold —
+    /// a negative incarnation, or a clock outside 48-bit milliseconds and a 16-bit counter — or `nil` when every stamp
+    /// fits. A cloud database refuses to store such a record (``CloudError/invalidRecord(reason:)``): written, it
+    /// could never be read back.
+    public var unencodableStamp: RecordRejection.StampSite? {
+        if !created.fitsHex { return .creation }
+        guard fields.values.contains(where: { !$0.stamp.fitsHex }) else { return nil }
+        return fields.keys.sorted().first { !fields[$0]!.stamp.fitsHex }.map { .field($0) }
+    }
+
+    /// The per-record failure a cloud database answers a save of this record with when it has an
+    /// ``unencodableStamp``.
+    var unencodableFailure: RecordSaveResult? {
+        unencodableStamp.map { .failed(recordID: recordID, error: .invalidRecord(reason: "\($0) has a clock outside 48-bit milliseconds and a 16-bit counter")) }
+    }
+}
+
+/// A record a cloud database holds but cannot read back (its stored form is damaged or was written by a broken
+/// client). A fetch reports it beside the readable records (``ZoneChangeBatch/unreadable``), so that one bad record
+/// is a problem of that record only — kept aside as rejected by the fetching device — and never makes the whole zone
+/// unreadable.
+public struct UnreadableCloudRecord: Hashable, Sendable, Codable {
+    /// The record's ID; `nil` when the stored ID is not one.
+    public var recordID: UUID?
+    /// The record type, when the stored form still names it.
+    public var recordType: String?
+    /// The change tag of the stored version (a local change of the record takes it, so its upload replaces the
+    /// version no device can read).
+    public var changeTag: String?
+    /// Why it cannot be read (names the record and zone, never contents).
+    public var reason: String
+
+    public init(recordID: UUID?, recordType: String?, changeTag: String?, reason: String) {
+        self.recordID = recordID
+        self.recordType = recordType
+        self.changeTag = changeTag
+        self.reason = reason
+    }
 }
 
 /// An incarnation of a record that ended as a losing duplicate of a unique key, redirected to `winner` (R15).
@@ -145,11 +184,35 @@ public struct ZoneChangeBatch: Hashable, Sendable, Codable {
     public var token: ServerChangeToken
     /// `true` when more changes are waiting: fetch again with ``token``.
     public var moreComing: Bool
+    /// Records of this page the cloud holds but cannot read (empty for almost every page; not encoded when empty).
+    public var unreadable: [UnreadableCloudRecord]
 
-    public init(records: [CloudRecord], token: ServerChangeToken, moreComing: Bool) {
+    public init(records: [CloudRecord], token: ServerChangeToken, moreComing: Bool, unreadable: [UnreadableCloudRecord] = []) {
         self.records = records
         self.token = token
         self.moreComing = moreComing
+        self.unreadable = unreadable
+    }
+
+    private enum CodingKeys: String, CodingKey { case records, token, moreComing, unreadable }
+
+    /// Decodes a page; a missing `unreadable` key (pages written before it existed, or with none) is empty.
+    /// - Throws: `DecodingError` when a required key is missing or has the wrong type.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        records = try container.decode([CloudRecord].self, forKey: .records)
+        token = try container.decode(ServerChangeToken.self, forKey: .token)
+        moreComing = try container.decode(Bool.self, forKey: .moreComing)
+        unreadable = try container.decodeIfPresent([UnreadableCloudRecord].self, forKey: .unreadable) ?? []
+    }
+
+    /// Encodes a page; `unreadable` is left out when empty.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(records, forKey: .records)
+        try container.encode(token, forKey: .token)
+        try container.encode(moreComing, forKey: .moreComing)
+        if !unreadable.isEmpty { try container.encode(unreadable, forKey: .unreadable) }
     }
 }
 
@@ -194,6 +257,13 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
     /// error). Transient: the engine backs off and retries, keeping every local change queued; `reason` names the
     /// problem (never a record's values).
     case serviceUnavailable(reason: String)
+    /// The server refused this account (CloudKit's `permissionFailure` and `notAuthenticated`): wrong or missing
+    /// credentials, an unknown role or database, or a privilege the role lacks. Not transient — retrying cannot help
+    /// until a person fixes the account or its grants — but nothing is lost: the engine keeps every change queued,
+    /// reports the error in its status and retries with its exponential backoff. `reason` names the role and the
+    /// server's reason, never a password or connection string. Reported by ``CloudDatabase`` implementations that
+    /// talk to a server (`PostgresCloudDatabase`).
+    case permissionFailure(reason: String)
 
     /// `true` for errors that clear by themselves: retry the same work later.
     public var isTransient: Bool {
@@ -222,6 +292,7 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
         case .networkUnavailable: return "network unavailable"
         case let .invalidRecord(reason): return "invalid record: \(reason)"
         case let .serviceUnavailable(reason): return "service unavailable: \(reason)"
+        case let .permissionFailure(reason): return "permission failure: \(reason)"
         }
     }
 }

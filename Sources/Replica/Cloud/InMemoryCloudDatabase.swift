@@ -150,6 +150,11 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
             var results: [RecordSaveResult] = []
             for record in records {
+                // As ``SQLiteCloudDatabase``: a record whose stamps the text form cannot hold is refused, not stored.
+                if let failure = record.unencodableFailure {
+                    results.append(failure)
+                    continue
+                }
                 if let existing = z.records[record.recordID], existing.record.changeTag != record.changeTag {
                     results.append(.conflict(serverRecord: existing.record))
                     continue

@@ -129,6 +129,11 @@ public final class SQLiteCloudDatabase: CloudDatabase {
             guard var z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
             var results: [RecordSaveResult] = []
             for record in records {
+                // A record whose stamps the text form cannot hold could never be read back: refused, not stored.
+                if let failure = record.unencodableFailure {
+                    results.append(failure)
+                    continue
+                }
                 if let row = try db.rows("SELECT change_tag, record FROM cloud_record WHERE zone = ? AND id = ?",
                                          [.text(zone), record.recordID.sqliteValue]).first,
                    case let .text(tag) = row[0], tag != record.changeTag {
@@ -148,7 +153,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                     ON CONFLICT (zone, id) DO UPDATE SET sequence = excluded.sequence, change_tag = excluded.change_tag,
                         record = excluded.record
                     """, [.text(zone), record.recordID.sqliteValue, .integer(z.sequence), .text(stored.changeTag!),
-                          .text(SyncLedger.encode(stored))])
+                          .text(try SyncLedger.encode(stored))])
                 results.append(.saved(recordID: record.recordID, changeTag: stored.changeTag!))
             }
             try db.run("UPDATE cloud_zone SET sequence = ? WHERE name = ?", [.integer(z.sequence), .text(zone)])
@@ -164,19 +169,28 @@ public final class SQLiteCloudDatabase: CloudDatabase {
             }
             let after = token?.sequence ?? 0
             let limit = max(1, limit)
-            let rows = try db.rows("SELECT sequence, record, id FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+            let rows = try db.rows("SELECT sequence, record, id, change_tag FROM cloud_record WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
                                    [.text(zone), .integer(after), .integer(Int64(limit + 1))])
             let more = rows.count > limit
             let page = rows.prefix(limit)
             var records: [CloudRecord] = []
+            var unreadable: [UnreadableCloudRecord] = []
             for row in page {
-                guard case let .text(json) = row[1], let record = SyncLedger.decode(CloudRecord.self, json) else {
-                    throw CloudError.invalidRecord(reason: Self.unreadable(row[2], zone: zone))
+                if case let .text(json) = row[1], let record = SyncLedger.decode(CloudRecord.self, json) {
+                    records.append(record)
+                    continue
                 }
-                records.append(record)
+                // One record the file cannot read is that record's problem, reported with the page: the rest of the
+                // zone stays readable for every device.
+                let type: String? = if case let .text(name)? = try db.scalar(
+                    "SELECT json_extract(?1, '$.recordType') WHERE json_valid(?1)", [row[1]]) { name } else { nil }
+                let tag: String? = if case let .text(t) = row[3] { t } else { nil }
+                unreadable.append(UnreadableCloudRecord(recordID: try? UUID(sqliteValue: row[2]), recordType: type, changeTag: tag,
+                                                        reason: Self.unreadable(row[2], zone: zone)))
             }
             let last: Int64 = if more, case let .integer(s)? = page.last?[0] { s } else { z.sequence }
-            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more)
+            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: z.epoch, sequence: last), moreComing: more,
+                                   unreadable: unreadable)
         }
     }
 

@@ -34,6 +34,9 @@ struct LinkTable: Equatable {
 
     var quotedName: String { quoted(name) }
 
+    /// The name of the index on `(member, owner)`.
+    var indexName: String { name + "_member" }
+
     /// Every link table of the given entities (each once, in declaration order).
     static func all(in entities: [Schema.Entity]) -> [LinkTable] {
         var result: [LinkTable] = []
@@ -60,7 +63,7 @@ struct LinkTable: Equatable {
             CREATE TABLE IF NOT EXISTS \(table.quotedName) ("owner" BLOB NOT NULL, "member" BLOB NOT NULL, \
             PRIMARY KEY ("owner", "member")) WITHOUT ROWID
             """,
-            "CREATE INDEX IF NOT EXISTS \(quoted(table.name + "_member")) ON \(table.quotedName) (\"member\", \"owner\")",
+            "CREATE INDEX IF NOT EXISTS \(quoted(table.indexName)) ON \(table.quotedName) (\"member\", \"owner\")",
         ] }
     }
 }

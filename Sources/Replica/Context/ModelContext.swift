@@ -4,7 +4,7 @@ import Foundation
 /// then ``save()`` them, or ``rollback()``.
 ///
 /// Models are values: a fetched model is a copy. Change it and hand it back with ``update(_:)``; the save writes only
-/// the fields whose stored value changed.
+/// the fields the app changed (see ``update(_:)`` for how a copy's changes are told apart from another writer's).
 ///
 /// A context is not `Sendable`: it owns one SQLite connection per store it touches and stays on the task or actor
 /// that created it. Create one context per task.
@@ -16,8 +16,8 @@ public final class ModelContext {
 
     enum PendingChange {
         case insert(Snapshot)
-        /// New values; `fields` lists the field indices the app changed relative to the copy it fetched (`nil` when
-        /// the context never read the record: then every field that differs from the stored row counts).
+        /// New values; `fields` lists the field indices the app changed relative to the versions the context handed
+        /// out or wrote (`nil` when it holds none: then every field that differs from the stored row counts).
         case update(Snapshot, fields: Set<Int>?)
         case delete
         /// Deleted, then inserted again with the same ID.
@@ -32,9 +32,12 @@ public final class ModelContext {
     }
 
     private var connections: [Connection?]
-    /// The copies of records this context has read (or saved): the bases of field-level change tracking. Fetches
-    /// register their results (see ReadRegistry).
+    /// The versions of records this context has handed out (fetched) or written (saved): the bases of field-level
+    /// change tracking. Fetches register their results (see ReadRegistry).
     let reads = ReadRegistry()
+    /// For a pending insert (or re-insert) that ``update(_:)`` changed: the copy ``insert(_:)`` handed out, the
+    /// version later copies of it are compared with. Empty unless such updates happen.
+    private var insertedCopies: [PersistentIdentifier: Snapshot] = [:]
     /// Unsaved changes; saves apply them in first-registration order, deterministically.
     private var pending = PendingChanges()
     /// First-registration order of pending IDs.
@@ -102,39 +105,181 @@ public final class ModelContext {
         let id = snapshot.persistentModelID
         // One hash lookup in the usual case (a new record).
         switch pending.updateValue(.insert(snapshot), forKey: id) {
-        case .delete?, .replace?: pending[id] = .replace(snapshot)
-        case .insert?, .update?, nil: break
+        case .delete?, .replace?:
+            pending[id] = .replace(snapshot)
+            forgetInsertedCopy(id)
+        case .insert?: forgetInsertedCopy(id)
+        case .update?, nil: break
         }
         return model
     }
 
-    /// Registers new values for an existing model. At save, only the fields the app changed are written: those that
-    /// differ from the copy this context last read (or, for a record it never read, from the stored row).
+    private func forgetInsertedCopy(_ id: PersistentIdentifier) {
+        if !insertedCopies.isEmpty { insertedCopies[id] = nil }
+    }
+
+    /// Registers new values for an existing model. At save, only the fields the app changed are written, so a stale
+    /// copy never overwrites another writer's change.
+    ///
+    /// **Which fields the app changed.** Models are values without identity, so the context tells a copy's edits
+    /// from the values of other versions by comparison: it keeps, per record, the versions it handed out or wrote —
+    /// each copy a fetch returned, then the state each save of the record left (the last
+    /// ``ReadRegistry/versionLimit`` = 8 versions per record, within the registry's overall bounds) — and the
+    /// changed fields are those that differ from the version with the fewest differing fields (ties go to the newest
+    /// version). So a copy read before this context saved another edit of the record writes only its own edits (the
+    /// saved edit survives), a copy of the newest state writes only its new edits, and a copy read before another
+    /// context changed the record never writes back the other context's values, also after this context read the
+    /// record again. A record the context never read (or whose versions it dropped) has no versions: every field
+    /// that differs from the stored row is written. A record inserted by this context and not yet saved has one
+    /// version, the copy ``insert(_:)`` returned.
+    ///
+    /// **Setting values back.** A copy equal in every field to an earlier version, when this context saved a newer
+    /// one, sets that save's edits back: it is compared with the newer versions, so a toggle saved and toggled back
+    /// is written (read `isDone == false`, set it `true`, update and save; set it `false` on the same copy, update and
+    /// save: the store holds `false`). **The ambiguous case** is a copy that sets a field back *and* edits others: it
+    /// is nearest the earlier version, so only the other edits are written (that is what a stale copy with edits
+    /// looks like, and a stale copy must not revert a saved edit). Values carry no identity, so the context cannot
+    /// tell these apart; to say exactly which copy an edit starts from, use ``update(_:from:)``.
+    ///
+    /// **Several updates of one record before a save** add up: the pending values are the previous pending values
+    /// with the new copy's changed fields laid over them (a later change of the same field wins); a copy without
+    /// versions lays all its fields over them. Many-to-many members are the newest copy's.
     ///
     /// One-to-many arrays are filled on fetch and are not written back: change membership through the member's
     /// to-one reference (e.g. set `item.trip`), as the inverse is the stored side. Many-to-many arrays are written
     /// (links added and removed; see ``ModelEntity/Member/toMany(_:_:inverse:deleteRule:)``).
     ///
-    /// Traps if the model was never inserted (its ID is ``UUID/unassigned``) — a programming error.
+    /// Traps if the model was never inserted (its ID is ``UUID/unassigned``), or if this context deleted the record
+    /// and has not saved since (insert it again instead, which saves as a delete and a re-insert: a new incarnation)
+    /// — programming errors.
+    ///
+    /// - Complexity: O(fields × versions of the record), plus indexing the fetch results registered since the last
+    ///   update (once per fetched model).
     public func update<Model: PersistentModel>(_ model: Model) {
         precondition(model.id != .unassigned, "Replica: update(_:) needs an inserted model; call insert(_:) first")
         _ = storeIndex(of: Model.self)
         let snapshot = Model.entity.snapshot(of: model)
         let id = snapshot.persistentModelID
-        // Field-level change tracking: only fields that differ from the copy this context handed out are the
-        // app's changes, so a stale copy never writes back values another writer changed meanwhile.
-        var fields: Set<Int>? = reads.base(for: id).map { base in
-            Set(snapshot.values.indices.filter { $0 >= base.values.count || base.values[$0] != snapshot.values[$0] })
-        }
         switch pending[id] {
-        case .insert?: register(id, .insert(snapshot))
-        case .replace?: register(id, .replace(snapshot))
-        case .delete?: preconditionFailure("Replica: \(id) was deleted in this context; insert it again instead")
-        case let .update(_, earlier)?:
-            if let earlier, let now = fields { fields = earlier.union(now) } else { fields = nil }
-            register(id, .update(snapshot, fields: fields))
-        case nil: register(id, .update(snapshot, fields: fields))
+        case let .insert(current)?:
+            register(id, .insert(insertedCopyUpdate(id, current, with: snapshot)))
+        case let .replace(current)?:
+            register(id, .replace(insertedCopyUpdate(id, current, with: snapshot)))
+        case .delete?:
+            preconditionFailure("Replica: update(_:) of \(id), which this context deleted and has not saved: to keep the record, "
+                + "insert(_:) it again (saved as a delete and a re-insert, a new incarnation), or rollback() the delete")
+        case let .update(current, earlier)?:
+            let versions = reads.versions(of: id)
+            guard let fields = Self.changedFields(of: snapshot, versions: versions.snapshots, newestWritten: versions.newestWritten) else {
+                register(id, .update(snapshot, fields: nil))
+                return
+            }
+            register(id, .update(Self.overlay(snapshot, fields, on: current), fields: earlier.map { $0.union(fields) }))
+        case nil:
+            let versions = reads.versions(of: id)
+            register(id, .update(snapshot, fields: Self.changedFields(of: snapshot, versions: versions.snapshots,
+                                                                      newestWritten: versions.newestWritten)))
         }
+    }
+
+    /// Registers new values for an existing model, with the copy the edits start from: the fields in which `model`
+    /// differs from `original` are the app's changes, and only those are written at save (those whose stored value
+    /// differs). Use it where ``update(_:)``'s comparison with the versions the context keeps cannot know the copy's
+    /// origin — a copy that sets some fields back to an earlier value and edits others. Several updates of one record
+    /// before a save add up, as with ``update(_:)``.
+    ///
+    /// - Parameters:
+    ///   - model: the edited copy.
+    ///   - original: the copy `model` was made from (the same record: its ID must equal `model`'s).
+    ///
+    /// Traps if the model was never inserted, if `original` is another record, or if this context deleted the record
+    /// and has not saved since — programming errors. Complexity: O(fields).
+    public func update<Model: PersistentModel>(_ model: Model, from original: Model) {
+        precondition(model.id != .unassigned, "Replica: update(_:from:) needs an inserted model; call insert(_:) first")
+        precondition(model.id == original.id, "Replica: update(_:from:) needs the original copy of the same record")
+        _ = storeIndex(of: Model.self)
+        let snapshot = Model.entity.snapshot(of: model)
+        let id = snapshot.persistentModelID
+        let fields = Self.changedFields(of: snapshot, versions: [Model.entity.snapshot(of: original)]) ?? []
+        switch pending[id] {
+        case let .insert(current)?:
+            register(id, .insert(Self.overlay(snapshot, fields, on: current)))
+        case let .replace(current)?:
+            register(id, .replace(Self.overlay(snapshot, fields, on: current)))
+        case .delete?:
+            preconditionFailure("Replica: update(_:from:) of \(id), which this context deleted and has not saved: to keep the "
+                + "record, insert(_:) it again (saved as a delete and a re-insert, a new incarnation), or rollback() the delete")
+        case let .update(current, earlier)?:
+            register(id, .update(Self.overlay(snapshot, fields, on: current), fields: earlier.map { $0.union(fields) }))
+        case nil:
+            register(id, .update(snapshot, fields: fields))
+        }
+    }
+
+    /// The pending insert `current` of `id` with the fields `copy` changed relative to the copy insert(_:) returned.
+    private func insertedCopyUpdate(_ id: PersistentIdentifier, _ current: Snapshot, with copy: Snapshot) -> Snapshot {
+        let inserted: Snapshot
+        if let known = insertedCopies[id] {
+            inserted = known
+        } else {
+            // The first update since the insert: the pending values are still the inserted copy's.
+            inserted = current
+            insertedCopies[id] = current
+        }
+        return Self.overlay(copy, Self.changedFields(of: copy, versions: [inserted]) ?? [], on: current)
+    }
+
+    /// The field indices in which `copy` differs from the nearest of `versions` (oldest first): the version with the
+    /// fewest differing fields, the newest of those tied. A version the copy equals in every field is the nearest
+    /// unless a save of this context wrote a newer version (position `newestWritten`): then the copy sets that save's
+    /// edits back, and is compared with the others (a toggle saved and toggled back is an edit). `nil` without
+    /// versions.
+    static func changedFields(of copy: Snapshot, versions: [Snapshot], newestWritten: Int? = nil) -> Set<Int>? {
+        guard !versions.isEmpty else { return nil }
+        let values = copy.values
+        func differs(_ version: [SQLiteValue], _ field: Int) -> Bool { field >= version.count || version[field] != values[field] }
+        if values.count <= 64 {
+            // One pass per version, the differing fields as bits.
+            var best: (mask: UInt64, count: Int)?
+            for index in versions.indices.reversed() {
+                let version = versions[index].values
+                var mask: UInt64 = 0
+                for field in values.indices where differs(version, field) { mask |= 1 << UInt64(field) }
+                let count = mask.nonzeroBitCount
+                if count == 0 {
+                    if let written = newestWritten, written > index { continue }
+                    return []
+                }
+                if best.map({ count < $0.count }) ?? true { best = (mask, count) }
+            }
+            guard let best else { return [] }
+            var fields = Set<Int>(minimumCapacity: best.count)
+            var mask = best.mask
+            while mask != 0 {
+                fields.insert(mask.trailingZeroBitCount)
+                mask &= mask - 1
+            }
+            return fields
+        }
+        var best: Set<Int>?
+        for index in versions.indices.reversed() {
+            let fields = Set(values.indices.filter { differs(versions[index].values, $0) })
+            if fields.isEmpty {
+                if let written = newestWritten, written > index { continue }
+                return []
+            }
+            if best.map({ fields.count < $0.count }) ?? true { best = fields }
+        }
+        return best ?? []
+    }
+
+    /// `pending` with the values of `copy` at `fields`, and the copy's many-to-many members.
+    static func overlay(_ copy: Snapshot, _ fields: Set<Int>, on pending: Snapshot) -> Snapshot {
+        guard pending.values.count == copy.values.count else { return copy }
+        var merged = pending
+        for field in fields { merged.values[field] = copy.values[field] }
+        merged.toManyMembers = copy.toManyMembers
+        return merged
     }
 
     /// Registers `model` for deletion at the next save. Delete rules are applied at save.
@@ -146,8 +291,14 @@ public final class ModelContext {
     public func delete(_ id: PersistentIdentifier) {
         precondition(container.storeIndexByEntity[id.entityName] != nil, "Replica: entity '\(id.entityName)' is not in the container's schema")
         switch pending[id] {
-        case .insert?: pending[id] = nil
-        default: register(id, .delete)
+        case .insert?:
+            pending[id] = nil
+            forgetInsertedCopy(id)
+        case .replace?:
+            register(id, .delete)
+            forgetInsertedCopy(id)
+        case .update?, .delete?, nil:
+            register(id, .delete)
         }
     }
 
@@ -176,6 +327,7 @@ public final class ModelContext {
     /// Discards every unsaved change.
     public func rollback() {
         pending.removeAll()
+        if !insertedCopies.isEmpty { insertedCopies.removeAll() }
     }
 
     // MARK: Saving
@@ -236,7 +388,7 @@ public final class ModelContext {
                         token = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
                         if let token { hub.willCommit(store: index, token: token, origin: .localSave) }
                     }
-                    if container.stores[index].configuration.isSynced {
+                    if container.stores[index].tracksSync {
                         try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
                                                           environment: container.environment, ledgerBound: writer.ledgerBoundRead)
                     }
@@ -285,10 +437,14 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
-        // Inserted records (every pending insert and replace, as written) become the bases of change tracking;
-        // updated and deleted ones are forgotten: the next read registers the stored state again.
-        for changes in saved { reads.register(inserted: changes.inserted) }
-        pending.forEachUpdateOrDelete { reads.forget($0) }
+        // The versions of change tracking: deleted records are forgotten (also those a cascade deleted, and those
+        // the save inserted again: a new incarnation), inserted ones (as written) begin their list, and updated ones
+        // add the state the save left (the stored row).
+        for changes in saved {
+            for record in changes.deleted { reads.forget(record.id) }
+            reads.register(inserted: changes.inserted)
+            for (snapshot, _) in changes.updated where !snapshot.values.isEmpty { reads.register(saved: snapshot) }
+        }
         rollback()
         handoutLoaderStorage?.invalidate()
         postDidSave(saved)
@@ -296,6 +452,7 @@ public final class ModelContext {
 
     private func forgetPending(inStore index: Int) {
         pending.removeAll { container.storeIndexByEntity[$0.entityName] == index }
+        insertedCopies = insertedCopies.filter { container.storeIndexByEntity[$0.key.entityName] != index }
     }
 
     // MARK: Fetching

@@ -46,16 +46,6 @@ struct PendingChanges {
         return nil
     }
 
-    /// Calls `body` with the ID of every pending update and delete, in registration order.
-    func forEachUpdateOrDelete(_ body: (PersistentIdentifier) -> Void) {
-        for index in entries.indices {
-            switch entries[index].change {
-            case .update?, .delete?: body(entries[index].id)
-            case .insert?, .replace?, nil: break
-            }
-        }
-    }
-
     /// The IDs with a change, in registration order.
     var order: [PersistentIdentifier] { entries.compactMap { $0.change == nil ? nil : $0.id } }
 

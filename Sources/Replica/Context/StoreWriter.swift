@@ -14,6 +14,8 @@ struct StoreWriter {
     /// What this save did, for history and notifications.
     var changes = StoreChanges()
     private var deleted = Set<PersistentIdentifier>()
+    /// The records of ``deleted`` that the save inserts again (see ``apply(_:)-([PendingChanges.Entry])``).
+    private var reinserted = Set<PersistentIdentifier>()
     /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
     private var deferredChecks: [DeferredCheck] = []
     /// What inserts of the entity written last need, looked up once per entity rather than once per row.
@@ -83,6 +85,17 @@ struct StoreWriter {
             case .insert?, .update?, nil: break
             }
         }
+        changes.updatesBeforeDeletes = changes.updated.count
+        // Records the deletes removed that this save inserts again (a re-insert, or a cascade's child inserted anew)
+        // are alive once it is applied: links to them are kept and written.
+        if !deleted.isEmpty {
+            for index in batch.indices {
+                switch batch[index].change {
+                case .insert?, .replace?: if deleted.contains(batch[index].id) { reinserted.insert(batch[index].id) }
+                case .update?, .delete?, nil: break
+                }
+            }
+        }
         // Records whose unique keys must be checked once everything is written.
         var written: [Snapshot] = []
         changes.inserted.reserveCapacity(batch.count)
@@ -129,7 +142,7 @@ struct StoreWriter {
             return false
         }
         if !representable(snapshot, entity: context.entity, fields: nil) { return false }
-        if store.configuration.isSynced, try idBelongsToAnotherEntity(snapshot) {
+        if store.tracksSync, try idBelongsToAnotherEntity(snapshot) {
             failures.append(.duplicateIdentifier(snapshot.persistentModelID))
             return false
         }
@@ -263,8 +276,8 @@ struct StoreWriter {
 
     // MARK: Delete with delete rules
 
-    /// Whether this save has deleted `id` so far.
-    func wasDeleted(_ id: PersistentIdentifier) -> Bool { deleted.contains(id) }
+    /// Whether this save has deleted `id` so far, and does not insert it again.
+    func wasDeleted(_ id: PersistentIdentifier) -> Bool { deleted.contains(id) && !reinserted.contains(id) }
 
     /// Records a validation failure (used by the link-table code in StoreWriter+Links.swift).
     mutating func recordFailure(_ failure: ModelValidationFailure) {
@@ -462,13 +475,42 @@ extension StoreWriter {
     }
 }
 
-/// What one save did to one store: the input of history and save notifications.
+/// What one save did to one store: the input of history, sync bookkeeping and save notifications.
 struct StoreChanges {
     var inserted: [Snapshot] = []
     /// Updated records with the names of the fields that changed. Records changed by a delete rule (nullify) carry
     /// only their ID and the changed field's name.
     var updated: [(Snapshot, [String])] = []
     var deleted: [DeletedRecord] = []
+    /// For a local save (``StoreWriter/apply(_:)-([PendingChanges.Entry])``), which applies every delete before any
+    /// insert: how many of the first `updated` entries its deletes made (delete rules, removed links). `nil` for the
+    /// changes of an import, which merges records (inserts, updates, deletes) and then applies the delete rules of
+    /// the records it deleted.
+    var updatesBeforeDeletes: Int?
+
+    /// A part of the changes: the inserts, the updates the deletes made (the first ``updatesBeforeDeletes``), the
+    /// other updates, or the deletes.
+    enum Part {
+        case inserted, updatesOfDeletes, otherUpdates, deleted
+    }
+
+    /// The parts in the order they were applied, so that a record deleted and inserted again by one save (a new
+    /// incarnation) is recorded as deleted, then inserted: for a local save the deletes (with the updates their
+    /// delete rules made) come first, then the inserts and the other updates; for an import, inserts, updates,
+    /// deletes. (Constant arrays: nothing is allocated per save.)
+    var partsInOrder: [Part] { updatesBeforeDeletes == nil ? Self.importOrder : Self.localSaveOrder }
+    private static let localSaveOrder: [Part] = [.updatesOfDeletes, .deleted, .inserted, .otherUpdates]
+    private static let importOrder: [Part] = [.inserted, .otherUpdates, .deleted]
+
+    /// The indices in `updated` of the updates of `part` (empty for the other parts).
+    func updates(of part: Part) -> Range<Int> {
+        let split = updatesBeforeDeletes ?? 0
+        switch part {
+        case .updatesOfDeletes: return 0..<split
+        case .otherUpdates: return split..<updated.count
+        case .inserted, .deleted: return 0..<0
+        }
+    }
 }
 
 /// A deleted record and the values of its attributes marked ``Schema/Attribute/Options/preserveValueOnDeletion``.

@@ -368,9 +368,10 @@ extension SyncEngine {
         let stored = try db.scalar("SELECT value FROM replica_metadata WHERE key = ?", [.text(FieldEncryptionController.keySetMetadataKey)])
         if stored != .text(keySetText) {
             try db.transaction(.immediate) {
-                if case .text? = stored {
+                if stored != nil {
                     // The zone's key set was replaced (the zone was reset, e.g. after a lost key): this device's local
                     // data goes to the cloud again, under the new key, and the zone is read again from the start.
+                    // (A stored value that cannot be read counts as another key set: the safe side, a re-upload.)
                     try db.run("DELETE FROM replica_sync_record WHERE causal_length = 0 AND state = 'undecryptable'")
                     try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
                     try db.run("""

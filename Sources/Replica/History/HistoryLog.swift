@@ -68,30 +68,18 @@ enum HistoryLog {
         var rows = ChangeRows(token: token, statement: try db.cachedStatement(insertChangeSQL),
                               capacity: changes.inserted.count + changes.updated.count + changes.deleted.count)
         defer { rows.deallocate() }
-        // Consecutive changes with the same (entity, kind, fields) share one row.
-        for index in changes.inserted.indices {
-            try rows.add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
-        }
-        var lastFields: [String]? = nil
-        var joined: String? = nil
-        for index in changes.updated.indices {
-            let fields = changes.updated[index].1
-            if lastFields != fields {
-                lastFields = fields
-                joined = fields.joined(separator: ",")
-            }
-            try rows.add(changes.updated[index].0.entityName, .update, joined, changes.updated[index].0.id)
-        }
-        for record in changes.deleted {
-            if record.preservedValues.isEmpty {
-                try rows.add(record.id.entityName, .delete, nil, record.id.id)
-            } else {
-                try rows.flush()
-                try withUnsafeBytes(of: record.id.id.uuid) { bytes in
-                    try rows.write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
-                                   tombstone: encodeTombstone(record.preservedValues))
-                }
-            }
+        // Consecutive changes with the same (entity, kind, fields) share one row. The parts in the order they were
+        // applied (``StoreChanges/partsInOrder``): a record deleted and inserted again by one save is recorded as
+        // deleted, then inserted.
+        if let split = changes.updatesBeforeDeletes {
+            try rows.addUpdates(changes, 0..<split)
+            try rows.addDeletes(changes)
+            try rows.addInserts(changes)
+            try rows.addUpdates(changes, split..<changes.updated.count)
+        } else {
+            try rows.addInserts(changes)
+            try rows.addUpdates(changes, 0..<changes.updated.count)
+            try rows.addDeletes(changes)
         }
         try rows.flush()
         return token
@@ -121,6 +109,41 @@ enum HistoryLog {
 
         func deallocate() { ids.deallocate() }
 
+        /// The field list of the last update added, and its text.
+        var lastFields: [String]? = nil
+        var joinedFields: String? = nil
+
+        mutating func addInserts(_ changes: StoreChanges) throws {
+            for index in changes.inserted.indices {
+                try add(changes.inserted[index].entityName, .insert, nil, changes.inserted[index].id)
+            }
+        }
+
+        mutating func addUpdates(_ changes: StoreChanges, _ range: Range<Int>) throws {
+            for index in range {
+                let fields = changes.updated[index].1
+                if lastFields != fields {
+                    lastFields = fields
+                    joinedFields = fields.joined(separator: ",")
+                }
+                try add(changes.updated[index].0.entityName, .update, joinedFields, changes.updated[index].0.id)
+            }
+        }
+
+        mutating func addDeletes(_ changes: StoreChanges) throws {
+            for record in changes.deleted {
+                if record.preservedValues.isEmpty {
+                    try add(record.id.entityName, .delete, nil, record.id.id)
+                } else {
+                    try flush()
+                    try withUnsafeBytes(of: record.id.id.uuid) { bytes in
+                        try write(entity: record.id.entityName, kind: .delete, fields: nil, ids: bytes,
+                                  tombstone: HistoryLog.encodeTombstone(record.preservedValues))
+                    }
+                }
+            }
+        }
+
         @inline(__always)
         mutating func add(_ entity: String, _ kind: Kind, _ fields: String?, _ id: UUID) throws {
             if count == 0 || kind != self.kind || entity != self.entity || fields != self.fields {
@@ -149,8 +172,9 @@ enum HistoryLog {
             try statement.bind(token, at: 0)
             try statement.bind(seq, at: 1)
             try statement.bind(kind.rawValue, at: 3)
-            let code = sqlite3_bind_blob(statement.handle, 6, ids.baseAddress, Int32(ids.count), nil)
-            if code != SQLITE_OK { throw SQLiteError(code: code, connection: sqlite3_db_handle(statement.handle), sql: statement.sql) }
+            // (A nil buffer binds NULL, as `sqlite3_bind_blob` does for a nil pointer.)
+            try statement.check(ids.baseAddress == nil ? sqlite3_bind_null(statement.handle, 6) : statement.bindBlob(ids, at: 5, copying: false),
+                                parameter: 5)
             try statement.withStaticText(entity, at: 2) {
                 try statement.withStaticText(fields, at: 4) {
                     try statement.withStaticText(tombstone, at: 6) {
@@ -211,11 +235,11 @@ enum HistoryLog {
         }
         if let from = descriptor.fromDate {
             conditions.append("\(timestamp) >= ?")
-            values.append(.integer(Int64((from.timeIntervalSince1970 * 1000).rounded(.up))))
+            values.append(.integer(milliseconds(from)))
         }
         if let to = descriptor.toDate {
             conditions.append("\(timestamp) < ?")
-            values.append(.integer(Int64((to.timeIntervalSince1970 * 1000).rounded(.up))))
+            values.append(.integer(milliseconds(to)))
         }
         if let entities = descriptor.entityNames {
             conditions.append("EXISTS (SELECT 1 FROM replica_history_change c WHERE c.token = t.token AND c.entity IN (\(placeholders(entities.count))))")
@@ -371,11 +395,19 @@ enum HistoryLog {
 
     /// Deletes history up to and including `token` (or every transaction older than `date`), and moves the
     /// expiry watermark. Returns the number of transactions removed.
+    /// `date` as Unix milliseconds (rounded up), saturating: a date beyond what `Int64` milliseconds hold (or a NaN
+    /// one) counts as the nearest end (NaN as the earliest), never traps.
+    static func milliseconds(_ date: Date) -> Int64 {
+        let ms = (date.timeIntervalSince1970 * 1000).rounded(.up)
+        if ms.isNaN { return .min }
+        return ms >= 9.223372036854775e18 ? .max : ms <= -9.223372036854775e18 ? .min : Int64(ms)
+    }
+
     static func prune(throughToken token: Int64?, before date: Date?, db: Connection) throws -> Int {
         try db.transaction(.immediate) {
             var through = token ?? 0
             if let date {
-                let ms = Int64((date.timeIntervalSince1970 * 1000).rounded(.up))
+                let ms = milliseconds(date)
                 if case let .integer(max)? = try db.scalar("SELECT max(token) FROM replica_history_transaction WHERE timestamp < ?", [.integer(ms)]) {
                     through = Swift.max(through, max)
                 }

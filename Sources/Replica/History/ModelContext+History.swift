@@ -5,8 +5,10 @@ extension ModelContext {
     /// (SwiftData's `ModelContext.didSave`), and after a ``SyncEngine`` commits changes it imported from the cloud,
     /// with the engine as the object (as SwiftData announces remote changes too; observe with `object: nil` to hear
     /// both, or with a context or engine to hear one). `userInfo` maps each ``NotificationKey`` to a
-    /// `[PersistentIdentifier]` sorted by identifier. Other processes' commits are not posted here: the container's
-    /// change stream (``ModelContainer/changes``) announces every source of change.
+    /// `[PersistentIdentifier]` sorted by identifier. A record the save deleted and inserted again (a new incarnation)
+    /// is in both the deleted and the inserted list: it was deleted, then inserted (its history transaction lists them
+    /// in that order). Other processes' commits are not posted here: the container's change stream
+    /// (``ModelContainer/changes``) announces every source of change.
     public static let didSave = Notification.Name("ReplicaModelContextDidSave")
 
     /// Keys of the ``didSave`` notification's `userInfo`.

@@ -50,7 +50,7 @@ final class Statement {
         case let .text(v): code = bindText(v, at: index)
         case let .blob(v): code = bindBlob(v, at: index)
         }
-        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+        try check(code, parameter: index)
     }
 
     @inline(__always)
@@ -61,14 +61,12 @@ final class Statement {
 
     @inline(__always)
     func bind(_ value: String, at index: Int32) throws {
-        let code = bindText(value, at: index)
-        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+        try check(bindText(value, at: index), parameter: index)
     }
 
     @inline(__always)
     func bind(_ value: Data, at index: Int32) throws {
-        let code = bindBlob(value, at: index)
-        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+        try check(bindBlob(value, at: index), parameter: index)
     }
 
     /// Binds `id`'s 16 bytes (a blob) to the parameter at 0-based `index`, from a buffer this statement owns: no
@@ -91,30 +89,43 @@ final class Statement {
     @inline(__always)
     private func bindText(_ value: String, at index: Int32) -> Int32 {
         var value = value
-        return value.withUTF8 { buffer in
-            buffer.withMemoryRebound(to: CChar.self) { chars in
-                // An empty string still binds TEXT (not NULL): SQLite needs a non-nil pointer for that.
-                guard let base = chars.baseAddress else { return replica_sqlite3_bind_text_transient(handle, index + 1, "", 0) }
-                return replica_sqlite3_bind_text_transient(handle, index + 1, base, Int32(chars.count))
-            }
-        }
+        return value.withUTF8 { bindText(UnsafeRawBufferPointer($0), at: index, copying: true) }
     }
 
     @inline(__always)
     private func bindBlob(_ value: Data, at index: Int32) -> Int32 {
-        value.withUnsafeBytes { buffer in
-            // A zero-length blob must still be a blob, not NULL: pass a non-nil pointer.
-            if buffer.isEmpty { return sqlite3_bind_zeroblob(handle, index + 1, 0) }
-            return replica_sqlite3_bind_blob_transient(handle, index + 1, buffer.baseAddress, Int32(buffer.count))
-        }
+        value.withUnsafeBytes { bindBlob($0, at: index, copying: true) }
     }
+
+    /// Binds `bytes` (UTF-8) as text to the parameter at 0-based `index`; `copying`: SQLite copies them
+    /// (`SQLITE_TRANSIENT`), else they must stay valid until the statement is reset (`SQLITE_STATIC`). Returns SQLite's
+    /// result code. The length is passed as 64 bits (`sqlite3_bind_text64`): text longer than `int` holds, or than the
+    /// connection's `SQLITE_LIMIT_LENGTH`, is refused with `SQLITE_TOOBIG` before SQLite reads it — never truncated,
+    /// never a trap. Source: <https://www.sqlite.org/c3ref/bind_blob.html>
+    @inline(__always)
+    func bindText(_ bytes: UnsafeRawBufferPointer, at index: Int32, copying: Bool) -> Int32 {
+        // An empty string still binds TEXT (not NULL): SQLite needs a non-nil pointer for that.
+        let base = (bytes.baseAddress ?? UnsafeRawPointer(("" as StaticString).utf8Start)).assumingMemoryBound(to: CChar.self)
+        return replica_sqlite3_bind_text64(handle, index + 1, base, Self.byteCount(bytes.count), copying ? 1 : 0)
+    }
+
+    /// Binds `bytes` as a blob to the parameter at 0-based `index` (as ``bindText(_:at:copying:)``, with
+    /// `sqlite3_bind_blob64`). A zero-length blob is still a blob, not NULL.
+    @inline(__always)
+    func bindBlob(_ bytes: UnsafeRawBufferPointer, at index: Int32, copying: Bool) -> Int32 {
+        guard let base = bytes.baseAddress, !bytes.isEmpty else { return sqlite3_bind_zeroblob(handle, index + 1, 0) }
+        return replica_sqlite3_bind_blob64(handle, index + 1, base, Self.byteCount(bytes.count), copying ? 1 : 0)
+    }
+
+    /// A byte count as the 64-bit length SQLite's `*64` binding functions take (a buffer's count is never negative).
+    @inline(__always)
+    static func byteCount(_ count: Int) -> sqlite3_uint64 { sqlite3_uint64(UInt(bitPattern: max(0, count))) }
 
     /// Binds the bytes of `text`, a literal (whose storage lives as long as the program), without a copy.
     @inline(__always)
     func bindStatic(_ text: StaticString, at index: Int32) throws {
-        try check(UnsafeRawPointer(text.utf8Start).withMemoryRebound(to: CChar.self, capacity: text.utf8CodeUnitCount) {
-            sqlite3_bind_text(handle, index + 1, $0, Int32(text.utf8CodeUnitCount), nil)
-        })
+        try check(bindText(UnsafeRawBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount), at: index, copying: false),
+                  parameter: index)
     }
 
     /// Binds `text` (NULL when `nil`) to the parameter at 0-based `index` without a copy and runs `body`, which must
@@ -126,15 +137,8 @@ final class Statement {
             return try body()
         }
         return try text.withUTF8 { bytes in
-            try bytes.withMemoryRebound(to: CChar.self) { chars in
-                // A non-nil pointer even for empty text: SQLite binds NULL for a nil pointer.
-                if let base = chars.baseAddress {
-                    try check(sqlite3_bind_text(handle, index + 1, base, Int32(chars.count), nil))
-                } else {
-                    try check(replica_sqlite3_bind_text_transient(handle, index + 1, "", 0))
-                }
-                return try body()
-            }
+            try check(bindText(UnsafeRawBufferPointer(bytes), at: index, copying: false), parameter: index)
+            return try body()
         }
     }
 
@@ -143,10 +147,7 @@ final class Statement {
     @inline(__always)
     func withStaticBlob<R>(_ bytes: Data, at index: Int32, _ body: () throws -> R) throws -> R {
         try bytes.withUnsafeBytes { buffer in
-            // A zero-length blob must still be a blob, not NULL.
-            if buffer.isEmpty { try check(sqlite3_bind_zeroblob(handle, index + 1, 0)) } else {
-                try check(sqlite3_bind_blob(handle, index + 1, buffer.baseAddress, Int32(buffer.count), nil))
-            }
+            try check(bindBlob(buffer, at: index, copying: false), parameter: index)
             return try body()
         }
     }
@@ -158,7 +159,7 @@ final class Statement {
         guard stamp.fitsHex else { return try withStaticText(stamp.description, at: index, body) }
         return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer in
             stamp.writeHex(into: buffer, at: 0)
-            try check(buffer.withMemoryRebound(to: CChar.self) { sqlite3_bind_text(handle, index + 1, $0.baseAddress, 64, nil) })
+            try check(bindText(UnsafeRawBufferPointer(buffer), at: index, copying: false), parameter: index)
             return try body()
         }
     }
@@ -218,18 +219,14 @@ final class Statement {
                     if let base = bytes.baseAddress { (buffer + offset).copyMemory(from: base, byteCount: bytes.count) }
                     return bytes.count
                 }
-                // A non-nil pointer even for empty text: SQLite binds NULL for a nil pointer.
-                try check(sqlite3_bind_text(handle, parameter, (buffer + offset).assumingMemoryBound(to: CChar.self), Int32(count), nil))
+                try check(bindText(UnsafeRawBufferPointer(start: buffer + offset, count: count), at: parameter - 1, copying: false),
+                          parameter: parameter - 1)
                 offset += count
             case let .blob(v):
-                if v.isEmpty {
-                    // A zero-length blob must still be a blob, not NULL.
-                    try check(sqlite3_bind_zeroblob(handle, parameter, 0))
-                } else {
-                    v.withUnsafeBytes { (buffer + offset).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-                    try check(sqlite3_bind_blob(handle, parameter, buffer + offset, Int32(v.count), nil))
-                    offset += v.count
-                }
+                if !v.isEmpty { v.withUnsafeBytes { (buffer + offset).copyMemory(from: $0.baseAddress!, byteCount: $0.count) } }
+                try check(bindBlob(UnsafeRawBufferPointer(start: buffer + offset, count: v.count), at: parameter - 1, copying: false),
+                          parameter: parameter - 1)
+                offset += v.count
             }
         }
     }
@@ -244,6 +241,18 @@ final class Statement {
     @inline(__always)
     private func check(_ code: Int32) throws {
         if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle, sql: sql) }
+    }
+
+    /// ``check(_:)`` for the binding of the parameter at 0-based `index`: the error names the parameter (1-based, as
+    /// SQL counts them) — never its value — so a value too big to bind (`SQLITE_TOOBIG`) can be traced to its column.
+    @inline(__always)
+    func check(_ code: Int32, parameter index: Int32) throws {
+        guard code != SQLITE_OK else { return }
+        let error = SQLiteError(code: code, connection: connection.handle, sql: sql)
+        // A binding that fails leaves no message of its own (`sqlite3_errmsg` may describe an earlier failure):
+        // SQLite's text for the code, and the parameter.
+        throw SQLiteError(extendedResultCode: error.resultCode == (code & 0xFF) ? error.extendedResultCode : code,
+                          message: "\(String(cString: sqlite3_errstr(code))) (parameter \(index + 1))", sql: sql)
     }
 
     // MARK: Stepping

@@ -167,6 +167,24 @@ extension Schema {
             self.defaultValue = defaultValue
             self.options = options
         }
+
+        /// The options that change what the cloud holds for the attribute: cloud encryption (sealed values) and
+        /// external storage. They are part of the zone's union schema, and cannot change for an existing attribute
+        /// (as in CloudKit's production schema); see ``SchemaDifference/attributeOptionChanged(entity:attribute:option:zone:)``.
+        public static let cloudOptions: Options = [.allowsCloudEncryption, .externalStorage]
+
+        private enum CodingKeys: String, CodingKey { case name, type, isOptional, defaultValue, options }
+
+        /// Decodes an attribute; a description without `options` (a union schema written by a writer that did not
+        /// record them) has none — no option is what such a writer uploaded (see Specs R13).
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            name = try container.decode(String.self, forKey: .name)
+            type = try container.decode(AttributeType.self, forKey: .type)
+            isOptional = try container.decode(Bool.self, forKey: .isOptional)
+            defaultValue = try container.decodeIfPresent(SQLiteValue.self, forKey: .defaultValue)
+            options = try container.decodeIfPresent(Options.self, forKey: .options) ?? []
+        }
     }
 }
 

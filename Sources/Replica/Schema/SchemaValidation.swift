@@ -28,6 +28,25 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
     /// the other as its inverse), from the side whose (entity, relationship) sorts first, after the other violations.
     /// Model the link as an entity with two to-one relationships instead.
     case syncedManyToMany(entity: String, relationship: String, inverse: String)
+    /// Two entities whose names differ only in letter case: SQLite compares table names case-insensitively, so they
+    /// would share one table (and each fetch would return the other's rows). Reported on the later one.
+    case entityNameCollision(entity: String, other: String)
+    /// Two members of one entity (attributes or relationships, or a member and the record ID column `id`) whose
+    /// names differ only in letter case: SQLite compares column names case-insensitively, so they would be one
+    /// column. Reported on the later one.
+    case memberNameCollision(entity: String, member: String, other: String)
+    /// An entity name starting with a prefix SQLite reserves for its own tables (`sqlite_`, any letter case).
+    case reservedEntityName(entity: String, prefix: String)
+    /// A table or index name Replica derives from the schema — an entity's table, the index of a to-one relationship
+    /// or uniqueness constraint (`replica_<Entity>_<relationship>`, `replica_<Entity>_unique<n>`), a many-to-many
+    /// link table (`replica_link_<Entity>_<relationship>`) and its index — equals (ignoring letter case) another
+    /// such name or one of Replica's own tables and indexes (`replica_metadata`, `replica_history_…`,
+    /// `replica_sync_…`). `name` is the SQL name; `member` the relationship or constraint it comes from.
+    case sqlNameCollision(entity: String, member: String, name: String)
+    /// An entity with more stored fields than SQLite's default column limit (`SQLITE_MAX_COLUMN`, 2,000) allows:
+    /// its table holds the record ID and one column per attribute and to-one relationship, and a query over unsaved
+    /// changes one column more. `count` is the number of stored fields; at most `limit` fit.
+    case tooManyColumns(entity: String, count: Int, limit: Int)
 
     public var description: String {
         switch self {
@@ -43,6 +62,16 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
         case let .syncedDenyRule(entity, relationship): return "\(entity).\(relationship) is synced, so it cannot use the deny delete rule"
         case let .syncedManyToMany(entity, relationship, inverse):
             return "\(entity).\(relationship) and its inverse \(inverse) form a many-to-many relationship, which synced stores do not replicate; use an entity with two to-one relationships for the links"
+        case let .entityNameCollision(entity, other):
+            return "entity '\(entity)' differs from entity '\(other)' only in letter case; SQLite table names ignore case, so both would share one table"
+        case let .memberNameCollision(entity, member, other):
+            return "\(entity).\(member) differs from \(entity).\(other) only in letter case; SQLite column names ignore case, so both would share one column"
+        case let .reservedEntityName(entity, prefix):
+            return "entity '\(entity)' starts with '\(prefix)', which SQLite reserves for its own tables"
+        case let .sqlNameCollision(entity, member, name):
+            return "the SQL name '\(name)' that Replica derives for \(entity).\(member) is also the name of another table or index of the store (names ignore letter case)"
+        case let .tooManyColumns(entity, count, limit):
+            return "entity '\(entity)' has \(count) stored fields (attributes and to-one relationships); SQLite's column limit allows at most \(limit)"
         }
     }
 }
@@ -68,13 +97,32 @@ struct SchemaValidator {
     func violations() -> [SchemaViolation] {
         var found: [SchemaViolation] = []
         var entityNames = Set<String>()
+        // SQLite compares identifiers ignoring ASCII letter case (valid names are ASCII): the first spelling of each.
+        var entityTables: [String: String] = [:]
         for entity in schema.entities {
             if !Self.isValidName(entity.name) { found.append(.invalidName(entity.name)) }
-            if !entityNames.insert(entity.name).inserted { found.append(.duplicateEntity(entity.name)) }
+            if entity.name.lowercased().hasPrefix("sqlite_") { found.append(.reservedEntityName(entity: entity.name, prefix: "sqlite_")) }
+            if !entityNames.insert(entity.name).inserted {
+                found.append(.duplicateEntity(entity.name))
+            } else if let other = entityTables[entity.name.lowercased()] {
+                found.append(.entityNameCollision(entity: entity.name, other: other))
+            } else {
+                entityTables[entity.name.lowercased()] = entity.name
+            }
             var members: Set<String> = ["id"]
+            var columns: [String: String] = ["id": "id"]
             for name in entity.attributes.map(\.name) + entity.relationships.map(\.name) {
                 if !Self.isValidName(name) { found.append(.invalidName(name)) }
-                if !members.insert(name).inserted { found.append(.duplicateMember(entity: entity.name, member: name)) }
+                if !members.insert(name).inserted {
+                    found.append(.duplicateMember(entity: entity.name, member: name))
+                } else if let other = columns[name.lowercased()] {
+                    found.append(.memberNameCollision(entity: entity.name, member: name, other: other))
+                } else {
+                    columns[name.lowercased()] = name
+                }
+            }
+            if entity.fieldNames.count > Self.maximumStoredFields {
+                found.append(.tooManyColumns(entity: entity.name, count: entity.fieldNames.count, limit: Self.maximumStoredFields))
             }
             for attribute in entity.attributes {
                 if let value = attribute.defaultValue, !Self.value(value, fits: attribute) {
@@ -99,6 +147,60 @@ struct SchemaValidator {
                     }
                 }
             }
+        }
+        found += sqlNameCollisions(among: entityTables)
+        return found
+    }
+
+    /// SQLite's default limit on the columns of a table, of an index and of a result set (`SQLITE_MAX_COLUMN`).
+    /// Source: <https://www.sqlite.org/limits.html>.
+    static let sqliteColumnLimit = 2_000
+
+    /// The most stored fields an entity may have: its table adds the `id` column, and the temporary table a query
+    /// over unsaved changes fills adds a liveness column (see `QueryEngine.overlay`).
+    static let maximumStoredFields = sqliteColumnLimit - 2
+
+    /// The table and index names Replica creates for itself in every store (metadata, history, sync bookkeeping),
+    /// read from the statements that create them, plus those earlier versions created: no name derived from a
+    /// schema may equal one of them.
+    static let internalSQLNames: Set<String> = {
+        var names: Set<String> = ["replica_sync_record_pending"]
+        for script in [Store.metadataSQL, HistoryLog.createSQL, SyncLedger.createSQL] {
+            for line in script.split(separator: "\n") {
+                let words = line.split(whereSeparator: { $0 == " " || $0 == "(" || $0 == ";" })
+                guard let create = words.firstIndex(of: "CREATE"), words.count > create + 5,
+                      words[create + 1] == "TABLE" || words[create + 1] == "INDEX",
+                      words[create + 2] == "IF", words[create + 3] == "NOT", words[create + 4] == "EXISTS" else { continue }
+                names.insert(words[create + 5].lowercased())
+            }
+        }
+        return names
+    }()
+
+    /// The derived index and link-table names (all start with `replica_`) that equal, ignoring case, another derived
+    /// name or one of ``internalSQLNames``. Only entities in `tables` (the first of each case-insensitive name) are
+    /// looked at, and of them only members whose names are distinct: their collisions are reported already.
+    private func sqlNameCollisions(among tables: [String: String]) -> [SchemaViolation] {
+        var found: [SchemaViolation] = []
+        var taken = Self.internalSQLNames
+        func claim(_ name: String, entity: String, member: String) {
+            if !taken.insert(name.lowercased()).inserted { found.append(.sqlNameCollision(entity: entity, member: member, name: name)) }
+        }
+        let entities = schema.entities.filter { tables[$0.name.lowercased()] == $0.name }
+            .reduce(into: [Schema.Entity]()) { list, entity in if !list.contains(where: { $0.name == entity.name }) { list.append(entity) } }
+        for entity in entities {
+            var seen = Set<String>(["id"])
+            for relationship in entity.toOneRelationships where seen.insert(relationship.name.lowercased()).inserted {
+                claim(Store.relationshipIndexName(entity: entity.name, relationship: relationship.name), entity: entity.name, member: relationship.name)
+            }
+            for (i, constraint) in entity.uniquenessConstraints.enumerated() where !constraint.isEmpty {
+                claim(Store.uniquenessIndexName(entity: entity.name, constraint: i), entity: entity.name, member: constraint.joined(separator: ", "))
+            }
+        }
+        let destinations = Set(entities.map(\.name))
+        for table in LinkTable.all(in: entities) where destinations.contains(table.memberEntity) {
+            claim(table.name, entity: table.ownerEntity, member: table.ownerRelationship)
+            claim(table.indexName, entity: table.ownerEntity, member: table.ownerRelationship)
         }
         return found
     }

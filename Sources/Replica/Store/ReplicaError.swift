@@ -51,6 +51,16 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Observing store `store` failed while reading what was committed to it (its history could not be read).
     /// Observers of the store end with this error.
     case observationFailed(store: String, underlying: SQLiteError)
+    /// Sync bookkeeping of a synced store cannot be read (see ``BookkeepingCorruption``).
+    case corruptBookkeeping(BookkeepingCorruption)
+    /// The store's hybrid logical clock reached the top of its encodable range (``HLC/maxPhysical``,
+    /// ``HLC/maxLogical``): no later stamp exists, so the save is refused rather than stamped equal to an earlier one.
+    /// Reaching it takes a wall clock past the year 10889 (remote stamps near the top are refused, R2).
+    case clockExhausted(store: String)
+    /// A record's causal length or local version (`counter`) reached its bound (``ReplicationBounds/maxCausalLength``,
+    /// ``ReplicationBounds/maxLocalVersion``): the change that would pass it is refused rather than overflow. Takes a
+    /// record deleted and re-inserted 2⁶² times, or a causal length received at the bound.
+    case counterExhausted(store: String, recordID: UUID, counter: String)
 
     public var description: String {
         switch self {
@@ -81,6 +91,10 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
             return "the reference to \(id) carries no target and no live context to load it from"
         case let .observationFailed(store, underlying):
             return "observing store '\(store)' failed: \(underlying)"
+        case let .corruptBookkeeping(corruption): return corruption.description
+        case let .clockExhausted(store): return "the clock of store '\(store)' reached the top of its range: no later stamp exists"
+        case let .counterExhausted(store, id, counter):
+            return "the \(counter) of record \(id.uuidString.lowercased()) in store '\(store)' reached its bound"
         }
     }
 }

@@ -7,7 +7,10 @@ import Synchronization
 /// Table layout: one table per entity, named after it, with `id BLOB PRIMARY KEY` (the 16-byte record ID), one
 /// column per attribute and one per to-one relationship (the referenced ID), and an index on each reference column.
 /// Many-to-many relationships live in link tables (`replica_link_<Entity>_<relationship>`, see `LinkTable`).
-/// `replica_metadata` holds the store's replica identity and the schema it was last opened with.
+/// Each attribute's column carries its declared default as SQL `DEFAULT` (see `ColumnDefaults`), so rows that a process
+/// of an older app version inserts hold it. `replica_metadata` holds the store's replica identity, the declared defaults
+/// of a synced store (`synced_defaults`) and, in a synced store file, the fields every app version that opened it
+/// declares (`store_fields`, see `StoreFieldUnion`).
 final class Store: Sendable {
     let configuration: ModelConfiguration
     let entities: [Schema.Entity]
@@ -15,6 +18,13 @@ final class Store: Sendable {
     let location: Connection.Location
     /// The store's replica identity: one per store file, shared by every process that opens it.
     let identity: UUID
+    /// Whether saves keep the sync bookkeeping (stamps, causal lengths, outbox): in a synced store, and in a store
+    /// file that has it although this configuration is local-only (sync turned off for a while). Kept up to date
+    /// while sync is off, the bookkeeping lets sync, turned on again, upload the edits and deletes made meanwhile —
+    /// otherwise they would be lost to the older versions in the cloud, or resurrected by them.
+    let tracksSync: Bool
+    /// The fields other app versions sharing this store file declare (see ``StoreFieldUnion``), as last read.
+    let columnFields = StoreColumnFieldsCache()
     /// Connections of an in-memory store that no context or sync engine holds: the one that created the store, then
     /// those their owners gave back (``reuse(_:)``). While no owner holds a connection, one waits here, so the
     /// in-memory database lives as long as the container.
@@ -78,9 +88,12 @@ final class Store: Sendable {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
                 // database of one that went away (see `StoreLayout.takeRetired()`).
                 let cloned = try configuration.isStoredInMemoryOnly && (recycled != nil || layout.cloneFreshSchema(into: connection))
-                (identity, isNew) = try Self.prepare(connection, layout: layout, schemaReady: cloned, environment: environment)
+                (identity, isNew, tracksSync) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
+                                                                 sharedFile: !configuration.isStoredInMemoryOnly,
+                                                                 appGroup: configuration.groupContainer != .none, environment: environment)
             } else {
                 identity = try Self.readIdentity(connection, entities: entities)
+                tracksSync = false
             }
             // The connection that created an in-memory store keeps it alive, and is the first one handed out.
             idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
@@ -201,19 +214,29 @@ final class Store: Sendable {
     static func indexSQL(_ entity: Schema.Entity) -> [String] {
         let table = quoted(entity.name)
         return entity.toOneRelationships.map {
-            "CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_\($0.name)")) ON \(table) (\(quoted($0.name)))"
+            "CREATE INDEX IF NOT EXISTS \(quoted(relationshipIndexName(entity: entity.name, relationship: $0.name))) ON \(table) (\(quoted($0.name)))"
         } + entity.uniquenessConstraints.enumerated().compactMap { i, constraint in
             constraint.isEmpty ? nil
-                : "CREATE INDEX IF NOT EXISTS \(quoted("replica_\(entity.name)_unique\(i)")) ON \(table) (\(constraint.map(quoted).joined(separator: ", ")))"
+                : "CREATE INDEX IF NOT EXISTS \(quoted(uniquenessIndexName(entity: entity.name, constraint: i))) ON \(table) (\(constraint.map(quoted).joined(separator: ", ")))"
         }
     }
+
+    /// The name of the index on the column of a to-one relationship (schema validation checks it is unique).
+    static func relationshipIndexName(entity: String, relationship: String) -> String { "replica_\(entity)_\(relationship)" }
+
+    /// The name of the index of the `constraint`th uniqueness constraint of an entity.
+    static func uniquenessIndexName(entity: String, constraint: Int) -> String { "replica_\(entity)_unique\(constraint)" }
 
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity. With `schemaReady`, the
     /// database holds exactly the fresh schema already (a copy) and only the identity is created.
-    /// Returns the identity and whether the store was created now (it then holds no records).
-    private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool,
-                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool) {
+    /// Returns the identity, whether the store was created now (it then holds no records), and whether saves keep
+    /// its sync bookkeeping (see ``tracksSync``). A store file (`sharedFile`: other processes, perhaps of other app
+    /// versions, may open it) with sync bookkeeping records this schema's fields in its ``StoreFieldUnion``. In an
+    /// app-group store (`appGroup`), which processes of several app versions share at once, tables whose columns lack
+    /// their SQL defaults are rebuilt (a copy of each such table, once).
+    private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool, appGroup: Bool,
+                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool) {
         let entities = layout.entities, synced = layout.synced
         return try db.transaction(.immediate) {
             if try schemaReady || db.scalar("SELECT count(*) FROM sqlite_master") == .integer(0) {
@@ -222,45 +245,64 @@ final class Store: Sendable {
                 // records, so no default needs applying (see `applyCurrentDefaults`).
                 if !schemaReady { try db.execute(layout.freshSchemaSQL) }
                 let identity = environment.makeIdentifier()
-                if synced {
+                if synced && sharedFile {
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?), ('store_fields', ?)",
+                                    [identity.sqliteValue, .text(layout.defaultsFingerprint), .text(layout.fieldUnion)], cache: false)
+                } else if synced {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?)",
                                     [identity.sqliteValue, .text(layout.defaultsFingerprint)], cache: false)
                 } else {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue], cache: false)
                 }
-                return (identity, true)
-            } else {
+                return (identity, true, synced)
+            }
+            // A local-only configuration of a file that has sync bookkeeping keeps it (see `tracksSync`).
+            let tracked = try synced || db.scalar(Self.hasLedgerSQL) == .integer(1)
+            do {
                 try db.execute(metadataSQL)
                 try db.execute(HistoryLog.createSQL)
-                if synced {
+                if tracked {
                     try db.execute(SyncLedger.createSQL)
                     try SyncLedger.migrate(db)
                 }
-                // Whether this schema added tables or columns to the store (an app upgrade).
-                var grew = false
+                // Whether this schema added tables or columns to the store (an app upgrade), and whether a table was
+                // rebuilt to give its columns their defaults.
+                var grew = false, rebuilt = false
                 for entity in entities {
                     let table = quoted(entity.name)
-                    let existing = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
-                        if case let .text(name) = $0[0] { return name } else { return nil }
-                    })
+                    // Each existing column with the text of its SQL default (`nil`: none).
+                    var existing: [String: String?] = [:]
+                    for row in try db.rows("SELECT name, dflt_value FROM pragma_table_info(?)", [.text(entity.name)]) {
+                        guard case let .text(name) = row[0] else { continue }
+                        existing[name] = if case let .text(value) = row[1] { .some(value) } else { .some(nil) }
+                    }
                     if existing.isEmpty {
                         let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                         grew = true
                     } else {
                         try checkLayout(of: entity, db)
-                        // Lightweight migration: add columns for new attributes and references. Columns of removed
-                        // attributes stay (their data is kept) and are ignored.
-                        for (name, definition) in zip(entity.fieldNames, columnDefinitions(entity)) where !existing.contains(name) {
-                            try db.execute("ALTER TABLE \(table) ADD COLUMN \(definition)")
+                        // Lightweight migration: add columns for new attributes and references, each with its declared
+                        // default as SQL DEFAULT, so rows written before — and rows a process of an older app version
+                        // sharing the file inserts later — hold it. Columns of removed attributes stay (their data is
+                        // kept) and are ignored.
+                        for name in entity.fieldNames where existing[name] == nil {
+                            let withDefault = try ColumnDefaults.addColumn(name, to: entity, db)
+                            existing[name] = .some(withDefault ? "" : nil)
                             grew = true
-                            // Records written before the attribute existed take its declared default.
-                            if let value = entity.attribute(named: name)?.defaultValue, !value.isNull {
-                                _ = try db.rows("UPDATE \(table) SET \(quoted(name)) = ?", [value], cache: false)
-                            }
                         }
+                        // Columns created before defaults were stored in the schema get theirs by a rebuild, once — in
+                        // app-group stores, where processes of an older version insert rows while this one runs. (A
+                        // store only one process opens gets the SQL defaults of columns it adds; rebuilding all of
+                        // its tables would cost a copy of each at the first launch after an update, for no writer.)
+                        if appGroup, try ColumnDefaults.rebuildIfNeeded(existing, entity: entity, db: db) { rebuilt = true }
                     }
                     for index in indexSQL(entity) { try db.execute(index) }
+                }
+                // A rebuild gave rows an older process inserted without the column their default; in a synced store
+                // the fields of such rows that no write stamped take the current default too (R8), checked again.
+                if synced && rebuilt {
+                    try db.run("DELETE FROM replica_metadata WHERE key = 'synced_defaults'")
                 }
                 // Many-to-many relationships: one link table per relationship pair (see LinkTable).
                 try LinkTable.prepare(db, entities: entities)
@@ -270,17 +312,26 @@ final class Store: Sendable {
                 if synced && grew {
                     try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
                 }
+                if tracked && sharedFile {
+                    try StoreFieldUnion.record(entities, db)
+                    // Values an older process kept beside the row, as fields it did not know, go into the columns added
+                    // now, so this version reads them at once (offline too; the full resync above re-reads the rest).
+                    if grew { try SyncLedger.foldUnknownFieldsIntoColumns(entities: entities, statements: layout.statements, db) }
+                }
             }
             if synced { try applyCurrentDefaults(db, entities: entities) }
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
-                return (identity, false)
+                return (identity, false, tracked)
             }
             let identity = environment.makeIdentifier()
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
-            return (identity, false)
+            return (identity, false, tracked)
         }
     }
+
+    /// Whether the store file has the sync ledger.
+    private static let hasLedgerSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_sync_record')")
 
     /// The declared defaults of every attribute, as remembered in `replica_metadata['synced_defaults']`.
     static func defaultsFingerprint(_ entities: [Schema.Entity]) -> String {
@@ -288,7 +339,7 @@ final class Store: Sendable {
         for entity in entities {
             for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
         }
-        return SyncLedger.encode(defaults)
+        return SyncLedger.encodeStampless(defaults)
     }
 
     /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
@@ -312,8 +363,10 @@ final class Store: Sendable {
             let select = try Statement(connection: db, sql: "SELECT id, stamps FROM replica_sync_record WHERE entity = ? AND causal_length % 2 = 1")
             try select.bind(.text(entity.name), at: 0)
             while try select.step() {
-                guard let id = select.uuid(0) else { continue }
-                stamped.append((id, Set((SyncLedger.readStamps(select, 1) ?? [:]).keys)))
+                // A row whose stamps cannot be read says nothing about which fields were written: its values stay
+                // (never replaced by defaults); the sync engine finds it corrupt and repairs it (R14).
+                guard let id = select.uuid(0), let stamps = SyncLedger.readStamps(select, 1) else { continue }
+                stamped.append((id, Set(stamps.keys)))
             }
             for attribute in entity.attributes {
                 let value = attribute.defaultValue ?? .null
@@ -373,9 +426,9 @@ final class Store: Sendable {
         }
     }
 
+    /// The column definitions of an entity's fields, each attribute's with its declared default (see ColumnDefaults).
     static func columnDefinitions(_ entity: Schema.Entity) -> [String] {
-        entity.attributes.map { "\(quoted($0.name)) \($0.type.sqliteDeclaredType)" }
-            + entity.toOneRelationships.map { "\(quoted($0.name)) BLOB" }
+        ColumnDefaults.columnDefinitions(entity)
     }
 }
 
@@ -391,6 +444,8 @@ final class StoreLayout: @unchecked Sendable {
     let statements: [EntityStatements]
     /// The value of `replica_metadata['synced_defaults']` for these entities.
     let defaultsFingerprint: String
+    /// The value of `replica_metadata['store_fields']` of a new store file with these entities (``StoreFieldUnion``).
+    let fieldUnion: String
     /// An in-memory database holding the fresh schema, made on first use; guarded by its lock.
     private let template = Mutex<TemplateState>(.notMade)
     /// Connections of in-memory stores with these entities that went away (see `Store.deinit`), newest last.
@@ -405,6 +460,7 @@ final class StoreLayout: @unchecked Sendable {
         freshSchemaSQL = Store.freshSchemaSQL(entities, synced: synced)
         statements = entities.map(EntityStatements.init)
         defaultsFingerprint = Store.defaultsFingerprint(entities)
+        fieldUnion = SyncLedger.encodeStampless(StoreFieldUnion(entities: []).adding(entities))
     }
 
     private struct Key: Hashable {
@@ -555,6 +611,8 @@ func quoted(_ identifier: String) -> String {
 /// The SQL text Replica uses for one entity's table, built once per store. A class, so that handing it around per
 /// record retains one reference rather than each of its fields.
 final class EntityStatements: Sendable {
+    /// The entity's name.
+    let entityName: String
     let table: String
     /// `"id", "a", "b", ...` in field order.
     let columnList: String
@@ -585,6 +643,7 @@ final class EntityStatements: Sendable {
     let attributes: [Schema.Attribute?]
 
     init(_ entity: Schema.Entity) {
+        entityName = entity.name
         table = quoted(entity.name)
         let columns = [quoted("id")] + entity.fieldNames.map(quoted)
         columnList = columns.joined(separator: ", ")

@@ -28,7 +28,7 @@ extension SyncLedger {
                 let ids = try db.rows("SELECT \"id\" FROM \(sql.table) WHERE \(condition) ORDER BY \"id\"", key)
                     .compactMap { try? UUID(sqliteValue: $0[0]) }
                 guard ids.count > 1 else { continue }
-                let states = try ids.compactMap { try load($0, db) }.filter(\.isAlive)
+                let states = try ids.compactMap { try load($0, store: store, db, entity: entity.name) }.filter(\.isAlive)
                 guard let winner = states.min(by: { a, b in
                     a.created.clock != b.created.clock ? a.created.clock < b.created.clock : a.id.bytesPrecede(b.id)
                 }) else { continue }
@@ -55,12 +55,12 @@ extension SyncLedger {
             carried[name] = CloudField(value: row[index + 1], stamp: stamp, isEncrypted: encrypted)
         }
         for (name, field) in state.unknown where carried[name].map({ $0.stamp < field.stamp }) ?? true { carried[name] = field }
-        state.causalLength += 1
+        try state.bumpCausalLength(in: store)
         state.tombstone = carried
         state.redirect = winner.id
         state.stamps = [:]
         state.unknown = [:]
-        state.localVersion += 1
+        try state.bumpLocalVersion(in: store)
         state.pending = true
         try SyncLedger.store(state, db)
         try db.run(sql.delete, [loser.id.sqliteValue])
@@ -76,7 +76,7 @@ extension SyncLedger {
     /// reached it the same way.
     static func forwardRedirects(into winner: PersistentIdentifier, store: Store, db: Connection, changes: inout StoreChanges) throws {
         guard let entity = store.entity(named: winner.entityName), let sql = store.statements(for: winner.entityName),
-              var state = try load(winner.id, db), state.isAlive,
+              var state = try load(winner.id, store: store, db, entity: winner.entityName), state.isAlive,
               var row = try db.rows(sql.selectByIDKey, [winner.id.sqliteValue]).first else { return }
         var contributions: [[String: CloudField]] = []
         var visited: Set<UUID> = [winner.id]
@@ -88,7 +88,7 @@ extension SyncLedger {
                                          [target.sqliteValue, .text(winner.entityName)])
                     .compactMap { try? UUID(sqliteValue: $0[0]) }
                 for loserID in losers {
-                    guard let loser = try load(loserID, db), !loser.isAlive else { continue }
+                    guard let loser = try load(loserID, store: store, db, entity: winner.entityName), !loser.isAlive else { continue }
                     contributions.append(loser.tombstone)
                     if visited.insert(loserID).inserted { next.append(loserID) }
                 }
@@ -127,7 +127,7 @@ extension SyncLedger {
             let assignments = changed.map { "\(quoted(entity.fieldNames[$0])) = ?" }.joined(separator: ", ")
             try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?", changed.map { row[$0 + 1] } + [winner.id.sqliteValue])
         }
-        state.localVersion += 1
+        try state.bumpLocalVersion(in: store)
         state.pending = true
         try SyncLedger.store(state, db)
         changes.updated.append((Snapshot(entityName: entity.name, id: winner.id, values: Array(row.dropFirst())),
@@ -164,7 +164,7 @@ extension SyncLedger {
             INSERT INTO replica_sync_ended_redirect (id, incarnation, entity, winner, fields) VALUES (?, ?, ?, ?, ?)
             ON CONFLICT (id, incarnation) DO UPDATE SET winner = excluded.winner, fields = excluded.fields
             """, [id.sqliteValue, .integer(entry.incarnation), .text(entity), entry.winner?.sqliteValue ?? .null,
-                  entry.fields.isEmpty ? .null : .text(encode(entry.fields))])
+                  entry.fields.isEmpty ? .null : .text(try encode(entry.fields))])
     }
 
     /// Joins into the ended incarnation `incarnation` of record `id` a winner (the smaller ID wins a disagreement)
@@ -187,8 +187,8 @@ extension SyncLedger {
                                      changes: inout StoreChanges) throws {
         var targets: [PersistentIdentifier] = []
         for winner in winners {
-            guard let state = try load(winner.id, db) else { continue }
-            let live = state.isAlive ? winner.id : try liveRedirectTarget(of: winner.id, db)
+            guard let state = try load(winner.id, store: store, db, entity: winner.entityName) else { continue }
+            let live = state.isAlive ? winner.id : try liveRedirectTarget(of: winner.id, store: store, db)
             if let live { targets.append(PersistentIdentifier(entityName: winner.entityName, id: live)) }
         }
         for snapshot in arrived where !snapshot.values.isEmpty {

@@ -4,10 +4,10 @@ import Foundation
 /// logical counter, and the replica that made it. Ordered by (physical, logical, replica), so any two stamps of any two
 /// replicas compare, and an event that has seen another always orders after it, whatever the device clocks say.
 public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
-    /// Physical component, Unix milliseconds (48 bits used).
+    /// Physical component, Unix milliseconds (48 bits used: `0 ... ``maxPhysical```).
     public var physical: Int64
     /// Logical counter within one physical millisecond (16 bits used: ``tick(wall:replica:)`` and
-    /// ``receive(_:wall:replica:)`` carry into the next millisecond rather than pass 0xFFFF).
+    /// ``receive(_:wall:replica:)`` carry into the next millisecond rather than pass ``maxLogical``).
     public var logical: Int32
     /// The replica (store identity) that made the stamp.
     public var replica: UUID
@@ -28,32 +28,58 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
     }
 
     /// The stamp for a local event at wall time `wall` (ms) after this one, on `replica`.
+    ///
+    /// The result always lies within the encodable range (physical `0 ... ``maxPhysical```, logical
+    /// `0 ... ``maxLogical```): a wall clock outside it counts as its nearest end, and a clock already at the very top
+    /// (``isExhausted``) saturates there — it returns a stamp equal to (not after) this one, which the sync ledger
+    /// refuses with ``ReplicaError/clockExhausted(store:)`` rather than reuse. Never overflows.
     public func tick(wall: Int64, replica: UUID) -> HLC {
+        let wall = Self.clampedPhysical(wall), physical = Self.clampedPhysical(self.physical)
         if wall > physical { return HLC(physical: wall, logical: 0, replica: replica) }
-        return .carrying(physical: physical, logical: Int64(logical) + 1, replica: replica)
+        return .carrying(physical: physical, logical: Int64(Self.clampedLogical(logical)) + 1, replica: replica)
     }
 
-    /// This clock after receiving `remote` at wall time `wall`: never behind either.
+    /// This clock after receiving `remote` at wall time `wall`: never behind either (each taken within the encodable
+    /// range, as in ``tick(wall:replica:)``; the result saturates at the top of it). Never overflows.
     public func receive(_ remote: HLC, wall: Int64, replica: UUID) -> HLC {
-        let top = max(physical, remote.physical, wall)
+        let own = Self.clampedPhysical(physical), theirs = Self.clampedPhysical(remote.physical)
+        let top = max(own, theirs, Self.clampedPhysical(wall))
+        let ownLogical = Int64(Self.clampedLogical(self.logical)), theirLogical = Int64(Self.clampedLogical(remote.logical))
         let logical: Int64
-        if top == physical && top == remote.physical { logical = Int64(max(self.logical, remote.logical)) + 1 }
-        else if top == physical { logical = Int64(self.logical) + 1 }
-        else if top == remote.physical { logical = Int64(remote.logical) + 1 }
+        if top == own && top == theirs { logical = max(ownLogical, theirLogical) + 1 }
+        else if top == own { logical = ownLogical + 1 }
+        else if top == theirs { logical = theirLogical + 1 }
         else { logical = 0 }
         return .carrying(physical: top, logical: logical, replica: replica)
     }
 
+    /// The largest physical time (ms) the fixed-width text form holds: 2⁴⁸ − 1 (12 hex digits, the year 10889).
+    public static let maxPhysical: Int64 = (1 << 48) - 1
+
     /// The largest logical counter the fixed-width text form holds (4 hex digits).
-    static let maxLogical: Int32 = 0xFFFF
+    public static let maxLogical: Int32 = 0xFFFF
+
+    /// `true` at the very top of the encodable range, `(maxPhysical, maxLogical)`: no later stamp exists.
+    public var isExhausted: Bool { physical >= Self.maxPhysical && logical >= Self.maxLogical }
+
+    /// Whether the fixed-width text form holds this clock exactly (physical `0 ... maxPhysical`, logical
+    /// `0 ... maxLogical`).
+    public var isEncodable: Bool { physical >= 0 && physical <= Self.maxPhysical && logical >= 0 && logical <= Self.maxLogical }
+
+    @inline(__always)
+    static func clampedPhysical(_ value: Int64) -> Int64 { min(max(value, 0), maxPhysical) }
+
+    @inline(__always)
+    static func clampedLogical(_ value: Int32) -> Int32 { min(max(value, 0), maxLogical) }
 
     /// `(physical, logical)`, except that a counter past ``maxLogical`` carries into the next millisecond:
     /// `(physical + 1, 0)` is still after every stamp of `physical`, and it keeps the text form's width (and so its
-    /// order and its ability to be read back). Bounded drift, as in Kulkarni et al.
+    /// order and its ability to be read back). Bounded drift, as in Kulkarni et al. At ``maxPhysical`` there is no
+    /// next millisecond: the result saturates at `(maxPhysical, maxLogical)`.
     private static func carrying(physical: Int64, logical: Int64, replica: UUID) -> HLC {
         guard logical > Int64(maxLogical) else { return HLC(physical: physical, logical: Int32(logical), replica: replica) }
-        let (next, overflow) = physical.addingReportingOverflow(1)
-        return overflow ? HLC(physical: physical, logical: maxLogical, replica: replica) : HLC(physical: next, logical: 0, replica: replica)
+        guard physical < maxPhysical else { return HLC(physical: maxPhysical, logical: maxLogical, replica: replica) }
+        return HLC(physical: physical + 1, logical: 0, replica: replica)
     }
 
     /// Fixed-width lowercase hex: 12 digits of physical time, 4 of logical counter, 32 of replica ID. Lexicographic
@@ -131,7 +157,13 @@ public struct FieldStamp: Hashable, Comparable, Sendable, Codable, CustomStringC
         self = stamp
     }
 
+    /// Writes the 64-digit text form.
+    /// - Throws: `EncodingError.invalidValue` for a stamp the text form cannot hold (a negative incarnation, or a
+    ///   clock outside 48-bit milliseconds and a 16-bit counter): written in a wider form, it could never be read back.
     public func encode(to encoder: any Encoder) throws {
+        guard fitsHex else {
+            throw EncodingError.invalidValue(self, .init(codingPath: encoder.codingPath, debugDescription: "field stamp outside the text form's range"))
+        }
         var container = encoder.singleValueContainer()
         try container.encode(description)
     }

@@ -285,17 +285,21 @@ extension SyncLedger {
     /// ``EntityStatements/fieldNames``. A column in the compact form with names in order (as every encoder writes
     /// it) is read without building the map or hashing a name: its names are matched in one pass against the
     /// entity's, which ``EntityStatements/oneStampTail`` lists in the same order.
-    static func readStampsByPosition(_ statement: Statement, _ index: Int32, _ statements: EntityStatements) -> (stamps: [FieldStamp?], count: Int) {
+    ///
+    /// `readable` is `false` when the column is NULL or does not decode (then there are no stamps, and the caller treats
+    /// the row as one whose bookkeeping cannot be read — never as one without stamps).
+    static func readStampsByPosition(_ statement: Statement, _ index: Int32, _ statements: EntityStatements)
+        -> (stamps: [FieldStamp?], count: Int, readable: Bool) {
         let fieldCount = statements.fieldNames.count
         if let stamp = readOneStamp(statement, index, oneStampTail: statements.oneStampTail) {
-            return ([FieldStamp?](repeating: stamp, count: fieldCount), fieldCount)
+            return ([FieldStamp?](repeating: stamp, count: fieldCount), fieldCount, true)
         }
         if sqlite3_column_type(statement.handle, index) == SQLITE_BLOB,
            let result = decodeStampsByPosition(statement.blob(index), statements) {
-            return result
+            return (result.stamps, result.count, true)
         }
-        let map = readStamps(statement, index) ?? [:]
-        return (statements.fieldNames.map { map[$0] }, map.count)
+        guard let map = readStamps(statement, index) else { return ([FieldStamp?](repeating: nil, count: fieldCount), 0, false) }
+        return (statements.fieldNames.map { map[$0] }, map.count, true)
     }
 
     /// ``readStampsByPosition(_:_:_:)`` for a column in the compact form: `nil` when `bytes` are not a well-formed

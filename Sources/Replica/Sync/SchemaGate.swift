@@ -13,6 +13,23 @@ public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
     case relationshipRemoved(entity: String, relationship: String)
     /// A relationship points elsewhere or changed between to-one and to-many.
     case relationshipChanged(entity: String, relationship: String)
+    /// An option that changes what the cloud holds (``Schema/Attribute/cloudOptions``) differs between an existing
+    /// attribute of the zone and this device's: `zone` tells whether the zone's union has it. Turning cloud
+    /// encryption on for an attribute that already has values would leave every existing value in plaintext (and
+    /// readable by no device that expects it sealed); turning it off would upload plaintext into a field other
+    /// devices seal. Use a new attribute instead (Specs R13).
+    case attributeOptionChanged(entity: String, attribute: String, option: CloudOption, zone: Bool)
+    /// Another app version sharing this device's store file (an app-group store) declares `entity.attribute`
+    /// encrypted, and this process's sync engine has no encryption configuration: it could upload that field only in
+    /// plaintext, so it syncs nothing (E2).
+    case sharedFieldNeedsEncryption(entity: String, attribute: String)
+
+    /// An attribute option that is part of the zone's union schema.
+    public enum CloudOption: String, Hashable, Sendable, CaseIterable {
+        case allowsCloudEncryption, externalStorage
+
+        var option: Schema.Attribute.Options { self == .allowsCloudEncryption ? .allowsCloudEncryption : .externalStorage }
+    }
 
     public var description: String {
         switch self {
@@ -21,6 +38,10 @@ public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
         case let .attributeRetyped(e, a, zone, local): return "\(e).\(a) changed type from \(zone.rawValue) to \(local.rawValue)"
         case let .relationshipRemoved(e, r): return "relationship \(e).\(r) was removed or renamed"
         case let .relationshipChanged(e, r): return "relationship \(e).\(r) changed destination or cardinality"
+        case let .attributeOptionChanged(e, a, option, zone):
+            return "\(e).\(a) \(zone ? "drops" : "adds") the option \(option.rawValue), which the zone's schema \(zone ? "has" : "does not have"); an existing attribute cannot change it (use a new attribute)"
+        case let .sharedFieldNeedsEncryption(e, a):
+            return "\(e).\(a) is encrypted in another app version sharing this store, and this sync engine has no encryption configuration"
         }
     }
 }
@@ -52,6 +73,11 @@ struct ZoneSchema: Codable, Hashable {
                 }
                 if own.type != attribute.type {
                     differences.append(.attributeRetyped(entity: mine.name, attribute: attribute.name, zoneType: attribute.type, localType: own.type))
+                }
+                for option in SchemaDifference.CloudOption.allCases
+                where own.options.contains(option.option) != attribute.options.contains(option.option) {
+                    differences.append(.attributeOptionChanged(entity: mine.name, attribute: attribute.name, option: option,
+                                                               zone: attribute.options.contains(option.option)))
                 }
             }
             for relationship in zoneEntity.relationships {

@@ -19,6 +19,12 @@ public struct SyncStatus: Hashable, Sendable {
     public var waitingForParent: Int
     /// Records whose encrypted fields could not be opened.
     public var undecryptableRecords: Int
+    /// Versions received from the cloud that are stamped further ahead of this device's clock than
+    /// ``SyncEngine/Options/maxClockDriftMilliseconds``: kept, not merged yet (R2).
+    public var heldRecords = 0
+    /// Records whose sync bookkeeping could not be read (``LedgerState/corrupt(_:)``): rebuilt, kept out of the
+    /// outbox until a fresh cloud copy or a full read of the zone repairs them.
+    public var corruptRecords = 0
     /// Set when the engine refuses to sync (e.g. an incompatible schema).
     public var blockedBy: ReplicaError?
     /// `true` while the engine still has to read the zone's changes.
@@ -30,7 +36,8 @@ public struct SyncStatus: Hashable, Sendable {
 
     /// Nothing to send, nothing to read, nothing failing.
     public var isUpToDate: Bool {
-        pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && !needsFetch
+        pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && heldRecords == 0
+            && corruptRecords == 0 && !needsFetch
             && lastError == nil && blockedBy == nil && encryptionError == nil
     }
 }
@@ -65,6 +72,13 @@ public final class SyncEngine {
         /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
         /// dies holding it is replaced once it expires.
         public var leaseDurationMilliseconds: Int64 = 30_000
+        /// How far ahead of this device's wall clock a remote stamp may be, in milliseconds, and still be merged
+        /// (R2; default ``ReplicationBounds/defaultMaxClockDriftMilliseconds``, 24 hours). A record with a stamp
+        /// further ahead is not merged (it would drag this device's clock, and so every later stamp it makes, along):
+        /// it is kept, reported as ``LedgerState/aheadOfClock(reason:retryAt:)`` and counted in
+        /// ``SyncStatus/heldRecords``, and merged at the first fetch once the clock has caught up. Negative values
+        /// count as 0; `Int64.max` turns the bound off.
+        public var maxClockDriftMilliseconds: Int64 = ReplicationBounds.defaultMaxClockDriftMilliseconds
         public init() {}
     }
 
@@ -109,6 +123,8 @@ public final class SyncEngine {
     private var fetchFailing = false
     /// While the zone cannot be read: upload (if anything is pending) before the next fetch attempt.
     private var uploadBeforeFetch = false
+    /// Whether ``verifyBookkeeping()`` ran (it does before the first request).
+    var bookkeepingVerified = false
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameters:
@@ -194,6 +210,7 @@ public final class SyncEngine {
         if let blocked { throw blocked }
         guard inFlight == nil, now >= backoffDeadline() else { return nil }
         guard try acquireLease() else { return nil }
+        if !bookkeepingVerified { try verifyBookkeeping() }
         var versions: [UUID: Int64] = [:]
         let operation: CloudOperation
         if !zoneReady {
@@ -213,9 +230,16 @@ public final class SyncEngine {
             // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
             // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
             // conflicts merge, so this device's changes never wait on a record it cannot receive.
+            if let problem = try sharedFieldsNeedingEncryption() {
+                blocked = problem
+                throw problem
+            }
             let outbox = try SyncLedger.outbox(limit: max(1, options.uploadBatchSize), store: store, db: db)
             uploadBeforeFetch = false
             if outbox.isEmpty {
+                // Records whose bookkeeping could not be read (marked by this read, a save or another process) are
+                // repaired by a full read of the zone (R14): checked when there is nothing else to do.
+                if !needsFetch { try repairCorruptRecordsIfNeeded() }
                 guard needsFetch, let fetch = try fetchOperation() else { return nil }
                 operation = fetch
             } else {
@@ -227,6 +251,16 @@ public final class SyncEngine {
         nextID += 1
         inFlight = (request, versions)
         return request
+    }
+
+    /// When records are marked corrupt (``LedgerState/corrupt(_:)``) and no full read of the zone is under way, starts
+    /// one: their cloud copies, merged, repair them; the ones the zone lacks are released when it completes.
+    private func repairCorruptRecordsIfNeeded() throws {
+        guard try db.scalar(SyncLedger.anyCorruptSQL) == .integer(1) else { return }
+        if try db.scalar(Self.resyncActiveSQL) == nil {
+            try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+        }
+        needsFetch = true
     }
 
     /// The zone fetch to perform now (a full resync starts when there is no token).
@@ -310,12 +344,15 @@ public final class SyncEngine {
                        + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
                    count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
                    count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
-                   count(*) FILTER (WHERE state = 'undecryptable')
+                   count(*) FILTER (WHERE state = 'undecryptable'),
+                   (SELECT count(*) FROM replica_sync_held),
+                   count(*) FILTER (WHERE state = 'corrupt')
             FROM replica_sync_record
             """).first ?? []
         func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
         var status = SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
-                                undecryptableRecords: count(3), blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
+                                undecryptableRecords: count(3), heldRecords: count(4), corruptRecords: count(5),
+                                blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
         reportEncryption(into: &status)
         return status
     }
@@ -334,24 +371,32 @@ public final class SyncEngine {
         return entries.filter { $0.state.kind == state }
     }
 
-    /// The entries of local records, with the versions received from the cloud that could not be applied: such a
-    /// version marks its record rejected (with the reason), or is an entry of its own when no local record has it.
+    /// The entries of local records, with the versions received from the cloud that could not be applied (rejected)
+    /// or not yet (held: stamped too far ahead of this device's clock): such a version marks its record with its state
+    /// (unless the record's own bookkeeping is corrupt, which is reported first), or is an entry of its own when no
+    /// local record has it.
     private func ledgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
         var entries = try localLedgerEntries(where: condition, values)
-        let rejected = try db.rows("SELECT id, record_type, record, reason FROM replica_sync_rejected WHERE \(condition) ORDER BY id, record_type",
-                                   values, cache: false)
-        for row in rejected {
-            guard let id = try? UUID(sqliteValue: row[0]), case let .text(type) = row[1], case let .text(json) = row[2],
-                  case let .text(reason) = row[3] else { continue }
-            let pid = PersistentIdentifier(entityName: type, id: id)
-            if let index = entries.firstIndex(where: { $0.id == pid }) {
-                let entry = entries[index]
-                entries[index] = LedgerEntry(id: pid, state: .rejected(reason: reason), causalLength: entry.causalLength, changeTag: entry.changeTag)
-            } else {
-                let record = SyncLedger.decode(CloudRecord.self, json)
-                entries.append(LedgerEntry(id: pid, state: .rejected(reason: reason), causalLength: record?.causalLength ?? 0,
-                                           changeTag: record?.changeTag))
+        func overlay(_ sql: String, _ state: ([SQLiteValue]) -> LedgerState?) throws {
+            for row in try db.rows(sql, values, cache: false) {
+                guard let id = try? UUID(sqliteValue: row[0]), case let .text(type) = row[1], case let .text(json) = row[2],
+                      let state = state(row) else { continue }
+                let pid = PersistentIdentifier(entityName: type, id: id)
+                if let index = entries.firstIndex(where: { $0.id == pid }) {
+                    let entry = entries[index]
+                    if case .corrupt = entry.state { continue }
+                    entries[index] = LedgerEntry(id: pid, state: state, causalLength: entry.causalLength, changeTag: entry.changeTag)
+                } else {
+                    let record = SyncLedger.decode(CloudRecord.self, json)
+                    entries.append(LedgerEntry(id: pid, state: state, causalLength: record?.causalLength ?? 0, changeTag: record?.changeTag))
+                }
             }
+        }
+        try overlay("SELECT id, record_type, record, reason FROM replica_sync_rejected WHERE \(condition) ORDER BY id, record_type") { row in
+            if case let .text(reason) = row[3] { .rejected(reason: reason) } else { nil }
+        }
+        try overlay("SELECT id, record_type, record, reason, retry_at FROM replica_sync_held WHERE \(condition) ORDER BY id, record_type") { row in
+            if case let .text(reason) = row[3], case let .integer(retryAt) = row[4] { .aheadOfClock(reason: reason, retryAt: retryAt) } else { nil }
         }
         return entries.sorted { $0.id.id.bytes.lexicographicallyPrecedes($1.id.id.bytes) || ($0.id.id == $1.id.id && $0.id < $1.id) }
     }
@@ -368,6 +413,7 @@ public final class SyncEngine {
             switch stateText {
             case "rejected": state = .rejected(reason: reason)
             case "undecryptable": state = .undecryptable(reason: reason)
+            case "corrupt": state = .corrupt(BookkeepingCorruption(store: storeName, recordID: id, column: reason))
             default:
                 if cl % 2 == 1, let parent = try? UUID(sqliteValue: row[6]) { state = .waitingForParent(parent) }
                 else if case .integer(1) = row[3] { state = .pending }
@@ -482,13 +528,13 @@ public final class SyncEngine {
         return try db.transaction(.immediate) {
             if var lease = try current(), lease.holder != instanceID, remaining(lease) > 0 {
                 if remaining(lease) > duration {
-                    lease.expires = now + duration
+                    lease.expires = Self.saturatingSum(now, duration)
                     try db.run("UPDATE replica_metadata SET value = ? WHERE key = 'sync_lease'", [.text(lease.json)])
                 }
                 wait(milliseconds: remaining(lease), forLease: true)
                 return false
             }
-            let lease = Lease(holder: instanceID, expires: now + duration)
+            let lease = Lease(holder: instanceID, expires: Self.saturatingSum(now, duration))
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('sync_lease', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                        [.text(lease.json)])
             return true
@@ -533,11 +579,15 @@ public final class SyncEngine {
         if container.environment.canaries.contains(.tokenBeforeApply) {
             try db.transaction(.immediate) { try saveToken(batch.token) }
             try container.environment.faultHook?(.beforeImport(store: storeName))
-            try importing { try mergeRecords(batch.records) }
+            try importing {
+                try SyncLedger.keepUnreadable(batch.unreadable, db)
+                try mergeRecords(batch.records)
+            }
             return
         }
         try container.environment.faultHook?(.beforeImport(store: storeName))
         try importing {
+            try SyncLedger.keepUnreadable(batch.unreadable, db)
             try mergeRecords(batch.records)
             try saveToken(batch.token)
             try noteSeenDuringResync(batch)
@@ -600,9 +650,14 @@ public final class SyncEngine {
         """)
 
     private func noteSeenDuringResync(_ batch: ZoneChangeBatch) throws {
-        guard try db.scalar(Self.resyncActiveSQL) != nil,
-              case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL)
-        else { return }
+        guard try db.scalar(Self.resyncActiveSQL) != nil else { return }
+        guard case let .integer(generation)? = try db.scalar(Self.resyncGenerationSQL) else {
+            // The generation of the full read under way cannot be read: which records it saw cannot be told, so it
+            // starts over (the next fetch reads from no token; `beginFullResync` stores a readable generation).
+            try db.run("DELETE FROM replica_metadata WHERE key IN ('resync_active', 'server_change_token', 'resync_generation')")
+            needsFetch = true
+            return
+        }
         // Most stores keep no rejected versions and no records of unknown types: their updates would match nothing.
         let anyRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0)
         let anyUnknown = try db.scalar(Self.anyUnknownSQL) != .integer(0)
@@ -620,15 +675,25 @@ public final class SyncEngine {
                 try db.run(Self.markUnknownSeenSQL, [.integer(generation), record.recordID.sqliteValue])
             }
         }
+        // Records the cloud holds but cannot read are in the zone too: neither lost nor gone.
+        for entry in batch.unreadable {
+            let id = entry.recordID?.sqliteValue ?? .blob(Data())
+            try db.run("UPDATE replica_sync_record SET seen = ? WHERE id = ?", [.integer(generation), id])
+            try db.run("UPDATE replica_sync_rejected SET seen = ? WHERE id = ?", [.integer(generation), id])
+        }
         guard !batch.moreComing else { return }
         try db.run("UPDATE replica_sync_unknown_record SET pending = 1 WHERE seen <> ?", [.integer(generation)])
         // Versions kept aside that the zone no longer holds are gone from the cloud: nothing is failing any more.
         try db.run("DELETE FROM replica_sync_rejected WHERE seen <> ?", [.integer(generation)])
         try db.run("""
             UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
-                state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END
+                state = CASE WHEN state IN ('rejected', 'undecryptable') THEN state ELSE 'pending' END,
+                reason = CASE WHEN state = 'corrupt' THEN NULL ELSE reason END
             WHERE seen <> ?
             """, [.integer(generation)])
+        // Records still marked corrupt were in the zone, but in a form that could not be applied: released with their
+        // rebuilt bookkeeping (their upload replaces that version, whose change tag they took).
+        try SyncLedger.releaseCorrupt(db)
         try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
     }
 
@@ -636,6 +701,9 @@ public final class SyncEngine {
     /// parents, waiting children), stamps the local changes that caused, and records one history transaction
     /// authored by sync.
     private func mergeRecords(_ records: [CloudRecord]) throws {
+        // Held versions whose time has come are merged first (R2; they may be held again).
+        let retried = try SyncLedger.takeDueHeldRecords(wall: now, db)
+        let records = retried.isEmpty ? records : retried + records
         guard !records.isEmpty else { return }
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
         var changes = StoreChanges()
@@ -643,8 +711,10 @@ public final class SyncEngine {
         var absorbing: [PersistentIdentifier] = []
         let batch = try SyncLedger.MergeBatch(db)
         batch.skipsHeldVersions = try db.scalar(Self.resyncActiveSQL) == nil
+        batch.fieldsAreOpened = encryption != nil
         for record in records {
-            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now, canaries: container.environment.canaries,
+            let outcome = try SyncLedger.merge(record, store: store, db: db, hlc: &hlc, wall: now,
+                                               maxDrift: options.maxClockDriftMilliseconds, canaries: container.environment.canaries,
                                                batch: batch)
             changes.add(outcome)
             if let id = outcome.tombstoned { tombstoned.append(id) }
@@ -658,6 +728,7 @@ public final class SyncEngine {
         }
         let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
+        if !retried.isEmpty { try SyncLedger.requeueRetried(retried, db) }
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
         changes.deleted += consequences.deleted
@@ -691,12 +762,12 @@ public final class SyncEngine {
                     // The cloud's version is now this one: a version of it that could not be applied is superseded.
                     if mayHoldRejected == nil { mayHoldRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0) }
                     if mayHoldRejected == true { try db.run(SyncLedger.deleteRejectedOfLedgerRecordSQL, [id.sqliteValue]) }
-                    if container.environment.canaries.contains(.tombstonesDroppedEarly), let state = try SyncLedger.load(id, db),
+                    if container.environment.canaries.contains(.tombstonesDroppedEarly), let state = try SyncLedger.load(id, store: store, db),
                        !state.isAlive && !state.pending {
                         try db.run("DELETE FROM replica_sync_record WHERE id = ?", [id.sqliteValue])
                     }
                 case let .conflict(serverRecord):
-                    if container.environment.canaries.contains(.conflictClobbers), var state = try SyncLedger.load(serverRecord.recordID, db) {
+                    if container.environment.canaries.contains(.conflictClobbers), var state = try SyncLedger.load(serverRecord.recordID, store: store, db) {
                         state.changeTag = serverRecord.changeTag
                         try SyncLedger.store(state, db)
                         continue
@@ -749,7 +820,11 @@ public final class SyncEngine {
                 try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
                 try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
                 try encryptionZoneWasReset()
-                try db.run("UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1, state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END")
+                try db.run("""
+                    UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
+                        state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END,
+                        reason = CASE WHEN state = 'corrupt' THEN NULL ELSE reason END
+                    """)
                 try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
             }
         case .invalidRecord:
@@ -773,6 +848,12 @@ public final class SyncEngine {
         }
     }
 
+    /// `a + b`, or `Int64.max`/`Int64.min` where it would overflow.
+    static func saturatingSum(_ a: Int64, _ b: Int64) -> Int64 {
+        let (sum, overflow) = a.addingReportingOverflow(b)
+        return overflow ? (b > 0 ? .max : .min) : sum
+    }
+
     private func scheduleRetry(after error: CloudError) {
         lastError = error
         consecutiveFailures += 1
@@ -783,8 +864,10 @@ public final class SyncEngine {
             delay = min(max(0, retryAfter), options.maxBackoffMilliseconds)
         } else {
             let exponent = min(consecutiveFailures - 1, 20)
-            let base = min(options.maxBackoffMilliseconds, options.baseBackoffMilliseconds << exponent)
-            delay = base + Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1))
+            // (Saturating: whatever the options, the delay never overflows.)
+            let doubled = options.baseBackoffMilliseconds.multipliedReportingOverflow(by: Int64(1) << exponent)
+            let base = max(0, min(options.maxBackoffMilliseconds, doubled.overflow ? .max : doubled.partialValue))
+            delay = Self.saturatingSum(base, Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1)))
         }
         wait(milliseconds: delay)
     }
@@ -810,58 +893,6 @@ public final class SyncEngine {
         // Keyed by the text: if the transaction rolls back, the stored text differs and is decoded again.
         decodedToken = (json, token)
     }
-}
-
-/// A record's place in the sync ledger.
-public enum LedgerState: Hashable, Sendable {
-    /// The cloud lacks a local change; it will be uploaded.
-    case pending
-    /// The cloud has everything this device knows of the record.
-    case synced
-    /// The record references a record (its parent) this device has not received; it is kept and linked on arrival.
-    case waitingForParent(UUID)
-    /// The cloud refused the record for good; it stays queued with the reason.
-    case rejected(reason: String)
-    /// An encrypted field of the record could not be opened; local values are untouched.
-    case undecryptable(reason: String)
-
-    /// The state without its associated values.
-    public enum Kind: Hashable, Sendable { case pending, synced, waitingForParent, rejected, undecryptable }
-
-    public var kind: Kind {
-        switch self {
-        case .pending: return .pending
-        case .synced: return .synced
-        case .waitingForParent: return .waitingForParent
-        case .rejected: return .rejected
-        case .undecryptable: return .undecryptable
-        }
-    }
-}
-
-/// One record's ledger entry.
-public struct LedgerEntry: Hashable, Sendable {
-    public let id: PersistentIdentifier
-    public let state: LedgerState
-    /// Odd while alive, even while deleted.
-    public let causalLength: Int64
-    /// The server version last seen or saved.
-    public let changeTag: String?
-}
-
-/// A merge decision in which a local value lost: a field whose local, not yet uploaded value lost to a newer remote
-/// write, or a duplicate of a unique key resolved into the winner.
-public struct ConflictLogEntry: Hashable, Sendable {
-    /// The record whose value lost (for a duplicate: the loser).
-    public let id: PersistentIdentifier
-    /// The field (`"*"` for a duplicate).
-    public let field: String
-    /// The losing stamp (for a duplicate: the loser's creation stamp).
-    public let localStamp: FieldStamp
-    /// The winning stamp (for a duplicate: the winner's creation stamp).
-    public let winningStamp: FieldStamp
-    /// For a resolved duplicate: the record it was merged into.
-    public let duplicateOf: PersistentIdentifier?
 }
 
 extension StoreChanges {

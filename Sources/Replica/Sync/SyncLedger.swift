@@ -56,6 +56,14 @@ enum SyncLedger {
             fields TEXT,
             PRIMARY KEY (id, incarnation));
         CREATE INDEX IF NOT EXISTS replica_sync_ended_redirect_winner ON replica_sync_ended_redirect (winner) WHERE winner IS NOT NULL;
+        CREATE TABLE IF NOT EXISTS replica_sync_held (
+            id BLOB NOT NULL,
+            record_type TEXT NOT NULL,
+            record TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            retry_at INTEGER NOT NULL,
+            PRIMARY KEY (id, record_type));
+        CREATE INDEX IF NOT EXISTS replica_sync_record_corrupt ON replica_sync_record (id) WHERE state = 'corrupt';
         """
 
     /// Brings the bookkeeping tables of a store created by an earlier version up to date (inside the caller's
@@ -101,6 +109,16 @@ enum SyncLedger {
         var storedState: String? = nil
         /// The stored `waiting_for` column (which no upsert writes), when read by ``load(_:_:)``; `nil` otherwise.
         var storedWaitingFor: UUID?? = nil
+        /// The stored `reason` column, when read by ``load(_:_:)`` and not NULL.
+        var storedReason: String? = nil
+        /// The bookkeeping columns of the row that could not be read, in column order (empty: all read). Their values
+        /// in this state are placeholders until ``rebuildCorrupt(_:entity:store:db:)`` rebuilds them
+        /// (`CorruptBookkeeping.swift`).
+        var corruptColumns: [String] = []
+
+        /// The first unreadable column of the row as read, or — for a row already marked `corrupt` (rebuilt, waiting
+        /// for repair) — the column its reason names; `nil` for a sound row.
+        var corruption: String? { corruptColumns.first ?? (storedState == "corrupt" ? storedReason ?? "" : nil) }
 
         var isAlive: Bool { causalLength % 2 == 1 }
         /// The causal length of the current (or last) incarnation.
@@ -111,19 +129,22 @@ enum SyncLedger {
 
     private static let loadHLCSQL = StatementKey("SELECT value FROM replica_metadata WHERE key = 'hlc'")
 
+    /// The store's HLC. A clock that is missing or does not parse is never taken for zero (a later edit would then be
+    /// stamped below older ones and lose): it is rebuilt from every stamp the store holds (``rebuildHLC(_:replica:)``).
     static func loadHLC(_ db: Connection, replica: UUID) throws -> HLC {
         let statement = try db.cachedStatement(loadHLCSQL)
-        defer { statement.reset() }
-        guard try statement.step(), sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT else { return .zero(replica) }
-        // The fixed-width form, parsed in place (this runs in every save and every merged batch).
-        if sqlite3_column_bytes(statement.handle, 0) == 48, let text = sqlite3_column_text(statement.handle, 0),
-           let hlc = HLC.parse(UnsafeBufferPointer(start: text, count: 48), at: 0) {
-            return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
+        var stored: HLC?
+        do {
+            defer { statement.reset() }
+            if try statement.step(), sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT {
+                // The fixed-width form, parsed in place (this runs in every save and every merged batch).
+                if sqlite3_column_bytes(statement.handle, 0) == 48, let text = sqlite3_column_text(statement.handle, 0) {
+                    stored = HLC.parse(UnsafeBufferPointer(start: text, count: 48), at: 0)
+                }
+            }
         }
-        if let hlc = HLC(hex: Substring(statement.string(0))) {
-            return HLC(physical: hlc.physical, logical: hlc.logical, replica: replica)
-        }
-        return .zero(replica)
+        guard let stored else { return try rebuildHLC(db, replica: replica) }
+        return HLC(physical: stored.physical, logical: stored.logical, replica: replica)
     }
 
     private static let updateHLCSQL = StatementKey("UPDATE replica_metadata SET value = ? WHERE key = 'hlc'")
@@ -145,57 +166,6 @@ enum SyncLedger {
 
     // MARK: Record state
 
-    private static let loadSQL = StatementKey("""
-        SELECT entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending, state,
-               waiting_for
-        FROM replica_sync_record WHERE id = ?
-        """)
-
-    private static let loadAllSQL = StatementKey("""
-        SELECT id, entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
-        FROM replica_sync_record ORDER BY id
-        """)
-
-    /// Every record state of the ledger, in ID order (rows whose ID is no 16-byte blob are skipped): what ``load(_:_:)``
-    /// returns for each, read in one scan.
-    static func loadAll(_ db: Connection) throws -> [RecordState] {
-        let statement = try db.cachedStatement(loadAllSQL)
-        defer { statement.reset() }
-        var states: [RecordState] = []
-        while try statement.step() {
-            guard let id = statement.uuid(0) else { continue }
-            states.append(readState(id, statement, from: 1, stamps: readStamps(statement, 4) ?? [:]))
-        }
-        return states
-    }
-
-    static func load(_ id: UUID, _ db: Connection) throws -> RecordState? {
-        let statement = try db.cachedStatement(loadSQL)
-        defer { statement.reset() }
-        try statement.bind(id, at: 0)
-        guard try statement.step() else { return nil }
-        var state = readState(id, statement, from: 0, stamps: readStamps(statement, 3) ?? [:])
-        state.storedState = statement.isNull(10) ? nil : statement.string(10)
-        state.storedWaitingFor = .some(statement.uuid(11))
-        return state
-    }
-
-    /// ``load(_:_:)`` for the merge of a record of the entity of `statements`: the state with an empty `stamps` map,
-    /// and instead the stamps by storage position and the number of fields stamped in all
-    /// (``readStampsByPosition(_:_:_:)``), read without building the map.
-    static func load(_ id: UUID, _ db: Connection, stampsBy statements: EntityStatements) throws
-        -> (state: RecordState, stamps: [FieldStamp?], stampCount: Int)? {
-        let statement = try db.cachedStatement(loadSQL)
-        defer { statement.reset() }
-        try statement.bind(id, at: 0)
-        guard try statement.step() else { return nil }
-        let stamps = readStampsByPosition(statement, 3, statements)
-        var state = readState(id, statement, from: 0, stamps: [:])
-        state.storedState = statement.isNull(10) ? nil : statement.string(10)
-        state.storedWaitingFor = .some(statement.uuid(11))
-        return (state, stamps.stamps, stamps.count)
-    }
-
     /// Whether storing `state` with ``store(_:_:)`` over the row ``load(_:_:)`` read as `stored` would write the values
     /// the row already holds: every column the upsert sets is equal, including the `state` it derives from `pending` —
     /// except `stamps`, which the caller compares (a merge compares its field registers with the stored stamps).
@@ -204,24 +174,10 @@ enum SyncLedger {
               state.created == stored.created, state.redirect == stored.redirect, state.changeTag == stored.changeTag,
               state.localVersion == stored.localVersion, state.pending == stored.pending,
               state.unknown == stored.unknown, state.tombstone == stored.tombstone,
-              let storedState = stored.storedState else { return false }
+              let storedState = stored.storedState, storedState != "corrupt" else { return false }
         // `updateSQL`'s CASE on the stored state (for `store(_:_:)`).
         let derived = state.pending ? (storedState == "rejected" || storedState == "undecryptable" ? storedState : "pending") : "synced"
         return derived == storedState
-    }
-
-    /// The record state in the columns of ``loadSQL`` (entity … pending) starting at `first` of the current row of
-    /// `statement`, with `stamps` (read by the caller from column `first + 3`).
-    private static func readState(_ id: UUID, _ statement: Statement, from first: Int32, stamps: [String: FieldStamp]) -> RecordState {
-        RecordState(
-            id: id, entity: statement.string(first), causalLength: statement.int64(first + 1),
-            created: readStamp(statement, first + 2) ?? FieldStamp(incarnation: 1, clock: .zero(id)),
-            stamps: stamps,
-            unknown: statement.isNull(first + 4) ? [:] : decodeCloudFields(statement.string(first + 4)) ?? [:],
-            tombstone: statement.isNull(first + 5) ? [:] : decodeCloudFields(statement.string(first + 5)) ?? [:],
-            redirect: statement.isNull(first + 6) ? nil : UUID(bytes: statement.data(first + 6)),
-            changeTag: statement.isNull(first + 7) ? nil : statement.string(first + 7),
-            localVersion: statement.int64(first + 8), pending: statement.int64(first + 9) != 0)
     }
 
     /// The one stamp of every field of an entity when the `stamps` column at `index` of the current row is the
@@ -259,10 +215,11 @@ enum SyncLedger {
     /// `INSERT … ON CONFLICT DO UPDATE` of the same columns, and each runs without first trying the other's work.
     ///
     /// A new row takes `state` from `pending` (``insertSQL``, `?12`). An existing row's `state` (``updateSQL``) depends
-    /// on its stored state and `?13`: 0 for ``store(_:_:)``, where `state` follows `pending` (a rejected or
-    /// undecryptable record keeps its state while pending); 1 for a record a local change touched (`pending` is set):
-    /// the record is pending again unless it could not be decrypted, and a rejection (about the content it had) is
-    /// cleared with its reason, in the same statement.
+    /// on its stored state and `?13` (``StoreMode``): 0 for ``store(_:_:)``, where `state` follows `pending` (a rejected
+    /// or undecryptable record keeps its state while pending, a corrupt one keeps it); 1 for a record a local change
+    /// touched (`pending` is set): the record is pending again unless it could not be decrypted or is corrupt, and a
+    /// rejection (about the content it had) is cleared with its reason, in the same statement; 2 for the merge of a
+    /// cloud copy, which repairs a corrupt record (its state follows `pending` again, its reason is cleared).
     private static let insertSQL = StatementKey("""
         INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
                                          change_tag, local_version, pending, state)
@@ -274,10 +231,11 @@ enum SyncLedger {
     private static let updateSQL = StatementKey("""
         UPDATE replica_sync_record SET entity = ?2, causal_length = ?3, created = ?4, stamps = ?5, unknown = ?6,
             tombstone = ?7, redirect = ?8, change_tag = ?9, local_version = ?10, pending = ?11,
-            state = CASE WHEN ?13 THEN CASE WHEN state = 'undecryptable' THEN 'undecryptable' ELSE 'pending' END
+            state = CASE WHEN ?13 = 1 THEN CASE WHEN state IN ('undecryptable', 'corrupt') THEN state ELSE 'pending' END
+                         WHEN ?13 = 0 AND state = 'corrupt' THEN state
                          WHEN ?11 = 1 AND state NOT IN ('rejected', 'undecryptable') THEN 'pending'
                          WHEN ?11 = 0 THEN 'synced' ELSE state END,
-            reason = CASE WHEN ?13 AND state = 'rejected' THEN NULL ELSE reason END
+            reason = CASE WHEN ?13 = 1 AND state = 'rejected' THEN NULL WHEN ?13 = 2 AND state = 'corrupt' THEN NULL ELSE reason END
         WHERE id = ?1
         """)
 
@@ -289,19 +247,29 @@ enum SyncLedger {
     /// parameter directly (no array of values; text and blobs without copies, valid until the statement has run):
     /// this runs once per merged record. `exists` is whether the ledger holds the record already, as far as the
     /// caller knows: it only picks the statement tried first (see ``insertSQL``).
-    static func store(_ state: RecordState, _ db: Connection, stamps: Data, exists: Bool = true) throws {
-        try store(state, db, stamps: stamps, local: false, exists: exists)
+    static func store(_ state: RecordState, _ db: Connection, stamps: Data, exists: Bool = true, mode: StoreMode = .plain) throws {
+        try store(state, db, stamps: stamps, local: mode, exists: exists)
     }
 
-    /// Writes the ledger row of a record a local change touched (`local`) or not (see ``insertSQL``).
-    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, local: Bool, exists: Bool) throws {
-        let unknown = state.unknown.isEmpty ? nil : encode(state.unknown)
-        let tombstone = state.tombstone.isEmpty ? nil : encode(state.tombstone)
+    /// How ``store(_:_:)`` derives an existing row's `state` (see ``insertSQL``).
+    enum StoreMode: Int64 {
+        /// `state` follows `pending` (rejected and undecryptable records keep theirs while pending; corrupt ones keep theirs).
+        case plain = 0
+        /// A local change touched the record.
+        case localChange = 1
+        /// The merge of a version from the cloud: repairs a corrupt record.
+        case merge = 2
+    }
+
+    /// Writes the ledger row of a record in `mode` (see ``insertSQL``).
+    private static func store(_ state: RecordState, _ db: Connection, stamps: Data, local mode: StoreMode, exists: Bool) throws {
+        let unknown = state.unknown.isEmpty ? nil : try encode(state.unknown)
+        let tombstone = state.tombstone.isEmpty ? nil : try encode(state.tombstone)
         func run(_ sql: StatementKey, update: Bool) throws -> Bool {
             let statement = try db.cachedStatement(sql)
             defer { statement.reset() }
             try statement.bind(state.id, at: 0)
-            if update { try statement.bind(local ? 1 : 0, at: 12) }
+            if update { try statement.bind(mode.rawValue, at: 12) }
             try statement.bind(state.causalLength, at: 2)
             try statement.bind(unknown.map(SQLiteValue.text) ?? .null, at: 5)
             try statement.bind(tombstone.map(SQLiteValue.text) ?? .null, at: 6)
@@ -330,8 +298,8 @@ enum SyncLedger {
     /// ``store(_:_:)`` sets it. One statement instead of a load and a full upsert of a state that only changes there.
     private static let acknowledgeSaveSQL = StatementKey("""
         UPDATE replica_sync_record SET change_tag = ?2,
-            pending = CASE WHEN ?4 OR local_version = ?3 THEN 0 ELSE pending END,
-            state = CASE WHEN ?4 OR local_version = ?3 THEN 'synced'
+            pending = CASE WHEN state = 'corrupt' THEN 1 WHEN ?4 OR local_version = ?3 THEN 0 ELSE pending END,
+            state = CASE WHEN state = 'corrupt' THEN state WHEN ?4 OR local_version = ?3 THEN 'synced'
                          WHEN pending = 1 AND state NOT IN ('rejected', 'undecryptable') THEN 'pending'
                          WHEN pending = 0 THEN 'synced' ELSE state END
         WHERE id = ?1
@@ -357,120 +325,12 @@ enum SyncLedger {
         """)
 
     // MARK: Local changes
-
-    /// Stamps what a local save changed: inserts stamp every field (a new incarnation if the ID has a tombstone),
-    /// updates stamp only the changed fields, deletes bump the causal length and keep preserved values. Every
-    /// touched record enters the outbox.
-    ///
-    /// `ledgerBound`, when given, is the largest ID in the ledger as read earlier in the same write transaction (see
-    /// ``StoreWriter/ledgerBoundRead``); otherwise it is read here at the first insert.
-    static func recordLocalChanges(_ changes: StoreChanges, store: Store, db: Connection, environment: ReplicaEnvironment,
-                                   ledgerBound knownBound: UUID?? = nil) throws {
-        guard !changes.isEmpty else { return }
-        var hlc = try loadHLC(db, replica: store.identity).tick(wall: environment.clock.nowMilliseconds(), replica: store.identity)
-        if environment.canaries.contains(.lwwByWallClock) {
-            hlc = HLC(physical: environment.clock.nowMilliseconds(), logical: 0, replica: store.identity)
-        }
-        // The largest ID in the ledger, read at the first insert: an inserted ID beyond it has no ledger row yet
-        // (new IDs are time-ordered), so its lookup is skipped. Kept up to date by the inserts below.
-        var ledgerBound: UUID?? = knownBound
-        for snapshot in changes.inserted {
-            guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
-            let entity = store.entities[entityIndex], statements = store.statements[entityIndex]
-            if ledgerBound == nil { ledgerBound = .some(try MergeBatch.largestID(MergeBatch.ledgerLargestIDSQL, db)) }
-            let isNew = ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true
-            let stored = isNew ? nil : try load(snapshot.id, db)
-            var state = stored ?? RecordState(
-                id: snapshot.id, entity: entity.name, causalLength: 0, created: FieldStamp(incarnation: 1, clock: hlc),
-                stamps: [:], unknown: [:], tombstone: [:], redirect: nil, changeTag: nil, localVersion: 0, pending: true)
-            if !state.isAlive {
-                // Re-inserting a duplicate that lost: its ended incarnation still belongs to the winner (R15).
-                if let winner = state.redirect {
-                    try noteEndedIncarnation(id: state.id, entity: entity.name, incarnation: state.causalLength - 1, winner: winner,
-                                             fields: state.tombstone, db)
-                }
-                state.causalLength += 1
-            }
-            let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
-            state.created = stamp
-            // Every field stamped with `stamp`: encoded by position, without building the map.
-            state.stamps = [:]
-            state.unknown = [:]
-            state.tombstone = [:]
-            state.redirect = nil
-            state.localVersion += 1
-            state.pending = true
-            try storeLocalChange(state, db, stamps: statements.fieldNames.isEmpty ? encodeStamps([:])
-                                    : encodeStamps(every: stamp, oneStampTail: statements.oneStampTail), exists: stored != nil)
-            if ledgerBound!.map({ $0.bytesPrecede(snapshot.id) }) ?? true { ledgerBound = .some(snapshot.id) }
-        }
-        for (snapshot, fields) in changes.updated {
-            guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
-            let statements = store.statements[entityIndex]
-            // The stamps by position, when they are all of fields the entity stores and so are the changed fields (as
-            // always, short of a store written by another schema): encoded by position, without building the map.
-            guard let loaded = try load(snapshot.id, db, stampsBy: statements), loaded.state.isAlive else { continue }
-            var state = loaded.state
-            let stamp = FieldStamp(incarnation: state.causalLength, clock: hlc)
-            var stamps = loaded.stamps
-            var byPosition = loaded.stampCount == stamps.reduce(0) { $1 == nil ? $0 : $0 + 1 }
-            if byPosition {
-                for field in fields {
-                    guard let index = statements.fieldIndex[field] else { byPosition = false; break }
-                    stamps[index] = stamp
-                }
-            }
-            state.localVersion += 1
-            state.pending = true
-            if byPosition {
-                try storeLocalChange(state, db, stamps: encodeStamps(names: statements.fieldNames, order: statements.fieldsInStampOrder,
-                                                                     stamps: stamps, oneStampTail: statements.oneStampTail))
-            } else {
-                state.stamps = try load(snapshot.id, db)?.stamps ?? [:]
-                for field in fields { state.stamps[field] = stamp }
-                try storeLocalChange(state, db)
-            }
-        }
-        for record in changes.deleted {
-            if record.viaCascade && environment.canaries.contains(.cascadeForgetsChildTombstones) { continue }
-            guard let entity = store.entity(named: record.id.entityName), var state = try load(record.id.id, db), state.isAlive else { continue }
-            state.causalLength += 1
-            state.redirect = nil
-            var tombstone: [String: CloudField] = [:]
-            for (name, value) in record.preservedValues {
-                if let stamp = state.stamps[name] {
-                    tombstone[name] = CloudField(value: value, stamp: stamp, isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
-                }
-            }
-            state.tombstone = tombstone
-            // A record with unique keys keeps the writes of the incarnation it ended, locally: a concurrent resolution
-            // of that incarnation as a duplicate still hands them to the winner (R15).
-            if !entity.uniquenessConstraints.isEmpty, record.values.count == entity.fieldNames.count {
-                var fields: [String: CloudField] = [:]
-                for (index, name) in entity.fieldNames.enumerated() {
-                    guard let stamp = state.stamps[name] else { continue }
-                    fields[name] = CloudField(value: record.values[index], stamp: stamp,
-                                              isEncrypted: entity.attribute(named: name)?.options.contains(.allowsCloudEncryption) ?? false)
-                }
-                for (name, field) in state.unknown { fields[name] = field }
-                try noteEndedIncarnation(id: state.id, entity: entity.name, incarnation: state.causalLength - 1, winner: nil, fields: fields, db)
-            }
-            // A deleted record carries only its causal length, creation stamp and tombstone values, as a merge stores
-            // it: the stamps and unknown fields of the incarnation that ended can never matter again. (Kept, they
-            // made the ledger row differ from what merging the record's own upload back would store.)
-            state.stamps = [:]
-            state.unknown = [:]
-            state.localVersion += 1
-            state.pending = true
-            try storeLocalChange(state, db)
-        }
-        try saveHLC(hlc, db)
-    }
+    // Stamping a save's changes: SyncLedger+LocalChanges.swift.
 
     /// Stores a record a local change touched. A record the cloud rejected for good has new content now, so it is
     /// pending again (the rejection was about the content it had); one that could not be decrypted stays so.
-    private static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil, exists: Bool = true) throws {
-        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), local: true, exists: exists)
+    static func storeLocalChange(_ state: RecordState, _ db: Connection, stamps: Data? = nil, exists: Bool = true) throws {
+        try store(state, db, stamps: stamps ?? encodeStamps(state.stamps), local: .localChange, exists: exists)
     }
 
     // MARK: Outgoing records
@@ -499,7 +359,11 @@ enum SyncLedger {
                 let encrypted = statements.attributes[index]?.options.contains(.allowsCloudEncryption) ?? false
                 fields[name] = CloudField(value: select.value(Int32(index) + 1), stamp: stamp, isEncrypted: encrypted)
             }
-            for (name, field) in state.unknown where field.stamp.incarnation == state.causalLength { fields[name] = field }
+            if oneStamp == nil { try addStoreColumnFields(&fields, state, store: store, entityIndex: entityIndex, db: db) }
+            // (A field kept beside the row that this schema, or another version's column, has too: the newer register.)
+            for (name, field) in state.unknown where field.stamp.incarnation == state.causalLength && fields[name].map({ $0.stamp < field.stamp }) ?? true {
+                fields[name] = field
+            }
         } else {
             fields = state.tombstone
         }
@@ -512,8 +376,8 @@ enum SyncLedger {
     /// The outbox in ID order: ledger state read with the ID, so no lookup per record (``loadSQL``'s columns after
     /// the ID).
     static let outboxSQL = StatementKey("""
-        SELECT id, entity, causal_length, created, stamps, unknown, tombstone, redirect, change_tag, local_version, pending
-        FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id LIMIT ?
+        SELECT id, \(stateColumns)
+        FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable', 'corrupt') ORDER BY id LIMIT ?
         """)
 
     /// Records of unknown types to upload again (read before every upload, usually finding none).
@@ -525,6 +389,8 @@ enum SyncLedger {
     static func outbox(limit: Int, store: Store, db: Connection) throws -> [(record: CloudRecord, version: Int64)] {
         var result: [(record: CloudRecord, version: Int64)] = []
         var missing: [(id: UUID, version: Int64)] = []
+        // Rows whose bookkeeping cannot be read: never uploaded in a wrong form; rebuilt and marked after the read.
+        var corrupt: [UUID] = []
         try db.transaction(.deferred) {
             var entries: [(state: RecordState, oneStamp: FieldStamp?)] = []
             do {
@@ -538,7 +404,11 @@ enum SyncLedger {
                     let name = statement.string(1)
                     if entity?.name != name { entity = store.statements(for: name).map { (name, $0.oneStampTail) } }
                     let oneStamp = entity.flatMap { readOneStamp(statement, 4, oneStampTail: $0.tail) }
-                    let state = readState(id, statement, from: 1, stamps: oneStamp == nil ? readStamps(statement, 4) ?? [:] : [:])
+                    let state = readState(id, statement, from: 1, stamps: oneStamp == nil ? readStamps(statement, 4) : [:])
+                    if !state.corruptColumns.isEmpty {
+                        corrupt.append(id)
+                        continue
+                    }
                     entries.append((state, oneStamp))
                 }
             }
@@ -570,6 +440,9 @@ enum SyncLedger {
             try db.run("UPDATE replica_sync_record SET pending = 0, state = 'rejected', reason = 'missing local row' WHERE id = ? AND local_version = ?",
                        [id.sqliteValue, .integer(version)])
         }
+        if !corrupt.isEmpty {
+            try db.transaction(.immediate) { for id in corrupt { _ = try load(id, store: store, db) } }
+        }
         return result
     }
 
@@ -578,7 +451,7 @@ enum SyncLedger {
         guard case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_unknown_record WHERE id = ?", [id.sqliteValue]),
               var record = decode(CloudRecord.self, json) else { return false }
         record.changeTag = changeTag
-        try db.run("UPDATE replica_sync_unknown_record SET record = ?, pending = 0 WHERE id = ?", [.text(encode(record)), id.sqliteValue])
+        try db.run("UPDATE replica_sync_unknown_record SET record = ?, pending = 0 WHERE id = ?", [.text(try encode(record)), id.sqliteValue])
         return true
     }
 
@@ -601,31 +474,35 @@ enum SyncLedger {
     /// Merges a remote record (from a fetch or a save conflict) into the local store: causal length by max, each
     /// field by its stamp (absent fields keep their local value), unknown fields and record types kept. Writes the
     /// data row and the bookkeeping; returns what changed for history. Idempotent, commutative and associative.
-    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64,
+    ///
+    /// A record stamped more than `maxDrift` ms ahead of `wall` is not merged yet but held (see `HeldRecords.swift`);
+    /// the default never holds.
+    static func merge(_ remote: CloudRecord, store: Store, db: Connection, hlc: inout HLC, wall: Int64, maxDrift: Int64 = .max,
                       canaries: Set<Canary> = [], batch: MergeBatch? = nil) throws -> MergeOutcome {
         var remote = remote
         let entityIndex = store.entityIndex[remote.recordType]
         // A record this device cannot apply faithfully is kept aside with the reason, not merged (principle 6). The
         // common case (every check passes) is decided without sorting names or formatting reasons; the local state
         // read for the ownership check is the local side of the merge.
-        let local: RecordState?
+        var local: RecordState?
         // The local stamps by storage position (empty when there is no local state) and how many fields they stamp
         // in all: the merge reads them by position, never by name.
         var localStamps: [FieldStamp?] = []
         var localStampCount = 0
-        var reason: String?
+        var reason: RecordRejection?
         var remoteFields = entityIndex.map { fieldsByPosition(remote, store.statements[$0]) } ?? []
         // A record ID beyond every ID in the ledger and in the entity's table is in neither: nothing to read.
         let isNew = try entityIndex.map { try batch?.isNew(remote.recordID, entityIndex: $0, store: store, db: db) ?? false } ?? false
         if let entityIndex, fits(remote, remoteFields, store.statements[entityIndex]) {
-            if !isNew, let loaded = try load(remote.recordID, db, stampsBy: store.statements[entityIndex]) {
+            // (A row whose bookkeeping cannot be read is rebuilt first: this merge of a cloud copy repairs it.)
+            if !isNew, let loaded = try load(remote.recordID, store: store, db, stampsBy: store.statements[entityIndex]) {
                 local = loaded.state
                 localStamps = loaded.stamps
                 localStampCount = loaded.stampCount
             } else {
                 local = nil
             }
-            if let local, local.entity != remote.recordType { reason = "the record ID belongs to a local \(local.entity)" }
+            if let local, local.entity != remote.recordType { reason = .idOfAnotherEntity(local.entity) }
         } else {
             local = nil
             reason = try rejectionReason(remote, store: store, db: db)
@@ -633,6 +510,12 @@ enum SyncLedger {
         if let reason {
             try reject(remote, reason: reason, db)
             batch?.mayHoldRejected = true
+            batch?.forget(remote.recordID)
+            return MergeOutcome(change: nil)
+        }
+        // A record stamped too far ahead of this device's clock waits until the clock catches up (R2).
+        if let ahead = clockAhead(remote, wall: wall, maxDrift: maxDrift) {
+            try hold(remote, reason: ahead.reason, retryAt: ahead.retryAt, db)
             batch?.forget(remote.recordID)
             return MergeOutcome(change: nil)
         }
@@ -670,13 +553,19 @@ enum SyncLedger {
         }
         // Looked up even without ledger state: a row can predate it (saved while the store was local-only, or by a
         // process that opened the file without sync), and its values are the local side of the merge.
-        let localRow: [SQLiteValue]? = isNew ? nil : try {
+        var localRow: [SQLiteValue]? = isNew ? nil : try {
             let select = try db.cachedStatement(statements.selectByIDKey)
             defer { select.reset() }
             try select.bind(remote.recordID, at: 0)
             guard try select.step() else { return nil }
             return (0..<select.columnCount).map { select.value($0) }
         }()
+        // The row as stored; `localRow` and the local registers may take values the ledger kept beside the row, and the
+        // fields of columns other app versions declare are merged on their own (SyncLedger+StoreColumns.swift).
+        let storedRow = localRow
+        let columns = try StoreColumnMerge.prepare(remote, store: store, entityIndex: entityIndex, remoteFields: remoteFields, local: &local,
+                                                   localStamps: &localStamps, localStampCount: &localStampCount, localRow: &localRow,
+                                                   db: db, batch: batch)
         let fieldNames = statements.fieldNames
         if canaries.contains(.absentAsNull), remote.isAlive {
             let newest = remote.fields.values.map(\.stamp).max() ?? remote.created
@@ -765,6 +654,7 @@ enum SyncLedger {
             localNewer = true
         }
         let alive = causalLength % 2 == 1
+        let resolvedColumns = columns.resolve(remote, unknown: &unknown, incarnation: incarnation, alive: alive, localNewer: &localNewer)
         // Tombstone values: the preserved fields of whichever side holds the winning (dead) state.
         var tombstone: [String: CloudField] = [:]
         if !alive {
@@ -880,7 +770,7 @@ enum SyncLedger {
         }
         let changedLocally = local.map {
             $0.causalLength != causalLength || $0.created != created || stampsDiffer() || $0.unknown != unknown || $0.tombstone != tombstone
-                || !endedChanges.isEmpty
+                || !endedChanges.isEmpty || resolvedColumns.changed
         } ?? true
         state.causalLength = causalLength
         state.created = created
@@ -890,14 +780,16 @@ enum SyncLedger {
         state.redirect = redirect
         if let tag = remote.changeTag { state.changeTag = tag }
         // A merge that changes what this device would upload invalidates any upload already in flight.
-        if changedLocally && localNewer { state.localVersion += 1 }
+        if changedLocally && localNewer { try state.bumpLocalVersion(in: store) }
         state.pending = localNewer
         // A record merged again unchanged (e.g. this device's own upload coming back in a fetch) keeps its row as it is.
         // (`changedLocally` covers the stamps.)
         let unchanged = local.map { !changedLocally && storeChangesNothing(state, over: $0) } ?? false
         if !unchanged {
-            try self.store(state, db, stamps: encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
-                                                                  oneStampTail: statements.oneStampTail), exists: local != nil)
+            try self.store(state, db, stamps: resolvedColumns.encodedStamps(names: fieldNames, winners: winners)
+                               ?? encodeStamps(names: fieldNames, order: statements.fieldsInStampOrder, stamps: winners,
+                                               oneStampTail: statements.oneStampTail), exists: local != nil,
+                           mode: .merge)
         }
         batch?.ledgerHolds(remote.recordID)
         // The upsert never writes `waiting_for`: a new row has none, an existing one keeps what `load` read.
@@ -915,20 +807,24 @@ enum SyncLedger {
             let snapshot = Snapshot(entityName: entity.name, id: remote.recordID, values: values)
             func update(_ row: [SQLiteValue]) throws -> MergeOutcome {
                 let changed = fieldNames.indices.filter { row[$0 + 1] != values[$0] }
-                guard !changed.isEmpty else { return MergeOutcome(change: nil, absorbing: absorbing) }
-                let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
-                try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
-                           changed.map { values[$0] } + [remote.recordID.sqliteValue])
-                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] }), absorbing: absorbing)
+                let written = try resolvedColumns.write(remote.recordID, statements, db)
+                guard !changed.isEmpty || !written.isEmpty else { return MergeOutcome(change: nil, absorbing: absorbing) }
+                if !changed.isEmpty {
+                    let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")
+                    try db.run("UPDATE \(statements.table) SET \(assignments) WHERE \"id\" = ?",
+                               changed.map { values[$0] } + [remote.recordID.sqliteValue])
+                }
+                return MergeOutcome(change: .updated(snapshot, changed.map { fieldNames[$0] } + written), absorbing: absorbing)
             }
-            if let localRow { return try update(localRow) }
+            if let storedRow { return try update(storedRow) }
             let insert = try db.cachedStatement(statements.insertKey)
             defer { insert.reset() }
             try insert.withBound(id: remote.recordID, values) { while try insert.step() {} }
             batch?.tableHolds(remote.recordID, entityIndex: entityIndex)
+            _ = try resolvedColumns.write(remote.recordID, statements, db)
             return MergeOutcome(change: .inserted(snapshot), absorbing: absorbing)
         }
-        guard localRow != nil else { return MergeOutcome(change: nil, tombstoned: id, absorbing: absorbing) }
+        guard storedRow != nil else { return MergeOutcome(change: nil, tombstoned: id, absorbing: absorbing) }
         try db.run(statements.delete, [remote.recordID.sqliteValue])
         let preserved = entity.attributes.filter { $0.options.contains(.preserveValueOnDeletion) }
             .compactMap { attribute in tombstone[attribute.name].map { (attribute.name, $0.value) } }
@@ -954,6 +850,11 @@ enum SyncLedger {
         /// engine for fetches that continue from a valid token with no full resync under way, where every tag in
         /// the ledger names a version of the zone being read. `false` by default.
         var skipsHeldVersions = false
+        /// Whether the records merged had their encrypted fields opened (the engine has a cipher), so that encrypted
+        /// values of fields this schema does not know are plaintext and may go into columns (SyncLedger+StoreColumns).
+        var fieldsAreOpened = false
+        /// The fields other app versions sharing the store file declare, once read (``columnFields(of:_:)``).
+        var columnFieldsRead: [[StoreColumnField]]?
 
         /// The largest record ID in the ledger (`nil`: none), once read; kept up to date by the batch's merges.
         private var ledgerMax: UUID??
@@ -1066,29 +967,6 @@ enum SyncLedger {
         }
     }
 
-    /// Whether `remote`, a record of the entity of `statements`, passes every check of ``rejectionReason(_:store:db:)``
-    /// that needs no database (then only its ownership check remains). Decides the common case without sorting field
-    /// names or formatting reasons; when it returns `false`, ``rejectionReason(_:store:db:)`` finds the reason.
-    private static func fits(_ remote: CloudRecord, _ remoteFields: [CloudField?], _ statements: EntityStatements) -> Bool {
-        guard (1...maxCausalLength).contains(remote.causalLength) else { return false }
-        func fits(_ stamp: FieldStamp) -> Bool {
-            (0...remote.causalLength).contains(stamp.incarnation) && (0..<(Int64(1) << 48)).contains(stamp.clock.physical)
-                && (0...HLC.maxLogical).contains(stamp.clock.logical)
-        }
-        guard fits(remote.created) else { return false }
-        for field in remote.fields.values where !fits(field.stamp) { return false }
-        for (index, field) in remoteFields.enumerated() {
-            guard let field else { continue }
-            if let attribute = statements.attributes[index] {
-                if case let .real(v) = field.value, v.isNaN { return false }
-                if !SchemaValidator.value(field.value, fits: attribute) { return false }
-            } else if !field.value.isNull {
-                guard case let .blob(bytes) = field.value, bytes.count == 16 else { return false }
-            }
-        }
-        return true
-    }
-
     /// The fields of `remote` the entity of `statements` stores, by storage position (`nil`: absent).
     private static func fieldsByPosition(_ remote: CloudRecord, _ statements: EntityStatements) -> [CloudField?] {
         let count = statements.fieldNames.count
@@ -1102,66 +980,6 @@ enum SyncLedger {
         return result
     }
 
-    // MARK: Records that cannot be applied
-
-    /// The largest causal length accepted from the cloud: far beyond any real number of deletes and re-inserts, and
-    /// far enough below `Int64.max` that local increments never overflow.
-    static let maxCausalLength: Int64 = 1 << 62
-
-    /// Why `remote` cannot be applied here, or `nil` when it can: a causal length out of range, a stamp whose clock
-    /// does not fit its fixed-width text form (48-bit milliseconds, 16-bit counter) or whose incarnation is beyond the
-    /// record's, an ID that belongs to a local record of another entity, or a known field whose value does not have
-    /// the attribute's type (or is NaN, or is a reference that is not a record ID). Reasons name fields, never values.
-    static func rejectionReason(_ remote: CloudRecord, store: Store, db: Connection) throws -> String? {
-        guard (1...maxCausalLength).contains(remote.causalLength) else {
-            return "causal length \(remote.causalLength) is out of range"
-        }
-        func check(_ stamp: FieldStamp, _ what: String) -> String? {
-            if !(0...remote.causalLength).contains(stamp.incarnation) { return "\(what) has an incarnation beyond the record's causal length" }
-            if !(0..<(Int64(1) << 48)).contains(stamp.clock.physical) || !(0...HLC.maxLogical).contains(stamp.clock.logical) {
-                return "\(what) has a clock outside 48-bit milliseconds and a 16-bit counter"
-            }
-            return nil
-        }
-        if let reason = check(remote.created, "the creation stamp") { return reason }
-        let names = remote.fields.keys.sorted()
-        for name in names {
-            if let reason = check(remote.fields[name]!.stamp, "field '\(name)'") { return reason }
-        }
-        guard let entity = store.entity(named: remote.recordType) else { return nil }
-        if case let .text(owner)? = try db.scalar(StoreWriter.ledgerEntity, [remote.recordID.sqliteValue]),
-           owner != entity.name {
-            return "the record ID belongs to a local \(owner)"
-        }
-        for name in names {
-            let value = remote.fields[name]!.value
-            if let attribute = entity.attribute(named: name) {
-                if case let .real(v) = value, v.isNaN { return "field '\(name)' holds NaN" }
-                if !SchemaValidator.value(value, fits: attribute) {
-                    return "field '\(name)' holds \(value), which is not a\(attribute.isOptional ? "n optional" : "") \(attribute.type.rawValue)"
-                }
-            } else if let relationship = entity.relationship(named: name), !relationship.isToMany, !value.isNull {
-                guard case let .blob(bytes) = value, bytes.count == 16 else { return "reference '\(name)' holds \(value), not a record ID" }
-            }
-        }
-        return nil
-    }
-
-    /// Keeps a record that cannot be applied, with the reason (reported by the ledger and counted by the status as
-    /// rejected). A local record with changes to upload takes its change tag: its upload then replaces the version
-    /// no device can read instead of conflicting with it forever. The next version of the record that can be applied
-    /// clears the entry, and so does a full read of the zone that no longer returns it (e.g. after a zone reset).
-    static func reject(_ remote: CloudRecord, reason: String, _ db: Connection) throws {
-        try db.run("""
-            INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
-            ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason
-            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(encode(remote)), .text(reason)])
-        if var local = try load(remote.recordID, db), local.pending, let tag = remote.changeTag, local.changeTag != tag {
-            local.changeTag = tag
-            try store(local, db)
-        }
-    }
-
     /// Keeps a record whose type this schema does not know, so a newer app version's data survives here.
     static func keepUnknownRecord(_ record: CloudRecord, _ db: Connection) throws {
         var merged = record
@@ -1172,7 +990,7 @@ enum SyncLedger {
         try db.run("""
             INSERT INTO replica_sync_unknown_record (id, record_type, record) VALUES (?, ?, ?)
             ON CONFLICT (id) DO UPDATE SET record = excluded.record, pending = 0
-            """, [record.recordID.sqliteValue, .text(record.recordType), .text(encode(merged))])
+            """, [record.recordID.sqliteValue, .text(record.recordType), .text(try encode(merged))])
     }
 
     /// The join of two versions of a record, field by field (used for records this schema cannot materialize).
@@ -1229,7 +1047,7 @@ enum SyncLedger {
                                   batch: MergeBatch? = nil) throws -> StoreChanges {
         var writer = StoreWriter(store: store, db: db)
         for id in tombstoned {
-            if batch?.plainTombstones.contains(id.id) != true, let winner = try liveRedirectTarget(of: id.id, db) {
+            if batch?.plainTombstones.contains(id.id) != true, let winner = try liveRedirectTarget(of: id.id, store: store, db) {
                 // A duplicate that lost: references to it now point to the winner, whose fields absorb its edits.
                 try writer.retargetReferences(from: id, to: winner)
                 try forwardRedirects(into: PersistentIdentifier(entityName: id.entityName, id: winner), store: store, db: db, changes: &changes)
@@ -1257,8 +1075,8 @@ enum SyncLedger {
                     parentHere = try select.step()
                 }
                 if parentHere { continue }
-                if let parent = try load(target, db), !parent.isAlive {
-                    if let winner = try liveRedirectTarget(of: target, db) {
+                if let parent = try load(target, store: store, db, entity: destination.name), !parent.isAlive {
+                    if let winner = try liveRedirectTarget(of: target, store: store, db) {
                         try writer.retargetReference(child: snapshot.persistentModelID, reference: relationship.name, to: winner)
                         continue
                     }
@@ -1285,11 +1103,11 @@ enum SyncLedger {
     /// Follows a chain of duplicate redirects from `id` to the live record it ends at (at most 16 hops). A duplicate
     /// only ever redirects to a record of its own entity: a chain that reaches another entity (a malformed record)
     /// ends nowhere, and the tombstone is a plain delete.
-    static func liveRedirectTarget(of id: UUID, _ db: Connection) throws -> UUID? {
+    static func liveRedirectTarget(of id: UUID, store: Store, _ db: Connection) throws -> UUID? {
         var current = id
         var entity: String?
         for _ in 0..<16 {
-            guard let state = try load(current, db), state.entity == (entity ?? state.entity) else { return nil }
+            guard let state = try load(current, store: store, db, entity: entity), state.entity == (entity ?? state.entity) else { return nil }
             entity = state.entity
             if state.isAlive { return current == id ? nil : current }
             guard let next = state.redirect else { return nil }
@@ -1300,8 +1118,16 @@ enum SyncLedger {
 
     // MARK: JSON
 
-    static func encode<T: Encodable>(_ value: T) -> String {
-        String(decoding: (try? ReplicaJSON.encoder().encode(value)) ?? Data(), as: UTF8.self)
+    /// `value` as the ledger's JSON (JSONEncoder, sorted keys).
+    /// - Throws: `EncodingError` when a value cannot be written (a field stamp outside the text form's range).
+    static func encode<T: Encodable>(_ value: T) throws -> String {
+        String(decoding: try ReplicaJSON.encoder().encode(value), as: UTF8.self)
+    }
+
+    /// ``encode(_:)`` for values that hold no field stamp (whose encoding cannot fail): a failure is a programmer
+    /// error in the value's type, and traps.
+    static func encodeStampless<T: Encodable>(_ value: T) -> String {
+        do { return try encode(value) } catch { preconditionFailure("Replica: \(T.self) failed to encode as JSON: \(error)") }
     }
 
     static func decode<T: Decodable>(_ type: T.Type, _ json: String?) -> T? {

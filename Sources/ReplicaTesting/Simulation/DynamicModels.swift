@@ -205,6 +205,9 @@ public protocol DynamicEntityAccess: Sendable {
     func values(_ context: ModelContext, id: UUID) throws -> [SQLiteValue]?
     /// Every live record, in ID order.
     func all(_ context: ModelContext) throws -> [(id: UUID, values: [SQLiteValue])]
+    /// Registers `delete(model:where:)` of the records whose ID is in `ids` (pending inserts included); returns how
+    /// many it selected.
+    func batchDelete(_ context: ModelContext, ids: [UUID]) throws -> Int
 }
 
 struct TypedEntityAccess<S: EntitySlot>: DynamicEntityAccess {
@@ -222,5 +225,9 @@ struct TypedEntityAccess<S: EntitySlot>: DynamicEntityAccess {
 
     func all(_ context: ModelContext) throws -> [(id: UUID, values: [SQLiteValue])] {
         try context.fetch(DynamicRecord<S>.self).map { ($0.id, $0.values) }
+    }
+
+    func batchDelete(_ context: ModelContext, ids: [UUID]) throws -> Int {
+        try context.delete(model: DynamicRecord<S>.self, where: #Predicate<DynamicRecord<S>> { ids.contains($0.id) })
     }
 }

@@ -60,12 +60,6 @@ struct ProcessObservers {
     var byProcess: [ObjectIdentifier: Observed] = [:]
 }
 
-extension Invariant {
-    /// The invariants the check phase checks (the observers agree at each quiescent point instead): what the trace's
-    /// `checked` line counts.
-    static var checkPhase: [Invariant] { allCases.filter { $0 != .observersAgree } }
-}
-
 extension SimulationRun {
     /// Starts the live queries of `process` (just started, or started again after a crash): one per entity of each of
     /// its stores, through its context.

@@ -41,6 +41,10 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var stores: [String]
         /// The schema version its app runs (older devices keep newer fields and record types they do not know).
         public var schemaVersion: Int
+        /// The schema version its app-group extension runs, when it is not the app's (an extension updated later or
+        /// earlier than its app): two app versions on one app-group store file. `nil` (the default, left out of the
+        /// canonical JSON): the app's.
+        public var extensionSchemaVersion: Int? = nil
     }
 
     /// Where stores live.
@@ -53,7 +57,10 @@ public struct Scenario: Codable, Hashable, Sendable {
     }
 
     /// Relative weights of workload operations.
-    public struct Workload: Codable, Hashable, Sendable {
+    ///
+    /// The weights after `encryptedEdit` came later: each is left out of the scenario's canonical JSON while it is 0, so
+    /// the traces (and hashes) of scenarios that do not use them stay byte for byte what they were.
+    public struct Workload: Hashable, Sendable {
         public var insert = 30
         public var update = 35
         public var delete = 10
@@ -65,6 +72,20 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var uniqueCollision = 5
         /// Update only attributes marked for cloud encryption.
         public var encryptedEdit = 5
+        /// Delete a live record and insert it again (the same ID, new values) in one save: a new incarnation.
+        public var deleteReinsert = 0
+        /// Edit two copies of one record: both in one context and one save, or each in its own context of the process
+        /// (the second saved after the first).
+        public var copies = 0
+        /// Save a copy read before the record changed: after the same context saved another edit of it, or at a later
+        /// step (the copy kept meanwhile, while other operations and sync change the record).
+        public var staleCopy = 0
+        /// `delete(model:where:)` selecting some records, with inserts of the same IDs registered before or after it in
+        /// the same save.
+        public var batchDelete = 0
+        /// Close a synced store and open it again under another configuration: sync turned off (the store is local
+        /// until the next reopen turns sync on again) or on, or the same configuration.
+        public var reopen = 0
         /// Attributes one update changes, at most.
         public var maxFieldsPerUpdate = 2
         /// Size of the pool of unique-key values (smaller: more collisions).
@@ -73,11 +94,33 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var nullPercent = 10
         public init() {}
 
-        var weights: [Int] { [insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit] }
+        /// Every operation weight, in `WorkloadOperation` order (index 0 is the simplest).
+        var weights: [Int] {
+            [insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit, deleteReinsert, copies, staleCopy,
+             batchDelete, reopen]
+        }
+
+        /// The weight fields by JSON key, in `weights` order.
+        static var weightFields: [(String, WritableKeyPath<Workload, Int>)] { [
+            ("insert", \.insert), ("update", \.update), ("delete", \.delete), ("reinsert", \.reinsert),
+            ("relationshipEdit", \.relationshipEdit), ("uniqueCollision", \.uniqueCollision), ("encryptedEdit", \.encryptedEdit),
+            ("deleteReinsert", \.deleteReinsert), ("copies", \.copies), ("staleCopy", \.staleCopy), ("batchDelete", \.batchDelete),
+            ("reopen", \.reopen),
+        ] }
+        /// The numbers that are not weights, by JSON key.
+        static var otherFields: [(String, WritableKeyPath<Workload, Int>)] { [
+            ("maxFieldsPerUpdate", \.maxFieldsPerUpdate), ("uniqueKeys", \.uniqueKeys), ("nullPercent", \.nullPercent),
+        ] }
+        /// Keys written even when 0 (the fields every trace so far holds).
+        static let alwaysEncoded: Set<String> = ["insert", "update", "delete", "reinsert", "relationshipEdit", "uniqueCollision",
+                                                 "encryptedEdit", "maxFieldsPerUpdate", "uniqueKeys", "nullPercent"]
     }
 
     /// Fault rates: per chaos step, per message, per cloud request.
-    public struct Faults: Codable, Hashable, Sendable {
+    ///
+    /// As with ``Workload``, the rates after `resetZone` among the per-step ones came later and are left out of the
+    /// canonical JSON while 0.
+    public struct Faults: Hashable, Sendable {
         // Per chaos step (the rest of the steps are workload operations).
         public var crash = 0.02
         public var offline = 0.02
@@ -85,6 +128,17 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var clockJump = 0.01
         public var expireTokens = 0.005
         public var resetZone = 0.002
+        /// Overwrite the `stamps` bytes of a ledger row with garbage (a disk fault, a buggy older version).
+        public var corruptStamps = 0.0
+        /// Overwrite the `unknown` JSON of a ledger row (the fields this app version does not know) with garbage.
+        public var corruptUnknown = 0.0
+        /// Overwrite the store's stored hybrid logical clock with garbage.
+        public var corruptClock = 0.0
+        /// Overwrite a ledger row's causal length with a number at the edge of its range (up to `Int64.max`).
+        public var corruptCausalLength = 0.0
+        /// A record no device wrote appears in the cloud: stamps at the edges of their range, a clock far in the
+        /// future, a huge causal length, an incarnation beyond the record's.
+        public var hostileRecord = 0.0
         // Per message between a device and the cloud.
         public var dropRequest = 0.01
         public var dropResponse = 0.01
@@ -104,9 +158,31 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var maxClockJumpMs = 600_000
         public init() {}
 
-        var stepRates: [Double] { [crash, offline, partition, clockJump, expireTokens, resetZone] }
+        /// Per-step rates, in chaos-action order (action 0, the workload, takes what they leave).
+        var stepRates: [Double] {
+            [crash, offline, partition, clockJump, expireTokens, resetZone, corruptStamps, corruptUnknown, corruptClock,
+             corruptCausalLength, hostileRecord]
+        }
         var messageRates: [Double] { [dropRequest, dropResponse, duplicateRequest, duplicateResponse, delay, staleFetch] }
         var cloudRates: [Double] { [rateLimit, quota, zoneBusy, conflict, partialFailure] }
+
+        /// Every rate field by JSON key: per step, per message, per cloud request.
+        static var rateFields: [(String, WritableKeyPath<Faults, Double>)] { [
+            ("crash", \.crash), ("offline", \.offline), ("partition", \.partition), ("clockJump", \.clockJump),
+            ("expireTokens", \.expireTokens), ("resetZone", \.resetZone), ("corruptStamps", \.corruptStamps),
+            ("corruptUnknown", \.corruptUnknown), ("corruptClock", \.corruptClock), ("corruptCausalLength", \.corruptCausalLength),
+            ("hostileRecord", \.hostileRecord),
+            ("dropRequest", \.dropRequest), ("dropResponse", \.dropResponse), ("duplicateRequest", \.duplicateRequest),
+            ("duplicateResponse", \.duplicateResponse), ("delay", \.delay), ("staleFetch", \.staleFetch),
+            ("rateLimit", \.rateLimit), ("quota", \.quota), ("zoneBusy", \.zoneBusy), ("conflict", \.conflict),
+            ("partialFailure", \.partialFailure),
+        ] }
+        /// The clock bounds, by JSON key.
+        static var clockFields: [(String, WritableKeyPath<Faults, Int>)] { [
+            ("maxClockSkewMs", \.maxClockSkewMs), ("maxClockJumpMs", \.maxClockJumpMs),
+        ] }
+        /// Rates that came later: left out of the canonical JSON while 0.
+        static let optionalRates: Set<String> = ["corruptStamps", "corruptUnknown", "corruptClock", "corruptCausalLength", "hostileRecord"]
     }
 
     /// Virtual-time constants, in milliseconds.
@@ -309,13 +385,22 @@ struct ScenarioReader {
 
     func name(_ value: Any?, _ path: String) throws(ScenarioError) -> String {
         let text = try string(value, path)
-        let allowed = text.unicodeScalars.allSatisfy { ($0 >= "a" && $0 <= "z") || ($0 >= "A" && $0 <= "Z") || ($0 >= "0" && $0 <= "9") || $0 == "-" || $0 == "_" }
-        guard !text.isEmpty, text.utf8.count <= 48, allowed else {
-            throw fail(path, "'\(text)' is not a valid name (1 to 48 letters, digits, '-' or '_')")
-        }
+        try ScenarioChecker(file: file, prefix: "").name(text, path)
         return text
     }
 
+    /// An integer of any size (ranges are the validator's: ``Scenario/validate(file:fieldPrefix:)``).
+    func integer(_ value: Any, _ path: String) throws(ScenarioError) -> Int {
+        try int(value, path, in: Int.min...Int.max)
+    }
+
+    /// A finite number (ranges are the validator's).
+    func number(_ value: Any, _ path: String) throws(ScenarioError) -> Double {
+        try double(value, path, in: -Double.greatestFiniteMagnitude...Double.greatestFiniteMagnitude)
+    }
+
+    /// Reads the JSON's structure (known fields, types, names, enumerations), then runs the checks every scenario
+    /// runs (``Scenario/validate(file:fieldPrefix:)``).
     mutating func scenario(_ root: Any, defaultName: String) throws(ScenarioError) -> Scenario {
         let object = try self.object(root, "", allowed: ["name", "description", "schema", "stores", "devices", "storage",
                                                           "workload", "faults", "timing", "expect", "steps"])
@@ -323,7 +408,7 @@ struct ScenarioReader {
         let description = try object["description"].map { v throws(ScenarioError) in try string(v, "description") } ?? ""
         guard let schemaValue = object["schema"] else { throw fail("schema", "missing (a seed schema name, a list of them, or an inline schema)") }
         let (seeds, schema) = try self.schema(schemaValue, "schema")
-        let stores = try self.stores(object["stores"], schema: schema)
+        let stores = try self.stores(object["stores"])
         let devices = try self.devices(object["devices"], stores: stores, schema: schema)
         var storage = Scenario.Storage.memory
         if let value = object["storage"] {
@@ -341,9 +426,11 @@ struct ScenarioReader {
             if let v = fields["cloudEncryption"] { expect.cloudEncryption = try bool(v, "expect.cloudEncryption") }
         }
         guard let stepsValue = object["steps"] else { throw fail("steps", "missing (the number of chaos steps, 1...100000)") }
-        let steps = try int(stepsValue, "steps", in: 1...100_000)
-        return Scenario(name: name, description: description, schemaSeeds: seeds, schema: schema, stores: stores, devices: devices,
-                        storage: storage, workload: workload, faults: faults, timing: timing, expect: expect, steps: steps)
+        let steps = try integer(stepsValue, "steps")
+        let scenario = Scenario(name: name, description: description, schemaSeeds: seeds, schema: schema, stores: stores, devices: devices,
+                                storage: storage, workload: workload, faults: faults, timing: timing, expect: expect, steps: steps)
+        try scenario.validate(file: file)
+        return scenario
     }
 
     // MARK: Schema
@@ -372,28 +459,26 @@ struct ScenarioReader {
             return (names, SimulationSchema.merging(parts))
         }
         let object = try self.object(value, path, allowed: ["version", "entities"])
-        let version = try object["version"].map { v throws(ScenarioError) in try int(v, join(path, "version"), in: 1...1000) } ?? 1
+        let version = try object["version"].map { v throws(ScenarioError) in try integer(v, join(path, "version")) } ?? 1
         var entities: [SimulationSchema.Entity] = []
         for (index, item) in try array(object["entities"], join(path, "entities")).enumerated() {
-            entities.append(try entity(item, "\(join(path, "entities"))[\(index)]", version: version))
+            entities.append(try entity(item, "\(join(path, "entities"))[\(index)]"))
         }
-        let schema = SimulationSchema(version: version, entities: entities)
-        try checkSchema(schema, path)
-        return ([], schema)
+        return ([], SimulationSchema(version: version, entities: entities))
     }
 
-    func entity(_ value: Any, _ path: String, version: Int) throws(ScenarioError) -> SimulationSchema.Entity {
+    func entity(_ value: Any, _ path: String) throws(ScenarioError) -> SimulationSchema.Entity {
         let object = try self.object(value, path, allowed: ["name", "attributes", "relationships", "since"])
         let name = try identifier(object["name"], join(path, "name"))
-        let since = try object["since"].map { v throws(ScenarioError) in try int(v, join(path, "since"), in: 1...version) } ?? 1
+        let since = try object["since"].map { v throws(ScenarioError) in try integer(v, join(path, "since")) } ?? 1
         var attributes: [SimulationSchema.Attribute] = []
         for (index, item) in try array(object["attributes"], join(path, "attributes")).enumerated() {
-            attributes.append(try attribute(item, "\(join(path, "attributes"))[\(index)]", version: version, entitySince: since))
+            attributes.append(try attribute(item, "\(join(path, "attributes"))[\(index)]", entitySince: since))
         }
         var relationships: [SimulationSchema.Relationship] = []
         if let list = object["relationships"] {
             for (index, item) in try array(list, join(path, "relationships"), nonEmpty: false).enumerated() {
-                relationships.append(try relationship(item, "\(join(path, "relationships"))[\(index)]", version: version, entitySince: since))
+                relationships.append(try relationship(item, "\(join(path, "relationships"))[\(index)]", entitySince: since))
             }
         }
         return SimulationSchema.Entity(name, attributes: attributes, relationships: relationships, since: since)
@@ -401,20 +486,15 @@ struct ScenarioReader {
 
     func identifier(_ value: Any?, _ path: String) throws(ScenarioError) -> String {
         let text = try string(value, path)
-        guard let first = text.unicodeScalars.first, text.utf8.count <= 64,
-              (first >= "a" && first <= "z") || (first >= "A" && first <= "Z") || first == "_",
-              text.unicodeScalars.allSatisfy({ ($0 >= "a" && $0 <= "z") || ($0 >= "A" && $0 <= "Z") || ($0 >= "0" && $0 <= "9") || $0 == "_" }),
-              !text.lowercased().hasPrefix("replica_"), text != "id" else {
-            throw fail(path, "'\(text)' is not a valid identifier (a letter or '_', then letters, digits or '_'; not 'id' or 'replica_…')")
-        }
+        try ScenarioChecker(file: file, prefix: "").identifier(text, path)
         return text
     }
 
-    func attribute(_ value: Any, _ path: String, version: Int, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Attribute {
-        let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "since"])
+    func attribute(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Attribute {
+        let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "optionsSince", "since"])
         let name = try identifier(object["name"], join(path, "name"))
         let typeText = try string(object["type"], join(path, "type"))
-        let allowedTypes: [Schema.AttributeType] = [.string, .integer, .double, .bool, .date, .data]
+        let allowedTypes = Scenario.Limits.attributeTypes
         guard let type = Schema.AttributeType(rawValue: typeText), allowedTypes.contains(type) else {
             throw fail(join(path, "type"), "'\(typeText)' is not one of: \(allowedTypes.map(\.rawValue).joined(separator: ", "))")
         }
@@ -445,11 +525,19 @@ struct ScenarioReader {
                 options.append(text)
             }
         }
-        let since = try object["since"].map { v throws(ScenarioError) in try int(v, join(path, "since"), in: entitySince...version) } ?? entitySince
-        return SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, since: since)
+        var optionsSince: [String: Int]?
+        if let raw = object["optionsSince"] {
+            let field = join(path, "optionsSince")
+            let map = try self.object(raw, field, allowed: SimulationSchema.Attribute.knownOptions)
+            optionsSince = [:]
+            for key in map.keys.sorted() { optionsSince?[key] = try integer(map[key]!, "\(field).\(key)") }
+        }
+        let since = try object["since"].map { v throws(ScenarioError) in try integer(v, join(path, "since")) } ?? entitySince
+        return SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, optionsSince: optionsSince,
+                                          since: since)
     }
 
-    func relationship(_ value: Any, _ path: String, version: Int, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Relationship {
+    func relationship(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Relationship {
         let object = try self.object(value, path, allowed: ["name", "destination", "inverse", "toMany", "deleteRule", "since"])
         let name = try identifier(object["name"], join(path, "name"))
         let destination = try identifier(object["destination"], join(path, "destination"))
@@ -458,61 +546,23 @@ struct ScenarioReader {
         var rule = Schema.DeleteRule.nullify
         if let raw = object["deleteRule"] {
             let text = try string(raw, join(path, "deleteRule"))
-            let allowed: [Schema.DeleteRule] = [.nullify, .cascade, .noAction]
-            guard let parsed = Schema.DeleteRule(rawValue: text), allowed.contains(parsed) else {
+            guard let parsed = Schema.DeleteRule(rawValue: text), Scenario.Limits.deleteRules.contains(parsed) else {
                 throw fail(join(path, "deleteRule"), "'\(text)' is not one of: nullify, cascade, noAction (deny cannot sync)")
             }
             rule = parsed
         }
-        if toMany && inverse == nil { throw fail(join(path, "inverse"), "a to-many relationship needs the name of its to-one inverse") }
-        let since = try object["since"].map { v throws(ScenarioError) in try int(v, join(path, "since"), in: entitySince...version) } ?? entitySince
+        let since = try object["since"].map { v throws(ScenarioError) in try integer(v, join(path, "since")) } ?? entitySince
         return SimulationSchema.Relationship(name, to: destination, inverse: inverse, toMany: toMany, deleteRule: rule, since: since)
-    }
-
-    func checkSchema(_ schema: SimulationSchema, _ path: String) throws(ScenarioError) {
-        var seen: [String] = []
-        for (index, entity) in schema.entities.enumerated() {
-            let entityPath = "\(path).entities[\(index)]"
-            if seen.contains(entity.name) { throw fail("\(entityPath).name", "entity '\(entity.name)' is declared twice") }
-            seen.append(entity.name)
-            var members: [String] = []
-            for (i, attribute) in entity.attributes.enumerated() {
-                if members.contains(attribute.name) { throw fail("\(entityPath).attributes[\(i)].name", "'\(attribute.name)' is declared twice") }
-                members.append(attribute.name)
-            }
-            for (i, relationship) in entity.relationships.enumerated() {
-                let relationshipPath = "\(entityPath).relationships[\(i)]"
-                if members.contains(relationship.name) { throw fail("\(relationshipPath).name", "'\(relationship.name)' is declared twice") }
-                members.append(relationship.name)
-                guard let destination = schema.entity(named: relationship.destination) else {
-                    throw fail("\(relationshipPath).destination", "no entity '\(relationship.destination)' in the schema")
-                }
-                if let inverse = relationship.inverse {
-                    guard let back = destination.relationships.first(where: { $0.name == inverse }), back.destination == entity.name,
-                          back.inverse == relationship.name else {
-                        throw fail("\(relationshipPath).inverse", "'\(destination.name).\(inverse)' does not exist or does not point back")
-                    }
-                    if back.toMany && relationship.toMany { throw fail("\(relationshipPath).toMany", "many-to-many relationships are not supported") }
-                }
-            }
-        }
-        do {
-            try schema.schema().validate()
-        } catch {
-            throw fail(path, "\(error)")
-        }
     }
 
     // MARK: Stores and devices
 
-    func stores(_ value: Any?, schema: SimulationSchema) throws(ScenarioError) -> [Scenario.Store] {
+    func stores(_ value: Any?) throws(ScenarioError) -> [Scenario.Store] {
         var result: [Scenario.Store] = []
-        var owner: [String: String] = [:]
         for (index, item) in try array(value, "stores").enumerated() {
             let path = "stores[\(index)]"
             let object = try self.object(item, path, allowed: ["name", "kind", "entities", "synced"])
             let name = try self.name(object["name"], "\(path).name")
-            if result.contains(where: { $0.name == name }) { throw fail("\(path).name", "store '\(name)' is declared twice") }
             let kindText = try string(object["kind"], "\(path).kind")
             guard let kind = Scenario.StoreKind(rawValue: kindText) else {
                 throw fail("\(path).kind", "'\(kindText)' is not one of: local, synced, app-group")
@@ -524,28 +574,9 @@ struct ScenarioReader {
             }
             var entities: [String] = []
             for (i, entry) in try array(object["entities"], "\(path).entities").enumerated() {
-                let entityPath = "\(path).entities[\(i)]"
-                let entityName = try string(entry, entityPath)
-                guard let entity = schema.entity(named: entityName) else {
-                    throw fail(entityPath, "no entity '\(entityName)' in the schema (known: \(schema.entities.map(\.name).joined(separator: ", ")))")
-                }
-                if let other = owner[entityName] { throw fail(entityPath, "entity '\(entityName)' is already in store '\(other)'") }
-                owner[entityName] = name
-                entities.append(entityName)
-                if kind == .synced || (kind == .appGroup && synced) {
-                    for attribute in entity.attributes where !attribute.optional && attribute.defaultValue == nil {
-                        throw fail(entityPath, "\(entityName).\(attribute.name) is synced, so it must be optional or have a default")
-                    }
-                }
+                entities.append(try string(entry, "\(path).entities[\(i)]"))
             }
             result.append(Scenario.Store(name: name, kind: kind, entities: entities, synced: kind == .appGroup ? synced : kind == .synced))
-        }
-        for (index, store) in result.enumerated() {
-            for entityName in store.entities {
-                for relationship in schema.entity(named: entityName)?.relationships ?? [] where owner[relationship.destination] != store.name {
-                    throw fail("stores[\(index)].entities", "\(entityName).\(relationship.name) points to '\(relationship.destination)', which is not in store '\(store.name)' (relationships stay within one store)")
-                }
-            }
         }
         return result
     }
@@ -553,31 +584,17 @@ struct ScenarioReader {
     func devices(_ value: Any?, stores: [Scenario.Store], schema: SimulationSchema) throws(ScenarioError) -> [Scenario.Device] {
         var result: [Scenario.Device] = []
         let list = try array(value, "devices")
-        guard list.count <= 16 else { throw fail("devices", "at most 16 devices") }
+        guard list.count <= Scenario.Limits.devices else { throw fail("devices", "at most \(Scenario.Limits.devices) devices") }
         for (index, item) in list.enumerated() {
             let path = "devices[\(index)]"
-            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion"])
+            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion", "extensionSchemaVersion"])
             let name = try self.name(object["name"], "\(path).name")
-            if result.contains(where: { $0.name == name }) { throw fail("\(path).name", "device '\(name)' is declared twice") }
-            let version = try object["schemaVersion"].map { v throws(ScenarioError) in
-                try int(v, "\(path).schemaVersion", in: 1...schema.version)
-            } ?? schema.version
+            let version = try object["schemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).schemaVersion") } ?? schema.version
             var names: [String] = []
             let storeList = try object["stores"].map { v throws(ScenarioError) in try array(v, "\(path).stores") } ?? stores.map { $0.name as Any }
-            for (i, entry) in storeList.enumerated() {
-                let storePath = "\(path).stores[\(i)]"
-                let storeName = try string(entry, storePath)
-                guard let store = stores.first(where: { $0.name == storeName }) else {
-                    throw fail(storePath, "no store '\(storeName)' (declared: \(stores.map(\.name).joined(separator: ", ")))")
-                }
-                if names.contains(storeName) { throw fail(storePath, "store '\(storeName)' is listed twice") }
-                let present = store.entities.filter { (schema.entity(named: $0)?.since ?? 1) <= version }
-                if present.isEmpty {
-                    throw fail(storePath, "store '\(storeName)' has no entity in schema version \(version)")
-                }
-                names.append(storeName)
-            }
-            result.append(Scenario.Device(name: name, stores: names, schemaVersion: version))
+            for (i, entry) in storeList.enumerated() { names.append(try string(entry, "\(path).stores[\(i)]")) }
+            let extensionVersion = try object["extensionSchemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).extensionSchemaVersion") }
+            result.append(Scenario.Device(name: name, stores: names, schemaVersion: version, extensionSchemaVersion: extensionVersion))
         }
         return result
     }
@@ -587,67 +604,37 @@ struct ScenarioReader {
     func workload(_ value: Any?) throws(ScenarioError) -> Scenario.Workload {
         var workload = Scenario.Workload()
         guard let value else { return workload }
-        let keys = ["insert", "update", "delete", "reinsert", "relationshipEdit", "uniqueCollision", "encryptedEdit",
-                    "maxFieldsPerUpdate", "uniqueKeys", "nullPercent"]
-        let object = try self.object(value, "workload", allowed: keys)
-        func read(_ key: String, _ range: ClosedRange<Int>, _ target: inout Int) throws(ScenarioError) {
-            if let raw = object[key] { target = try int(raw, "workload.\(key)", in: range) }
+        let fields = Scenario.Workload.weightFields + Scenario.Workload.otherFields
+        let object = try self.object(value, "workload", allowed: fields.map(\.0))
+        for (key, path) in fields {
+            if let raw = object[key] { workload[keyPath: path] = try integer(raw, "workload.\(key)") }
         }
-        try read("insert", 0...10_000, &workload.insert)
-        try read("update", 0...10_000, &workload.update)
-        try read("delete", 0...10_000, &workload.delete)
-        try read("reinsert", 0...10_000, &workload.reinsert)
-        try read("relationshipEdit", 0...10_000, &workload.relationshipEdit)
-        try read("uniqueCollision", 0...10_000, &workload.uniqueCollision)
-        try read("encryptedEdit", 0...10_000, &workload.encryptedEdit)
-        try read("maxFieldsPerUpdate", 1...16, &workload.maxFieldsPerUpdate)
-        try read("uniqueKeys", 1...1_000, &workload.uniqueKeys)
-        try read("nullPercent", 0...100, &workload.nullPercent)
-        if workload.insert == 0 { throw fail("workload.insert", "must be positive (nothing else can happen without inserts)") }
         return workload
     }
 
     func faults(_ value: Any?) throws(ScenarioError) -> Scenario.Faults {
         var faults = Scenario.Faults()
         guard let value else { return faults }
-        let rateKeys = ["crash", "offline", "partition", "clockJump", "expireTokens", "resetZone", "dropRequest", "dropResponse",
-                        "duplicateRequest", "duplicateResponse", "delay", "staleFetch", "rateLimit", "quota", "zoneBusy", "conflict",
-                        "partialFailure"]
-        let object = try self.object(value, "faults", allowed: rateKeys + ["maxClockSkewMs", "maxClockJumpMs", "none"])
+        let rates = Scenario.Faults.rateFields, clocks = Scenario.Faults.clockFields
+        let object = try self.object(value, "faults", allowed: rates.map(\.0) + clocks.map(\.0) + ["none"])
         if let raw = object["none"], try bool(raw, "faults.none") {
             faults = Scenario.Faults.none
         }
-        let paths: [String: WritableKeyPath<Scenario.Faults, Double>] = [
-            "crash": \.crash, "offline": \.offline, "partition": \.partition, "clockJump": \.clockJump,
-            "expireTokens": \.expireTokens, "resetZone": \.resetZone, "dropRequest": \.dropRequest,
-            "dropResponse": \.dropResponse, "duplicateRequest": \.duplicateRequest, "duplicateResponse": \.duplicateResponse,
-            "delay": \.delay, "staleFetch": \.staleFetch, "rateLimit": \.rateLimit, "quota": \.quota, "zoneBusy": \.zoneBusy,
-            "conflict": \.conflict, "partialFailure": \.partialFailure,
-        ]
-        for key in rateKeys {
-            if let raw = object[key] { faults[keyPath: paths[key]!] = try double(raw, "faults.\(key)", in: 0...1) }
+        for (key, path) in rates {
+            if let raw = object[key] { faults[keyPath: path] = try number(raw, "faults.\(key)") }
         }
-        if let raw = object["maxClockSkewMs"] { faults.maxClockSkewMs = try int(raw, "faults.maxClockSkewMs", in: 0...86_400_000) }
-        if let raw = object["maxClockJumpMs"] { faults.maxClockJumpMs = try int(raw, "faults.maxClockJumpMs", in: 0...86_400_000) }
-        if faults.stepRates.reduce(0, +) > 0.9 { throw fail("faults", "the per-step fault rates (crash … resetZone) add up to more than 0.9") }
-        if faults.messageRates.reduce(0, +) > 0.9 { throw fail("faults", "the per-message fault rates (dropRequest … staleFetch) add up to more than 0.9") }
-        if faults.cloudRates.reduce(0, +) > 0.9 { throw fail("faults", "the per-request cloud fault rates (rateLimit … partialFailure) add up to more than 0.9") }
+        for (key, path) in clocks {
+            if let raw = object[key] { faults[keyPath: path] = try integer(raw, "faults.\(key)") }
+        }
         return faults
     }
 
     func timing(_ value: Any?) throws(ScenarioError) -> Scenario.Timing {
         var timing = Scenario.Timing()
         guard let value else { return timing }
-        let paths: [(String, WritableKeyPath<Scenario.Timing, Int>, ClosedRange<Int>)] = [
-            ("thinkTimeMs", \.thinkTimeMs, 0...3_600_000), ("latencyMs", \.latencyMs, 1...60_000),
-            ("maxDelayMs", \.maxDelayMs, 0...3_600_000), ("timeoutMs", \.timeoutMs, 100...3_600_000),
-            ("outageMs", \.outageMs, 1...86_400_000), ("restartMs", \.restartMs, 1...86_400_000),
-            ("pushLatencyMs", \.pushLatencyMs, 1...60_000), ("livenessBoundMs", \.livenessBoundMs, 60_000...86_400_000),
-            ("digestEvery", \.digestEvery, 1...100_000),
-        ]
-        let object = try self.object(value, "timing", allowed: paths.map(\.0))
-        for (key, path, range) in paths {
-            if let raw = object[key] { timing[keyPath: path] = try int(raw, "timing.\(key)", in: range) }
+        let object = try self.object(value, "timing", allowed: Scenario.Limits.timing.map(\.0))
+        for (key, path, _) in Scenario.Limits.timing {
+            if let raw = object[key] { timing[keyPath: path] = try integer(raw, "timing.\(key)") }
         }
         return timing
     }
@@ -657,14 +644,69 @@ extension Scenario.Faults {
     /// No faults at all.
     public static var none: Scenario.Faults {
         var faults = Scenario.Faults()
-        for path: WritableKeyPath<Scenario.Faults, Double> in [
-            \.crash, \.offline, \.partition, \.clockJump, \.expireTokens, \.resetZone, \.dropRequest, \.dropResponse,
-            \.duplicateRequest, \.duplicateResponse, \.delay, \.staleFetch, \.rateLimit, \.quota, \.zoneBusy, \.conflict,
-            \.partialFailure,
-        ] { faults[keyPath: path] = 0 }
+        for (_, path) in rateFields { faults[keyPath: path] = 0 }
         faults.maxClockSkewMs = 0
         faults.maxClockJumpMs = 0
         return faults
+    }
+}
+
+// MARK: - Canonical JSON of workloads and faults
+
+/// A JSON object key named at run time.
+struct ScenarioJSONKey: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(_ string: String) { stringValue = string }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+}
+
+extension Scenario.Workload: Codable {
+    /// Decodes the canonical form: every field a trace always held is required; the later weights default to 0.
+    public init(from decoder: any Decoder) throws {
+        self.init()
+        let container = try decoder.container(keyedBy: ScenarioJSONKey.self)
+        for (key, path) in Self.weightFields + Self.otherFields {
+            if Self.alwaysEncoded.contains(key) {
+                self[keyPath: path] = try container.decode(Int.self, forKey: ScenarioJSONKey(key))
+            } else if let value = try container.decodeIfPresent(Int.self, forKey: ScenarioJSONKey(key)) {
+                self[keyPath: path] = value
+            }
+        }
+    }
+
+    /// Encodes every field, except the later weights while they are 0 (see ``Scenario/Workload``).
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: ScenarioJSONKey.self)
+        for (key, path) in Self.weightFields + Self.otherFields where Self.alwaysEncoded.contains(key) || self[keyPath: path] != 0 {
+            try container.encode(self[keyPath: path], forKey: ScenarioJSONKey(key))
+        }
+    }
+}
+
+extension Scenario.Faults: Codable {
+    /// Decodes the canonical form: every field a trace always held is required; the later rates default to 0.
+    public init(from decoder: any Decoder) throws {
+        self.init()
+        let container = try decoder.container(keyedBy: ScenarioJSONKey.self)
+        for (key, path) in Self.rateFields {
+            if Self.optionalRates.contains(key) {
+                if let value = try container.decodeIfPresent(Double.self, forKey: ScenarioJSONKey(key)) { self[keyPath: path] = value }
+            } else {
+                self[keyPath: path] = try container.decode(Double.self, forKey: ScenarioJSONKey(key))
+            }
+        }
+        for (key, path) in Self.clockFields { self[keyPath: path] = try container.decode(Int.self, forKey: ScenarioJSONKey(key)) }
+    }
+
+    /// Encodes every field, except the later rates while they are 0 (see ``Scenario/Faults``).
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: ScenarioJSONKey.self)
+        for (key, path) in Self.rateFields where !Self.optionalRates.contains(key) || self[keyPath: path] != 0 {
+            try container.encode(self[keyPath: path], forKey: ScenarioJSONKey(key))
+        }
+        for (key, path) in Self.clockFields { try container.encode(self[keyPath: path], forKey: ScenarioJSONKey(key)) }
     }
 }
 

@@ -70,6 +70,24 @@ final class SimulationRun {
     var lastHistoryToken: [String: Int64] = [:]
     /// Each process's live queries, for the observers-agree check (`ObserverAgreement.swift`).
     var observers = ProcessObservers()
+    /// Bookkeeping the simulator corrupted (see BookkeepingFaults.swift), in order.
+    var corruptions: [Corruption] = []
+    /// Hostile records injected into each zone.
+    var hostileIDs: [String: Set<UUID>] = [:]
+    var nextHostileSerial = 0
+    /// Whether some attribute gains an option in a later schema version (then the schema gate must keep app versions
+    /// that disagree from syncing together, and an engine it blocks may stay behind).
+    let hasOptionChanges: Bool
+    /// Whether every workload save is checked against the local reference model (scenarios that use the later
+    /// operations); otherwise only the saves of those operations are.
+    let checksEverySave: Bool
+    /// The records each zone's end checks leave out (computed by the check phase).
+    var exemptFromChecks: [String: Set<UUID>] = [:]
+    /// Device stores ("device/store") whose engine refused to go on after a corruption (a typed error).
+    var brokenStores = Set<String>()
+    /// The last stamp each device store gave an acknowledged write, and the latest wall clock any device has had.
+    var lastLocalStamp: [String: FieldStamp] = [:]
+    var latestWallSeen: Int64 = 0
     /// Positions of the "another step?" choices (for truncation while shrinking).
     var stepFlagPositions: [Int] = []
     /// Fates for the next messages and cloud requests: each chaos step draws a fixed block of them for the window
@@ -97,10 +115,15 @@ final class SimulationRun {
         let newest = scenario.schema.schema()
         var encrypted: [String: Set<String>] = [:]
         for entity in newest.entities {
-            let names = entity.attributes.filter { $0.options.contains(.allowsCloudEncryption) }.map(\.name)
+            // (An attribute encrypted only from a later version on is the schema gate's: invariant schema-gate.)
+            let laterOn = Set(scenario.schema.entity(named: entity.name)?.attributes.filter { $0.optionsSince?["allowsCloudEncryption"] != nil }.map(\.name) ?? [])
+            let names = entity.attributes.filter { $0.options.contains(.allowsCloudEncryption) && !laterOn.contains($0.name) }.map(\.name)
             if !names.isEmpty { encrypted[entity.name] = Set(names) }
         }
         self.encryptedAttributes = encrypted
+        self.hasOptionChanges = scenario.schema.entities.contains { $0.attributes.contains { !($0.optionsSince ?? [:]).isEmpty } }
+        let workload = scenario.workload
+        self.checksEverySave = workload.deleteReinsert + workload.copies + workload.staleCopy + workload.batchDelete + workload.reopen > 0
         self.messageWeights = weights(scenario.faults.messageRates)
         self.cloudWeights = weights(scenario.faults.cloudRates)
         self.workloadWeights = scenario.workload.weights.map { UInt64($0) }
@@ -140,6 +163,8 @@ final class SimulationRun {
         for device in devices {
             for process in device.processes {
                 process.context = nil
+                process.observer = nil
+                process.keptCopy = nil
                 process.engines = [:]
                 process.container = nil
             }
@@ -184,7 +209,10 @@ final class SimulationRun {
                     defaultStoreDirectory: device.directory)
                 environment.canaries = options.canaries
                 environment.faultHook = { point in try faults.fire(point) }
-                device.processes.append(SimProcess(device: device, index: processIndex, stores: owned,
+                // An extension of an older (or newer) app version than its app shares the app-group file.
+                let view = processIndex > 0 && spec.extensionSchemaVersion.map({ $0 != spec.schemaVersion }) == true
+                    ? SchemaView(scenario.schema.schema(version: spec.extensionSchemaVersion!)) : device.view
+                device.processes.append(SimProcess(device: device, index: processIndex, stores: owned, view: view,
                                                    environment: environment, faults: faults))
             }
         }
@@ -226,11 +254,12 @@ final class SimulationRun {
             var configurations: [ModelConfiguration] = []
             var entities: [Schema.Entity] = []
             for store in process.stores {
-                let owned = self.entities(of: store, on: device)
+                let owned = process.view.entities(of: store)
                 entities += owned
-                let subset = Schema(entities: owned, version: device.schema.version)
+                let subset = Schema(entities: owned, version: process.view.schema.version)
                 let name = configurationName(store.name)
-                let cloud: ModelConfiguration.CloudKitDatabase = store.isSynced ? .private("iCloud.com.example.sim") : .none
+                let cloud: ModelConfiguration.CloudKitDatabase = store.isSynced && !process.syncOff.contains(store.name)
+                    ? .private("iCloud.com.example.sim") : .none
                 switch store.kind {
                 case .local, .synced:
                     configurations.append(ModelConfiguration(name, schema: subset, isStoredInMemoryOnly: !usesFile(store),
@@ -240,7 +269,7 @@ final class SimulationRun {
                                                              cloudKitDatabase: cloud))
                 }
             }
-            process.container = try ModelContainer(for: Schema(entities: entities, version: device.schema.version),
+            process.container = try ModelContainer(for: Schema(entities: entities, version: process.view.schema.version),
                                                    configurations: configurations, environment: process.environment)
         }
         guard let container = process.container else { return }
@@ -249,8 +278,9 @@ final class SimulationRun {
         var options = SyncEngine.Options()
         options.uploadBatchSize = 10
         options.fetchLimit = 10
-        for store in process.stores where store.isSynced {
-            let encryption = encryptedStores.contains(store.name) ? try FieldEncryption.rawKey(Self.worldKey) : nil
+        for store in process.stores where store.isSynced && !process.syncOff.contains(store.name) {
+            let encrypted = encryptedStores.contains(store.name) || process.encryptionOn.contains(store.name)
+            let encryption = encrypted ? try FieldEncryption.rawKey(Self.worldKey) : nil
             // One connection per store and process, as one thread drives the context and the engines.
             let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options,
                                         encryption: encryption, sharingConnectionOf: context)
@@ -258,6 +288,9 @@ final class SimulationRun {
             nextEngineSerial += 1
             engines[simEngine.serial] = simEngine
             process.engines[store.name] = simEngine
+        }
+        for store in process.stores where usesFile(store) {
+            if let url = container.url(of: configurationName(store.name)) { process.storeURLs[store.name] = url }
         }
         process.isUp = true
         try observeStores(of: process)
@@ -336,7 +369,12 @@ final class SimulationRun {
         case 3: try outageStep(partition: true)
         case 4: try clockJumpStep()
         case 5: try cloudStep(reset: false)
-        default: try cloudStep(reset: true)
+        case 6: try cloudStep(reset: true)
+        case 7: try corruptStep(.stamps)
+        case 8: try corruptStep(.unknown)
+        case 9: try corruptStep(.clock)
+        case 10: try corruptStep(.causalLength)
+        default: try hostileRecordStep()
         }
     }
 
@@ -392,7 +430,10 @@ final class SimulationRun {
         // connections back to in-memory stores' pools, as the process's end would close them. A file store's
         // connection is kept open instead (closing the last one would checkpoint the WAL).
         if let context = process.context, keepsConnections { graveyard.append(context) }
+        if let observer = process.observer, keepsConnections { graveyard.append(observer) }
         process.context = nil
+        process.observer = nil
+        process.keptCopy = nil
         if process.stores.allSatisfy(usesFile), let container = process.container {
             graveyard.append(container)
             process.container = nil
@@ -443,8 +484,10 @@ final class SimulationRun {
             line.add("device", device.name)
             line.add("jump_ms", jump)
         }
+        latestWallSeen = max(latestWallSeen, latestWallClock())
         device.offset += jump
         setNow(now)
+        latestWallSeen = max(latestWallSeen, latestWallClock())
     }
 
     private func cloudStep(reset: Bool) throws {
@@ -481,6 +524,8 @@ final class SimulationRun {
             for process in device.processes {
                 process.faults.disarm()
                 if !process.isUp { try restart(process) }
+                // Every store syncs again (what was written while sync was off must reach the cloud now).
+                if !process.syncOff.isEmpty { try reopen(process, syncOff: [], encryptionOn: process.encryptionOn) }
             }
         }
         for engine in currentEngines {
@@ -511,12 +556,14 @@ final class SimulationRun {
             try runPumps()
             try runUntilIdle(deadline: deadline, what: what)
             if stats.cloudSaves == saves {
-                for engine in currentEngines {
+                for engine in currentEngines where !engine.isBroken {
                     let status = try engine.engine.status()
-                    guard status.isUpToDate else {
+                    let behind = try !status.isUpToDate && !mayStayBehind(engine, status)
+                    guard !behind else {
                         throw InvariantViolation(.liveness, "\(engine.process.label) store '\(engine.store)' is idle but not up to date "
                             + "(pending \(status.pendingRecords), rejected \(status.rejectedRecords), waiting \(status.waitingForParent), "
-                            + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none"))")
+                            + "needs fetch \(status.needsFetch), last error \(status.lastError.map { "\($0)" } ?? "none")"
+                            + (status.blockedBy.map { ", blocked by \($0)" } ?? "") + (status.encryptionError.map { ", encryption error \($0)" } ?? "") + ")")
                     }
                 }
                 try checkObservers()
@@ -646,12 +693,12 @@ extension SimulationRun {
 
     /// Asks an engine for its next request and sends it, or schedules its wake-up.
     func pump(_ engine: SimEngine) throws {
-        guard isCurrent(engine), !engine.engine.isAwaitingResponse else { return }
+        guard isCurrent(engine), !engine.isBroken, !engine.engine.isAwaitingResponse else { return }
         let request: SyncRequest?
         do {
             request = try engine.engine.nextRequest()
         } catch {
-            throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': nextRequest threw \(error)")
+            return try engineFailed(engine, "nextRequest", error)
         }
         if let request {
             try send(request, from: engine)
@@ -756,7 +803,7 @@ extension SimulationRun {
             do {
                 try engine.engine.abandon(message.request.id)
             } catch {
-                throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': abandon threw \(error)")
+                try engineFailed(engine, "abandon", error)
             }
             enqueuePump(engine)
         case let .wake(serial):
@@ -793,7 +840,7 @@ extension SimulationRun {
 
     private func deliver(_ message: Message, _ result: Result<CloudOperationResult, CloudError>) throws {
         let device = devices[message.device]
-        guard let engine = engines[message.engine], isCurrent(engine) else { return }
+        guard let engine = engines[message.engine], isCurrent(engine), !engine.isBroken else { return }
         if device.isOffline(now) || device.isPartitioned(now) {
             if case .failure(.networkUnavailable) = result {} else {
                 trace.event(now, "lost") { $0.add("req", message.request.id); $0.add("why", "device unreachable") }
@@ -831,7 +878,7 @@ extension SimulationRun {
             crash(engine.process, reason: simulated.point, restartAfter: engine.process.pendingRestartDelay)
             return
         } catch {
-            throw InvariantViolation(.unexpectedError, "\(engine.process.label) store '\(engine.store)': handling \(message.request.operation.name) threw \(error)")
+            return try engineFailed(engine, "handling \(message.request.operation.name)", error)
         }
         // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
         // of the reset later, and convergence checks that it uploads them again. An answer the engine ignored — a
@@ -956,7 +1003,7 @@ extension SimulationRun {
 
     /// Saves records in the cloud, checking first that every version that replaces one is a superset of it (the
     /// cloud never loses an acknowledged write), and keeps the mirror.
-    private func modify(_ records: [CloudRecord], zone: String, from message: Message?) throws -> Result<CloudOperationResult, CloudError> {
+    func modify(_ records: [CloudRecord], zone: String, from message: Message?) throws -> Result<CloudOperationResult, CloudError> {
         if scenario.expect.cloudEncryption {
             // No plaintext of an encrypted attribute ever reaches the cloud, not even in a version replaced later.
             for record in records {
@@ -970,6 +1017,7 @@ extension SimulationRun {
                 }
             }
         }
+        if let message { try checkCorruptedUploads(records, zone: zone, device: message.device) }
         for record in records {
             guard let old = mirror[zone]?[record.recordID], old.changeTag == record.changeTag else { continue }
             if let gap = dominanceGap(new: record, old: old) {

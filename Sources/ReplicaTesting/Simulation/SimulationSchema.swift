@@ -17,22 +17,28 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
         public var defaultValue: SQLiteValue?
         /// `unique`, `preserveValueOnDeletion`, `allowsCloudEncryption`, `externalStorage`.
         public var options: [String]
+        /// Options the attribute gains in a later schema version than its own, by option: an app version that turns on
+        /// cloud encryption (say) for an attribute that existed before. `nil`: none (left out of the canonical JSON).
+        public var optionsSince: [String: Int]?
         /// The schema version that added the attribute.
         public var since: Int
 
         public init(_ name: String, _ type: Schema.AttributeType, optional: Bool = false, default defaultValue: SQLiteValue? = nil,
-                    options: [String] = [], since: Int = 1) {
+                    options: [String] = [], optionsSince: [String: Int]? = nil, since: Int = 1) {
             self.name = name
             self.type = type
             self.optional = optional
             self.defaultValue = defaultValue
             self.options = options
+            self.optionsSince = optionsSince
             self.since = since
         }
 
-        var schemaOptions: Schema.Attribute.Options {
+        /// The options of the attribute in schema `version`.
+        func schemaOptions(version: Int) -> Schema.Attribute.Options {
             var result: Schema.Attribute.Options = []
-            for option in options {
+            let later = (optionsSince ?? [:]).filter { $0.value <= version }.keys.sorted()
+            for option in options + later {
                 switch option {
                 case "unique": result.insert(.unique)
                 case "preserveValueOnDeletion": result.insert(.preserveValueOnDeletion)
@@ -99,7 +105,7 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
                 name: entity.name,
                 attributes: entity.attributes.filter { $0.since <= version }.map {
                     Schema.Attribute(name: $0.name, type: $0.type, isOptional: $0.optional, defaultValue: $0.defaultValue,
-                                     options: $0.schemaOptions)
+                                     options: $0.schemaOptions(version: version))
                 },
                 relationships: entity.relationships.filter { $0.since <= version }.map {
                     Schema.Relationship(name: $0.name, destination: $0.destination, inverse: $0.inverse, isToMany: $0.toMany,

@@ -8,6 +8,22 @@ import Synchronization
 public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// The library threw an error a correct system never throws (a SQLite error, a partial save, a blocked schema…).
     case unexpectedError = "no-unexpected-errors"
+    /// Every workload save leaves what the local API promises (checked after each save, see LocalSaves.swift): the
+    /// rows (changes applied in registration order; an update writes only the fields the app changed relative to the
+    /// copy it read), one history transaction listing each record's changes in order, and in a synced store each
+    /// touched record's causal length (delete and re-insert in one save: +2, odd), outbox flag and stamps.
+    case localSaves = "local-saves"
+    /// A store's clock never goes back (each acknowledged write's stamp follows the store's earlier ones, whatever its
+    /// bookkeeping or the cloud held), and no remote record drags it more than a day ahead of the latest wall clock any
+    /// device has had (checked at each acknowledged write).
+    case clockBounds = "clock-bounds"
+    /// Bookkeeping the simulator corrupted is never read as a default: while the garbage is in place the store's status
+    /// is not up to date, and a corrupted record is never uploaded without fields its ledger held before.
+    case unreadableBookkeeping = "unreadable-bookkeeping"
+    /// App versions whose schemas disagree on what the cloud holds for an attribute (cloud encryption, external
+    /// storage) never both sync one zone: the schema gate refuses one (checked at the end, when the scenario's schema
+    /// changes an attribute's options across versions).
+    case schemaGate = "schema-gate"
     /// Every store file passes `PRAGMA integrity_check`, and each synced store's ledger agrees with its rows (alive
     /// in the ledger exactly when a row exists), after crashes and restarts.
     case crashConsistency = "crash-consistency"
@@ -46,10 +62,22 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// phase.
     case observersAgree = "observers-agree"
 
+    /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
+    /// after each save, each upload, at each quiescent point): the count the trace's `checked` line reports.
+    public static var checkedAtEnd: [Invariant] {
+        allCases.filter {
+            $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping && $0 != .schemaGate && $0 != .observersAgree
+        }
+    }
+
     /// One line describing the invariant.
     public var summary: String {
         switch self {
         case .unexpectedError: return "the library never throws an unexpected error"
+        case .localSaves: return "local saves agree with the reference model"
+        case .clockBounds: return "a store's clock never goes back or far ahead"
+        case .unreadableBookkeeping: return "unreadable bookkeeping is never up to date or uploaded short"
+        case .schemaGate: return "app versions that disagree on what the cloud holds never both sync"
         case .crashConsistency: return "integrity_check passes; ledger agrees with rows after crashes"
         case .liveness: return "converged within the liveness bound after heal"
         case .noResurrection: return "deleted records come back only through a re-insert"
@@ -197,8 +225,8 @@ final class SimDevice {
     var offlineUntil: Int64 = -1
     var partitionedUntil: Int64 = -1
     var processes: [SimProcess] = []
-    /// The Replica schema of the device's app version.
-    let schema: Schema
+    /// The schema of the device's app version, with its per-entity facts.
+    let view: SchemaView
     let directory: URL
 
     init(index: Int, spec: Scenario.Device, offset: Int64, schema: Schema, directory: URL) {
@@ -206,16 +234,36 @@ final class SimDevice {
         self.spec = spec
         self.offset = offset
         self.clock = ManualClock(milliseconds: SimulationRun.epoch + offset)
-        self.schema = schema
+        self.view = SchemaView(schema)
         self.directory = directory
     }
 
-    /// Per-entity facts of the device's schema, made on first use (see ``SimEntity``).
-    private var entityCache: [String: SimEntity] = [:]
-    /// The entities of each store in the device's schema (by store name), made on first use.
-    private var storeEntityCache: [String: [Schema.Entity]] = [:]
+    /// The Replica schema of the device's app version.
+    var schema: Schema { view.schema }
 
     /// The cached facts about `entity` (an entity of the device's schema).
+    func info(_ entity: Schema.Entity) -> SimEntity { view.info(entity) }
+
+    /// The entities of `store` in the device's schema, in the store's order.
+    func entities(of store: Scenario.Store) -> [Schema.Entity] { view.entities(of: store) }
+
+    var name: String { spec.name }
+    func isOffline(_ now: Int64) -> Bool { now < offlineUntil }
+    func isPartitioned(_ now: Int64) -> Bool { now < partitionedUntil }
+}
+
+/// One app version's schema, with what the simulator derives from it made on first use: a device's (its app's), or
+/// an app-group extension's that runs another version.
+final class SchemaView {
+    let schema: Schema
+    /// Per-entity facts, made on first use (see ``SimEntity``).
+    private var entityCache: [String: SimEntity] = [:]
+    /// The entities of each store (by store name), made on first use.
+    private var storeEntityCache: [String: [Schema.Entity]] = [:]
+
+    init(_ schema: Schema) { self.schema = schema }
+
+    /// The cached facts about `entity` (an entity of this schema).
     func info(_ entity: Schema.Entity) -> SimEntity {
         if let cached = entityCache[entity.name] { return cached }
         let made = SimEntity(entity)
@@ -223,17 +271,13 @@ final class SimDevice {
         return made
     }
 
-    /// The entities of `store` in the device's schema, in the store's order.
+    /// The entities of `store` in this schema, in the store's order.
     func entities(of store: Scenario.Store) -> [Schema.Entity] {
         if let cached = storeEntityCache[store.name] { return cached }
         let made = store.entities.compactMap { schema.entity(named: $0) }
         storeEntityCache[store.name] = made
         return made
     }
-
-    var name: String { spec.name }
-    func isOffline(_ now: Int64) -> Bool { now < offlineUntil }
-    func isPartitioned(_ now: Int64) -> Bool { now < partitionedUntil }
 }
 
 /// What the simulator derives from one entity of a device's schema, computed once instead of on every use: the field
@@ -263,6 +307,8 @@ final class SimProcess {
     let index: Int
     /// The stores this process opens (the app: every store of the device; the extension: the app-group stores).
     let stores: [Scenario.Store]
+    /// The schema of the app version this process runs (the device's, unless its extension runs another).
+    let view: SchemaView
     var environment: ReplicaEnvironment
     let faults: FaultSwitch
     var container: ModelContainer?
@@ -270,16 +316,30 @@ final class SimProcess {
     /// The current engine of each synced store (by store name).
     var engines: [String: SimEngine] = [:]
     var isUp = false
+    /// The file of each file-backed store this process opened (for the corruption faults).
+    var storeURLs: [String: URL] = [:]
     /// Restart delay drawn when an armed crash was set up.
     var pendingRestartDelay: Int64 = 1
     /// The (store, entity) pairs each workload operation can apply to here, by operation (made on first use: the
     /// process's stores and its device's schema never change).
     var workloadTargets: [[(Scenario.Store, Schema.Entity)]?] = Array(repeating: nil, count: WorkloadOperation.allCases.count)
+    /// A context that only reads, for the local-save checks (made on first use; gone with the container or a crash).
+    var observer: ModelContext?
+    /// A copy of a record kept to be saved at a later step (the stale-copy operation); gone with the context.
+    var keptCopy: KeptCopy?
+    /// Synced stores this process opens local-only for now (the reopen operation).
+    var syncOff = Set<String>()
+    /// Stores without encrypted attributes whose engines this process gives the field key anyway (the reopen operation).
+    var encryptionOn = Set<String>()
+    /// Writes to stores while their sync was off, by store and record, and the records in first-write order.
+    var offSyncWrites: [String: [UUID: OffSyncWrite]] = [:]
+    var offSyncOrder: [String: [UUID]] = [:]
 
-    init(device: SimDevice, index: Int, stores: [Scenario.Store], environment: ReplicaEnvironment, faults: FaultSwitch) {
+    init(device: SimDevice, index: Int, stores: [Scenario.Store], view: SchemaView, environment: ReplicaEnvironment, faults: FaultSwitch) {
         self.device = device
         self.index = index
         self.stores = stores
+        self.view = view
         self.environment = environment
         self.faults = faults
     }
@@ -295,6 +355,8 @@ final class SimEngine {
     var queued = false
     var wakeAt: Int64?
     var pushPending = false
+    /// The engine threw a typed error about bookkeeping the simulator corrupted: it is not pumped again.
+    var isBroken = false
     /// The request this engine waits for, as far as the simulator knows.
     var outstanding: UInt64?
     /// Recent fetch results, replayed as stale answers.

@@ -150,15 +150,52 @@ public enum TraceFormat {
         guard let tapeText = object["tape"] as? String, let tape = ChoiceTape(encoded: tapeText) else {
             throw TraceError(file: file, problem: "the header has no readable tape")
         }
-        guard let scenarioObject = object["scenario_json"],
-              let scenarioData = try? JSONSerialization.data(withJSONObject: scenarioObject),
-              let scenario = try? JSONDecoder().decode(Scenario.self, from: scenarioData) else {
-            throw TraceError(file: file, problem: "the header has no readable scenario_json")
-        }
+        let scenario = try headerScenario(object["scenario_json"], file: file)
         let seed = (object["seed"] as? NSNumber).map { $0.uint64Value }
         let canaries = object["canaries"] as? [String] ?? []
         return Header(scenario: scenario, seed: seed, tape: tape, canaries: canaries,
                       scenarioHash: object["scenario_hash"] as? String ?? "")
+    }
+
+    /// The scenario a header embeds (`scenario_json`: the canonical JSON of ``Scenario``), decoded and then checked
+    /// as a scenario file is (``Scenario/validate(file:fieldPrefix:)``): a header is input like any other, and a run
+    /// must never start from a scenario that no file could describe.
+    /// - Throws: ``TraceError`` naming the field under `scenario_json` and the problem.
+    static func headerScenario(_ value: Any?, file: String) throws(TraceError) -> Scenario {
+        guard let value else { throw TraceError(file: file, field: "scenario_json", problem: "missing") }
+        guard let object = value as? [String: Any] else {
+            throw TraceError(file: file, field: "scenario_json", problem: "expected an object, found \(ScenarioReader(file: file).kind(of: value))")
+        }
+        let scenario: Scenario
+        do {
+            let data = try JSONSerialization.data(withJSONObject: object)
+            scenario = try JSONDecoder().decode(Scenario.self, from: data)
+        } catch let error as DecodingError {
+            let (path, problem) = describe(error)
+            throw TraceError(file: file, field: "scenario_json" + path, problem: problem)
+        } catch {
+            throw TraceError(file: file, field: "scenario_json", problem: "not readable (\(error))")
+        }
+        do {
+            try scenario.validate(file: file, fieldPrefix: "scenario_json.")
+        } catch {
+            throw TraceError(file: file, field: error.field, problem: error.problem)
+        }
+        return scenario
+    }
+
+    /// A decoding error as a field path below `scenario_json` (`.devices[0].name`) and a problem.
+    private static func describe(_ error: DecodingError) -> (path: String, problem: String) {
+        func path(_ keys: [any CodingKey]) -> String {
+            keys.map { key in key.intValue.map { "[\($0)]" } ?? ".\(key.stringValue)" }.joined()
+        }
+        switch error {
+        case let .keyNotFound(key, context): return (path(context.codingPath + [key]), "missing")
+        case let .typeMismatch(type, context): return (path(context.codingPath), "expected \(type)")
+        case let .valueNotFound(type, context): return (path(context.codingPath), "expected \(type), found null")
+        case let .dataCorrupted(context): return (path(context.codingPath), context.debugDescription)
+        @unknown default: return ("", "not readable")
+        }
     }
 
     /// The failed invariant named in a trace's verdict line, if any.
@@ -188,6 +225,16 @@ public enum TraceFormat {
 /// A trace file that cannot be used.
 public struct TraceError: Error, CustomStringConvertible, Sendable {
     public var file: String
+    /// The header field at fault (e.g. `scenario_json.devices`), when one is.
+    public var field: String?
     public var problem: String
-    public var description: String { "\(file): \(problem)" }
+
+    public init(file: String, field: String? = nil, problem: String) {
+        self.file = file
+        self.field = field
+        self.problem = problem
+    }
+
+    /// `FILE: PROBLEM`, or `FILE: field 'FIELD': PROBLEM` as for scenario files.
+    public var description: String { field.map { "\(file): field '\($0)': \(problem)" } ?? "\(file): \(problem)" }
 }

@@ -1,12 +1,14 @@
 // Workload steps: device operations (insert, update, delete, re-insert, relationship edits, unique-key collisions,
-// encrypted edits) made through each process's ModelContext, and the reference model's record of what was
-// acknowledged.
+// encrypted edits; and, in WorkloadCopies.swift, delete and re-insert in one save, copies of one record, stale copies,
+// batch deletes) made through each process's ModelContext; every save checked against the local reference model
+// (LocalSaves.swift), and the reference model's record of what was acknowledged.
 
 import Foundation
 @_spi(Simulation) import Replica
 
 enum WorkloadOperation: Int, CaseIterable {
     case insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit
+    case deleteReinsert, copies, staleCopy, batchDelete, reopen
 
     var name: String {
         switch self {
@@ -17,6 +19,11 @@ enum WorkloadOperation: Int, CaseIterable {
         case .relationshipEdit: return "relationship-edit"
         case .uniqueCollision: return "unique-collision"
         case .encryptedEdit: return "encrypted-edit"
+        case .deleteReinsert: return "delete-reinsert"
+        case .copies: return "copies"
+        case .staleCopy: return "stale-copy"
+        case .batchDelete: return "batch-delete"
+        case .reopen: return "reopen"
         }
     }
 }
@@ -38,11 +45,15 @@ extension SimulationRun {
         if let cached = process.workloadTargets[operation.rawValue] { return cached }
         var result: [(Scenario.Store, Schema.Entity)] = []
         for store in process.stores {
-            for entity in entities(of: store, on: process.device) {
+            for entity in process.view.entities(of: store) {
                 switch operation {
                 case .relationshipEdit: if entity.toOneRelationships.isEmpty { continue }
                 case .uniqueCollision: if !entity.attributes.contains(where: \.isUnique) { continue }
                 case .encryptedEdit: if !entity.attributes.contains(where: \.isEncrypted) { continue }
+                case .reopen:
+                    // One target per synced store (not per entity), of processes whose stores all outlive their container.
+                    if store.kind != .synced || !process.stores.allSatisfy(usesFile)
+                        || entity.name != process.view.entities(of: store).first?.name { continue }
                 default: break
                 }
                 result.append((store, entity))
@@ -69,15 +80,22 @@ extension SimulationRun {
             return
         }
         stats.workloadOperations += 1
-        let info = device.info(entity)
+        // The single-change operations are checked against the local reference model only in scenarios that use the
+        // later operations (checking every save costs about a third of a run): elsewhere their acknowledgement and the
+        // end checks cover them.
+        let checks = checksEverySave
+        let info = process.view.info(entity)
         let access = info.access
         let pool = poolKey(store, entity.name, device: device)
         switch operation {
         case .insert, .uniqueCollision:
             let values = try newRecordValues(entity, store: store, process: process, collide: operation == .uniqueCollision)
+            let baseline = checks ? try saveBaseline(store, on: process) : nil
             let id = access.insert(context, id: .unassigned, values: values)
             outcome.record = id
-            if try save(&outcome, context: context) {
+            let expected = ExpectedRecord(id: id, entity: info, before: nil, after: values, causalLengthBefore: store.isSynced ? 0 : nil,
+                                          changes: [.insert])
+            if try saveChecked(&outcome, context: context, records: [expected], baseline: baseline, operation: operation.name) {
                 pools[pool, default: []].append(id)
                 aliases[id] = store.isSynced ? "\(entity.name)#\(pools[pool]!.count - 1)" : "\(entity.name)@\(device.name)#\(pools[pool]!.count - 1)"
                 try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(info.fieldNames.indices), before: nil)
@@ -88,17 +106,23 @@ extension SimulationRun {
             outcome.record = id
             guard try access.values(context, id: id) == nil else { outcome.result = "still alive here"; return }
             let values = try newRecordValues(entity, store: store, process: process, collide: false)
+            let length = checks ? try ledgerCausalLength(id, store: store, on: process) : nil
+            let baseline = checks ? try saveBaseline(store, on: process) : nil
             _ = access.insert(context, id: id, values: values)
-            if try save(&outcome, context: context) {
+            let expected = ExpectedRecord(id: id, entity: info, before: nil, after: values, causalLengthBefore: length, changes: [.insert])
+            if try saveChecked(&outcome, context: context, records: [expected], baseline: baseline, operation: operation.name) {
                 try acknowledge(&outcome, kind: .insert, id: id, values: values, changed: Array(info.fieldNames.indices), before: nil)
                 wakeEngines(outcome)
             }
         case .delete:
             guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
             outcome.record = id
-            guard try access.values(context, id: id) != nil else { outcome.result = "not here"; return }
+            guard let before = try access.values(context, id: id) else { outcome.result = "not here"; return }
+            let length = checks ? try ledgerCausalLength(id, store: store, on: process) : nil
+            let baseline = checks ? try saveBaseline(store, on: process) : nil
             context.delete(PersistentIdentifier(entityName: entity.name, id: id))
-            if try save(&outcome, context: context) {
+            let expected = ExpectedRecord(id: id, entity: info, before: before, after: nil, causalLengthBefore: length, changes: [.delete])
+            if try saveChecked(&outcome, context: context, records: [expected], baseline: baseline, operation: operation.name) {
                 try acknowledge(&outcome, kind: .delete, id: id, values: [], changed: [], before: nil)
                 wakeEngines(outcome)
             }
@@ -124,11 +148,24 @@ extension SimulationRun {
             let changed = values.indices.filter { values[$0] != before[$0] }
             guard !changed.isEmpty else { outcome.result = "no change"; return }
             outcome.fields = changed.map { fieldNames[$0] }
+            let length = checks ? try ledgerCausalLength(id, store: store, on: process) : nil
+            let baseline = checks ? try saveBaseline(store, on: process) : nil
             access.update(context, id: id, values: values)
-            if try save(&outcome, context: context) {
+            let expected = ExpectedRecord(id: id, entity: info, before: before, after: values, causalLengthBefore: length, changes: [.update])
+            if try saveChecked(&outcome, context: context, records: [expected], baseline: baseline, operation: operation.name) {
                 try acknowledge(&outcome, kind: .update, id: id, values: values, changed: changed, before: before)
                 wakeEngines(outcome)
             }
+        case .deleteReinsert:
+            try deleteReinsertStep(&outcome, context: context, pool: pool)
+        case .copies:
+            try copiesStep(&outcome, context: context, pool: pool)
+        case .staleCopy:
+            try staleCopyStep(&outcome, context: context, pool: pool)
+        case .batchDelete:
+            try batchDeleteStep(&outcome, context: context, pool: pool)
+        case .reopen:
+            try reopenStep(&outcome)
         }
     }
 
@@ -142,7 +179,7 @@ extension SimulationRun {
         var result = "ok"
     }
 
-    private func report(_ outcome: Outcome) {
+    func report(_ outcome: Outcome) {
         let record = outcome.record.map(alias) ?? outcome.entity.name
         let fields = outcome.fields.isEmpty ? "" : " [\(outcome.fields.joined(separator: ", "))]"
         // As `note(_:)` words it, in one string.
@@ -160,7 +197,7 @@ extension SimulationRun {
     }
 
     /// Saves; returns whether the save committed (acknowledged).
-    private func save(_ outcome: inout Outcome, context: ModelContext) throws -> Bool {
+    func save(_ outcome: inout Outcome, context: ModelContext) throws -> Bool {
         let process = outcome.process
         do {
             try context.save()
@@ -189,6 +226,12 @@ extension SimulationRun {
                 outcome.result = "rejected: record gone"
                 return false
             default:
+                // A typed refusal is a legitimate answer when the simulator corrupted the store's bookkeeping.
+                if wasCorrupted(process.device, outcome.store.name) {
+                    stats.rejectedSaves += 1
+                    outcome.result = "rejected: \(error)"
+                    return false
+                }
                 throw InvariantViolation(.unexpectedError, "\(process.label) save of \(outcome.operation.name) threw \(error)")
             }
         } catch {
@@ -200,19 +243,21 @@ extension SimulationRun {
     }
 
     /// After a save: the store's engines on the device (both processes of an app-group store) have work.
-    private func wakeEngines(_ outcome: Outcome) {
+    func wakeEngines(_ outcome: Outcome) {
         for sibling in outcome.process.device.processes where sibling.isUp {
             if let engine = sibling.engines[outcome.store.name] { enqueuePump(engine) }
         }
     }
 
     /// Records an acknowledged write in the reference model (and checks its stamps against what the device had seen).
-    private func acknowledge(_ outcome: inout Outcome, kind: AckWrite.Kind, id: UUID, values: [SQLiteValue], changed: [Int],
-                             before: [SQLiteValue]?) throws {
+    /// - Parameter causalLength: for a delete that the same save followed by a re-insert of the ID: the causal length
+    ///   the delete reached (the ledger holds the re-insert's by now).
+    func acknowledge(_ outcome: inout Outcome, kind: AckWrite.Kind, id: UUID, values: [SQLiteValue], changed: [Int],
+                     before: [SQLiteValue]?, causalLength ended: Int64? = nil, checksClock: Bool = true) throws {
         let store = outcome.store
         let entity = outcome.entity
         let device = outcome.process.device
-        let info = device.info(entity)
+        let info = outcome.process.view.info(entity)
         let names = info.fieldNames
         if !store.isSynced {
             let key = "\(device.index)/\(store.name)"
@@ -229,7 +274,18 @@ extension SimulationRun {
             }
             return
         }
-        guard let engine = outcome.process.engines[store.name] else { return }
+        guard let engine = outcome.process.engines[store.name] else {
+            if outcome.process.syncOff.contains(store.name) {
+                noteOffSyncWrite(outcome.process, store: store, entity: info, id: id, kind: kind, changed: changed)
+            }
+            return
+        }
+        if kind == .delete, let ended {
+            let storeKey = "\(device.index)/\(store.name)"
+            reference.ownCausalLength[storeKey, default: [:]][id] = max(ended, reference.ownCausalLength[storeKey]?[id] ?? 0)
+            reference.record(zone: store.name, id: id, write: AckWrite(kind: .delete, causalLength: ended, fields: [], step: step, device: device.name))
+            return
+        }
         // (Only the causal length and stamps are checked: read without the rest of the ledger row.)
         guard let state = try engine.engine.replicationStamps(of: id) else {
             throw InvariantViolation(.noLostWrites, "\(outcome.process.label): the acknowledged \(kind.rawValue) of \(alias(id)) has no ledger entry")
@@ -249,6 +305,9 @@ extension SimulationRun {
             reference.record(zone: store.name, id: id, write: AckWrite(kind: .delete, causalLength: state.causalLength, fields: [],
                                                                        step: step, device: device.name))
             return
+        }
+        if checksClock, let index = changed.first, let stamp = state.stamps[names[index]] {
+            try checkClock(stamp, device: device, store: store.name, record: id, engine: engine)
         }
         var fields: [(name: String, stamp: FieldStamp, value: SQLiteValue, isAttribute: Bool)] = []
         for index in changed {
@@ -276,13 +335,13 @@ extension SimulationRun {
 
     /// A record of the pool: choice 0 is the newest, and recent records are picked more often (users keep editing
     /// what they just created).
-    private func pickRecord(_ pool: String) throws -> UUID? {
+    func pickRecord(_ pool: String) throws -> UUID? {
         guard let ids = pools[pool], !ids.isEmpty else { return nil }
         return ids[ids.count - 1 - (try dice.skewed(ids.count - 1, small: 2, probability: 0.5))]
     }
 
     /// Values for a new record: every attribute gets a fresh value, every to-one relationship maybe a live parent.
-    private func newRecordValues(_ entity: Schema.Entity, store: Scenario.Store, process: SimProcess, collide: Bool) throws -> [SQLiteValue] {
+    func newRecordValues(_ entity: Schema.Entity, store: Scenario.Store, process: SimProcess, collide: Bool) throws -> [SQLiteValue] {
         var values: [SQLiteValue] = []
         for attribute in entity.attributes { values.append(try newValue(attribute, store: store, collide: collide)) }
         for relationship in entity.toOneRelationships {
@@ -293,14 +352,14 @@ extension SimulationRun {
 
     /// A reference to a record of the relationship's destination that is alive on the process's device, or null.
     private func parentReference(_ relationship: Schema.Relationship, store: Scenario.Store, process: SimProcess) throws -> SQLiteValue {
-        guard let context = process.context, let destination = process.device.schema.entity(named: relationship.destination),
+        guard let context = process.context, let destination = process.view.schema.entity(named: relationship.destination),
               let id = try pickRecord(poolKey(store, destination.name, device: process.device)) else { return .null }
-        let access = process.device.info(destination).access
+        let access = process.view.info(destination).access
         return try access.values(context, id: id) != nil ? id.sqliteValue : .null
     }
 
     /// A value no other write of the run produces (except booleans and nulls), so values identify their writes.
-    private func newValue(_ attribute: Schema.Attribute, store: Scenario.Store, collide: Bool) throws -> SQLiteValue {
+    func newValue(_ attribute: Schema.Attribute, store: Scenario.Store, collide: Bool) throws -> SQLiteValue {
         if attribute.isOptional, scenario.workload.nullPercent > 0, try dice.chance(Double(scenario.workload.nullPercent) / 100) {
             return .null
         }

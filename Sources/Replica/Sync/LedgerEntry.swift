@@ -1,0 +1,63 @@
+import Foundation
+
+/// A record's place in the sync ledger.
+public enum LedgerState: Hashable, Sendable {
+    /// The cloud lacks a local change; it will be uploaded.
+    case pending
+    /// The cloud has everything this device knows of the record.
+    case synced
+    /// The record references a record (its parent) this device has not received; it is kept and linked on arrival.
+    case waitingForParent(UUID)
+    /// The cloud refused the record for good; it stays queued with the reason.
+    case rejected(reason: String)
+    /// An encrypted field of the record could not be opened; local values are untouched.
+    case undecryptable(reason: String)
+    /// A version of the record from the cloud is stamped further ahead of this device's clock than
+    /// ``SyncEngine/Options/maxClockDriftMilliseconds``: it is kept, not merged yet, and merged at the first fetch
+    /// once the wall clock has reached `retryAt` (environment milliseconds). Local changes keep uploading meanwhile.
+    case aheadOfClock(reason: String, retryAt: Int64)
+    /// The record's sync bookkeeping could not be read (the corruption names the column). Its bookkeeping was rebuilt
+    /// without losing local values or edits; it is kept out of the outbox until a fresh cloud copy of the record is
+    /// merged or a full read of the zone finds none (see `Specs/replication-protocol.md`, R14).
+    case corrupt(BookkeepingCorruption)
+
+    /// The state without its associated values.
+    public enum Kind: Hashable, Sendable { case pending, synced, waitingForParent, rejected, undecryptable, aheadOfClock, corrupt }
+
+    public var kind: Kind {
+        switch self {
+        case .pending: return .pending
+        case .synced: return .synced
+        case .waitingForParent: return .waitingForParent
+        case .rejected: return .rejected
+        case .undecryptable: return .undecryptable
+        case .aheadOfClock: return .aheadOfClock
+        case .corrupt: return .corrupt
+        }
+    }
+}
+
+/// One record's ledger entry.
+public struct LedgerEntry: Hashable, Sendable {
+    public let id: PersistentIdentifier
+    public let state: LedgerState
+    /// Odd while alive, even while deleted.
+    public let causalLength: Int64
+    /// The server version last seen or saved.
+    public let changeTag: String?
+}
+
+/// A merge decision in which a local value lost: a field whose local, not yet uploaded value lost to a newer remote
+/// write, or a duplicate of a unique key resolved into the winner.
+public struct ConflictLogEntry: Hashable, Sendable {
+    /// The record whose value lost (for a duplicate: the loser).
+    public let id: PersistentIdentifier
+    /// The field (`"*"` for a duplicate).
+    public let field: String
+    /// The losing stamp (for a duplicate: the loser's creation stamp).
+    public let localStamp: FieldStamp
+    /// The winning stamp (for a duplicate: the winner's creation stamp).
+    public let winningStamp: FieldStamp
+    /// For a resolved duplicate: the record it was merged into.
+    public let duplicateOf: PersistentIdentifier?
+}

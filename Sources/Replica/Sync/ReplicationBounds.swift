@@ -1,0 +1,207 @@
+import Foundation
+
+/// The bounds the sync engine holds remote records and its own bookkeeping to (`Specs/replication-protocol.md`, R2,
+/// R5 and P4). Public so that simulators and tests can build records at and beyond each edge.
+public enum ReplicationBounds {
+    /// The largest causal length accepted from the cloud or read from the ledger: 2⁶², far beyond any real number of
+    /// deletes and re-inserts, and far enough below `Int64.max` that local increments never overflow.
+    public static let maxCausalLength: Int64 = 1 << 62
+
+    /// The largest local version (the outbox's change counter) read from the ledger, as ``maxCausalLength``.
+    public static let maxLocalVersion: Int64 = 1 << 62
+
+    /// How close to the top of the clock's encodable range (``HLC/maxPhysical``) a remote stamp may come: one day of
+    /// milliseconds. A stamp within it is refused for good, as "at the edge of the clock's range": a device that
+    /// merged it would be left with no room for later stamps of its own.
+    public static let edgeMarginMilliseconds: Int64 = 86_400_000
+
+    /// The largest physical time (ms) of a remote stamp that is accepted at all: ``HLC/maxPhysical`` minus
+    /// ``edgeMarginMilliseconds``.
+    public static let maxRemotePhysical: Int64 = HLC.maxPhysical - edgeMarginMilliseconds
+
+    /// The default of ``SyncEngine/Options/maxClockDriftMilliseconds``: 24 hours. Device clocks set by NTP or the
+    /// cellular network agree within seconds; a clock set by hand can be off by hours. A bound of a day keeps every
+    /// such device syncing without delay while a stamp of a broken clock (days, years or a century ahead) cannot
+    /// drag every later stamp of every device that merges it along (Kulkarni et al., "Logical Physical Clocks", 2014,
+    /// bound the drift in the same way: a message too far ahead of the local physical clock is not accepted).
+    public static let defaultMaxClockDriftMilliseconds: Int64 = 86_400_000
+}
+
+/// Why a record received from the cloud is not merged: it is kept aside with this reason (see
+/// ``LedgerState/rejected(reason:)`` and ``LedgerState/aheadOfClock(reason:retryAt:)``). Reasons name fields and
+/// bounds, never values.
+public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
+    /// Where a stamp sits in a record.
+    public enum StampSite: Hashable, Sendable, CustomStringConvertible {
+        /// The creation stamp (``CloudRecord/created``).
+        case creation
+        /// The stamp of the named field.
+        case field(String)
+
+        public var description: String {
+            switch self {
+            case .creation: return "the creation stamp"
+            case let .field(name): return "field '\(name)'"
+            }
+        }
+    }
+
+    /// The causal length lies outside `1 ... ReplicationBounds.maxCausalLength`.
+    case causalLengthOutOfRange(Int64)
+    /// A stamp's incarnation is negative or beyond the record's causal length.
+    case incarnationBeyondCausalLength(StampSite)
+    /// A stamp's clock does not fit the fixed-width text form (48-bit milliseconds, 16-bit counter).
+    case clockBeyondEncoding(StampSite)
+    /// A stamp's clock lies within ``ReplicationBounds/edgeMarginMilliseconds`` of the top of the encodable range.
+    case clockAtEdge(StampSite)
+    /// The record ID belongs to a local record of another entity (named).
+    case idOfAnotherEntity(String)
+    /// A known floating-point field holds NaN.
+    case notANumber(field: String)
+    /// A known field holds a value (described by its storage class and size, never its content) that is not of the
+    /// attribute's type.
+    case wrongType(field: String, value: String, type: String, optional: Bool)
+    /// A to-one reference holds something other than a record ID (described as in `wrongType`).
+    case notARecordID(reference: String, value: String)
+    /// The cloud could not read its own stored copy of the record (the reason it gave).
+    case unreadable(String)
+    /// A stamp is further ahead of this device's wall clock than ``SyncEngine/Options/maxClockDriftMilliseconds``
+    /// (`limit`): not merged yet, kept until the clock has caught up (not a rejection for good).
+    case clockAhead(StampSite, aheadBy: Int64, limit: Int64)
+
+    /// `true` for a refusal that time resolves (``clockAhead(_:aheadBy:limit:)``): the record is retried later.
+    public var isTemporary: Bool {
+        if case .clockAhead = self { return true }
+        return false
+    }
+
+    public var description: String {
+        switch self {
+        case let .causalLengthOutOfRange(length): return "causal length \(length) is out of range"
+        case let .incarnationBeyondCausalLength(site): return "\(site) has an incarnation beyond the record's causal length"
+        case let .clockBeyondEncoding(site): return "\(site) has a clock outside 48-bit milliseconds and a 16-bit counter"
+        case let .clockAtEdge(site):
+            return "\(site) has a clock at the edge of its range (within \(ReplicationBounds.edgeMarginMilliseconds) ms of the largest)"
+        case let .idOfAnotherEntity(owner): return "the record ID belongs to a local \(owner)"
+        case let .notANumber(field): return "field '\(field)' holds NaN"
+        case let .wrongType(field, value, type, optional):
+            return "field '\(field)' holds \(value), which is not a\(optional ? "n optional" : "") \(type)"
+        case let .notARecordID(reference, value): return "reference '\(reference)' holds \(value), not a record ID"
+        case let .unreadable(reason): return reason
+        case let .clockAhead(site, ahead, limit):
+            return "\(site) is stamped \(ahead) ms ahead of this device's clock (more than \(limit) ms): kept until the clock catches up"
+        }
+    }
+}
+
+extension SyncLedger {
+    /// The largest causal length accepted (see ``ReplicationBounds/maxCausalLength``).
+    static var maxCausalLength: Int64 { ReplicationBounds.maxCausalLength }
+
+    /// Why `stamp` of `remote` cannot be merged, if it cannot.
+    @inline(__always)
+    private static func stampProblem(_ stamp: FieldStamp, of remote: CloudRecord, _ site: @autoclosure () -> RecordRejection.StampSite) -> RecordRejection? {
+        if stamp.incarnation < 0 || stamp.incarnation > remote.causalLength { return .incarnationBeyondCausalLength(site()) }
+        if !stamp.clock.isEncodable { return .clockBeyondEncoding(site()) }
+        if stamp.clock.physical > ReplicationBounds.maxRemotePhysical { return .clockAtEdge(site()) }
+        return nil
+    }
+
+    /// Whether `remote`, a record of the entity of `statements`, passes every check of ``rejectionReason(_:store:db:)``
+    /// that needs no database (then only its ownership check remains). Decides the common case without sorting field
+    /// names or formatting reasons; when it returns `false`, ``rejectionReason(_:store:db:)`` finds the reason.
+    static func fits(_ remote: CloudRecord, _ remoteFields: [CloudField?], _ statements: EntityStatements) -> Bool {
+        guard (1...maxCausalLength).contains(remote.causalLength) else { return false }
+        func fits(_ stamp: FieldStamp) -> Bool {
+            stamp.incarnation >= 0 && stamp.incarnation <= remote.causalLength && stamp.clock.isEncodable
+                && stamp.clock.physical <= ReplicationBounds.maxRemotePhysical
+        }
+        guard fits(remote.created) else { return false }
+        for field in remote.fields.values where !fits(field.stamp) { return false }
+        for (index, field) in remoteFields.enumerated() {
+            guard let field else { continue }
+            if let attribute = statements.attributes[index] {
+                if case let .real(v) = field.value, v.isNaN { return false }
+                if !SchemaValidator.value(field.value, fits: attribute) { return false }
+            } else if !field.value.isNull {
+                guard case let .blob(bytes) = field.value, bytes.count == 16 else { return false }
+            }
+        }
+        return true
+    }
+
+    /// Why `remote` cannot be applied here, or `nil` when it can: a causal length out of range, a stamp whose clock
+    /// does not fit its fixed-width text form (48-bit milliseconds, 16-bit counter) or lies at the edge of that
+    /// range, or whose incarnation is beyond the record's, an ID that belongs to a local record of another entity,
+    /// or a known field whose value does not have the attribute's type (or is NaN, or is a reference that is not a
+    /// record ID). Reasons name fields, never values.
+    static func rejectionReason(_ remote: CloudRecord, store: Store, db: Connection) throws -> RecordRejection? {
+        guard (1...maxCausalLength).contains(remote.causalLength) else { return .causalLengthOutOfRange(remote.causalLength) }
+        if let problem = stampProblem(remote.created, of: remote, .creation) { return problem }
+        let names = remote.fields.keys.sorted()
+        for name in names {
+            if let problem = stampProblem(remote.fields[name]!.stamp, of: remote, .field(name)) { return problem }
+        }
+        guard let entity = store.entity(named: remote.recordType) else { return nil }
+        if case let .text(owner)? = try db.scalar(StoreWriter.ledgerEntity, [remote.recordID.sqliteValue]),
+           owner != entity.name {
+            return .idOfAnotherEntity(owner)
+        }
+        for name in names {
+            let value = remote.fields[name]!.value
+            if let attribute = entity.attribute(named: name) {
+                if case let .real(v) = value, v.isNaN { return .notANumber(field: name) }
+                if !SchemaValidator.value(value, fits: attribute) {
+                    return .wrongType(field: name, value: value.description, type: attribute.type.rawValue, optional: attribute.isOptional)
+                }
+            } else if let relationship = entity.relationship(named: name), !relationship.isToMany, !value.isNull {
+                guard case let .blob(bytes) = value, bytes.count == 16 else { return .notARecordID(reference: name, value: value.description) }
+            }
+        }
+        return nil
+    }
+
+    /// Keeps a record that cannot be applied, with the reason (reported by the ledger and counted by the status as
+    /// rejected). A local record with changes to upload takes its change tag: its upload then replaces the version
+    /// no device can read instead of conflicting with it forever. The next version of the record that can be applied
+    /// clears the entry, and so does a full read of the zone that no longer returns it (e.g. after a zone reset).
+    /// A version whose stamps do not fit the text form cannot be written as JSON: it is kept as its ID, type and
+    /// reason.
+    static func reject(_ remote: CloudRecord, reason: RecordRejection, _ db: Connection) throws {
+        let json = (try? encode(remote)) ?? ""
+        try db.run("""
+            INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
+            ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason
+            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(json), .text(reason.description)])
+        if let tag = remote.changeTag { try adoptChangeTag(tag, of: remote.recordID, db) }
+    }
+
+    /// A local record with changes to upload takes `tag`, the change tag of a version of it kept aside, so that its
+    /// upload replaces that version instead of conflicting with it forever. Written directly (nothing of the row is
+    /// decoded): the row may be one whose bookkeeping cannot be read.
+    static func adoptChangeTag(_ tag: String, of id: UUID, _ db: Connection) throws {
+        try db.run("UPDATE replica_sync_record SET change_tag = ?1 WHERE id = ?2 AND pending = 1 AND change_tag IS NOT ?1",
+                   [.text(tag), id.sqliteValue])
+    }
+}
+
+extension SyncLedger {
+    /// Keeps the records a fetched page reports as unreadable by the cloud (``ZoneChangeBatch/unreadable``) aside as
+    /// rejected, with the cloud's reason, as for a version that cannot be applied (P4): the record is this device's
+    /// problem report, the rest of the page merges as usual. A local record with changes to upload takes the stored
+    /// version's change tag, so its upload replaces the version no device can read. The type, when the cloud could
+    /// not read it either, is the local record's (else empty); an entry without a record ID is kept under an empty ID.
+    static func keepUnreadable(_ entries: [UnreadableCloudRecord], _ db: Connection) throws {
+        for entry in entries {
+            var type = entry.recordType
+            if type == nil, let id = entry.recordID, case let .text(local)? = try db.scalar(StoreWriter.ledgerEntity, [id.sqliteValue]) {
+                type = local
+            }
+            try db.run("""
+                INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, '', ?)
+                ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason
+                """, [entry.recordID?.sqliteValue ?? .blob(Data()), .text(type ?? ""), .text(RecordRejection.unreadable(entry.reason).description)])
+            if let id = entry.recordID, let tag = entry.changeTag { try adoptChangeTag(tag, of: id, db) }
+        }
+    }
+}

@@ -1,0 +1,217 @@
+import Foundation
+import Replica
+
+/// A ``CloudDatabase`` kept by a PostgreSQL server: the cloud for real deployments. One database serves many users;
+/// PostgreSQL's row-level security keeps each user's zones to that user (`Specs/cloud-postgres.md`).
+///
+/// Same semantics as ``InMemoryCloudDatabase`` and ``SQLiteCloudDatabase`` (the contract suite runs against all
+/// three): zones with epochs, change tags under the if-server-record-unchanged policy, a per-zone change feed read
+/// with server change tokens, token expiry, zone deletion, compare-and-swap zone metadata. Every operation is one
+/// call of a function of the server's `replica` schema (installed by `replica-cloud init`): one round trip, one
+/// transaction, parameters always bound, never spliced into SQL.
+///
+/// Two ways to deploy it:
+/// - **a role per user**: each device connects with its user's own role (made by `replica-cloud add-user`), and
+///   `owner` is `nil`: the role is the owner.
+/// - **a trusted app backend** connects with one pooled role (`replica-cloud add-user --app`) and names the user
+///   it acts for in `owner`; each request sets it for its own transaction only (`set_config(…, true)`), so a
+///   transaction-mode connection pooler may sit in between.
+///
+/// Thread-safe: requests from several engines run at once on up to `maximumConnections` connections; blocking
+/// libpq calls never run on Swift's cooperative thread pool. A connection that breaks is replaced on the next
+/// request. Errors are mapped to what a device can act on (``PostgresErrorMapping``); the connection string and
+/// password never appear in an error or a description.
+///
+/// Source: <https://www.postgresql.org/docs/current/libpq.html>, <https://www.postgresql.org/docs/current/ddl-rowsecurity.html>
+public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible {
+    /// A connection string libpq cannot parse. It is not shown: it may hold a password.
+    public struct MalformedConnectionString: Error, CustomStringConvertible, Equatable {
+        public var description: String { "the PostgreSQL connection string cannot be parsed (not shown: it may hold a password)" }
+    }
+
+    let pool: ConnectionPool
+    let options: PGConnectionOptions
+    /// The user an app backend acts for; `nil` when the connecting role is the user.
+    public let owner: String?
+    let preparesStatements: Bool
+    let environment: ReplicaEnvironment
+
+    /// A cloud on the PostgreSQL server `connectionString` names. Connects lazily, at the first request.
+    /// - Parameters:
+    ///   - connectionString: a libpq connection string, `postgresql://role[:password]@host:port/database?…` or
+    ///     `host=… dbname=… user=…`; libpq's environment variables (`PGHOST`, `PGPASSWORD`, …) and `~/.pgpass`
+    ///     fill in what it leaves out. A 10 s `connect_timeout` applies unless it sets one.
+    ///   - owner: `nil` when the role is the user (its own zones); for an app backend's role (a member of
+    ///     `replica_app`), the user whose zones to act on. Must not be empty.
+    ///   - maximumConnections: how many requests may run at once (each on a connection of its own; default 4).
+    ///   - preparesStatements: parse each statement once per connection (`PQprepare`; default). Pass `false` behind
+    ///     a connection pooler that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode).
+    ///   - environment: the source of delays between reconnection attempts of ``zoneChanges()``.
+    /// - Throws: ``MalformedConnectionString`` when libpq cannot parse `connectionString`.
+    public init(connectionString: String, owner: String? = nil, maximumConnections: Int = 4, preparesStatements: Bool = true,
+                environment: ReplicaEnvironment = .live) throws(MalformedConnectionString) {
+        precondition(owner?.isEmpty != true, "PostgresCloudDatabase: the owner must not be empty (pass nil for the role's own zones)")
+        precondition(maximumConnections >= 1, "PostgresCloudDatabase: maximumConnections must be at least 1")
+        guard let options = PGConnectionOptions(connectionString) else { throw MalformedConnectionString() }
+        self.options = options
+        self.owner = owner
+        self.preparesStatements = preparesStatements
+        self.environment = environment
+        pool = ConnectionPool(options: options, capacity: maximumConnections)
+    }
+
+    /// Role, host, port and database (never the password), and the owner when one is set.
+    public var description: String {
+        "PostgresCloudDatabase(\(options.summary)\(owner.map { ", owner \($0)" } ?? ""))"
+    }
+
+    /// Closes the connections not in use (the next request connects again).
+    public func closeIdleConnections() { pool.closeIdleConnections() }
+
+    // MARK: CloudDatabase
+
+    public func createZone(_ zone: String) async throws(CloudError) {
+        let parameters = [PGParameter.text(owner), .text(zone)]
+        let prepare = preparesStatements
+        _ = try await pool.run { connection throws(PGFailure) in
+            _ = try connection.query(SQL.createZone, parameters, prepare: prepare)
+        }
+    }
+
+    public func deleteZone(_ zone: String) async throws(CloudError) {
+        let parameters = [PGParameter.text(owner), .text(zone)]
+        let prepare = preparesStatements
+        _ = try await pool.run { connection throws(PGFailure) in
+            _ = try connection.query(SQL.deleteZone, parameters, prepare: prepare)
+        }
+    }
+
+    public func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
+        // The server assigns change tags: a record's body is stored without one, its tag in a column of its own.
+        let encoder = CloudRecordJSON.encoder()
+        var bodies: [Data] = []
+        bodies.reserveCapacity(records.count)
+        for record in records {
+            var stored = record
+            stored.changeTag = nil
+            do {
+                bodies.append(try encoder.encode(stored))
+            } catch {
+                throw CloudError.invalidRecord(reason: "record \(record.recordID.uuidString.lowercased()) cannot be encoded")
+            }
+        }
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(records.map(\.recordID)),
+                                         .textArray(records.map(\.changeTag)), .boolArray(records.map(\.isAlive)),
+                                         .byteaArray(bodies)]
+        let prepare = preparesStatements
+        let count = records.count
+        let rows = try await pool.run { connection throws(PGFailure) -> [(saved: Bool, tag: String, body: Data?)] in
+            let result = try connection.query(SQL.modifyRecords, parameters, prepare: prepare)
+            guard result.count == count else {
+                throw PGFailure(origin: .unexpectedResult, message: "modify_records returned \(result.count) results for \(count) records")
+            }
+            return try (0..<result.count).map { row throws(PGFailure) in
+                guard let saved = result.bool(row, 0), let tag = result.string(row, 1) else {
+                    throw PGFailure(origin: .unexpectedResult, message: "modify_records returned a malformed result")
+                }
+                return (saved, tag, result.data(row, 2))
+            }
+        }
+        let decoder = CloudRecordJSON.decoder()
+        return zip(records, rows).map { record, row in
+            if row.saved { return .saved(recordID: record.recordID, changeTag: row.tag) }
+            guard let body = row.body, var server = try? decoder.decode(CloudRecord.self, from: body) else {
+                return .failed(recordID: record.recordID, error: .invalidRecord(reason: Self.unreadable(record.recordID, zone: zone)))
+            }
+            server.changeTag = row.tag
+            return .conflict(serverRecord: server)
+        }
+    }
+
+    public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
+        let limit = Int32(clamping: max(1, min(limit, Int(Int32.max) - 1)))
+        let parameters: [PGParameter] = [.text(owner), .text(zone), token.map { .int8($0.epoch) } ?? .null(.int8),
+                                         token.map { .int8($0.sequence) } ?? .null(.int8), .int4(limit)]
+        let prepare = preparesStatements
+        typealias Row = (sequence: Int64, id: UUID, tag: String, body: Data)
+        let (epoch, zoneSequence, rows) = try await pool.run { connection throws(PGFailure) -> (Int64, Int64, [Row]) in
+            let result = try connection.query(SQL.fetchChanges, parameters, prepare: prepare)
+            guard result.count >= 1, let epoch = result.int64(0, 0), let zoneSequence = result.int64(0, 1) else {
+                throw PGFailure(origin: .unexpectedResult, message: "fetch_changes returned no zone header")
+            }
+            var rows: [Row] = []
+            rows.reserveCapacity(result.count - 1)
+            for row in 1..<result.count {
+                guard let sequence = result.int64(row, 2), let id = result.uuid(row, 3), let tag = result.string(row, 4),
+                      let body = result.data(row, 5) else {
+                    throw PGFailure(origin: .unexpectedResult, message: "fetch_changes returned a malformed record row")
+                }
+                rows.append((sequence, id, tag, body))
+            }
+            return (epoch, zoneSequence, rows)
+        }
+        let more = rows.count > Int(limit)
+        let page = rows.prefix(Int(limit))
+        let decoder = CloudRecordJSON.decoder()
+        var records: [CloudRecord] = []
+        records.reserveCapacity(page.count)
+        for row in page {
+            guard var record = try? decoder.decode(CloudRecord.self, from: row.body), record.recordID == row.id else {
+                throw CloudError.invalidRecord(reason: Self.unreadable(row.id, zone: zone))
+            }
+            record.changeTag = row.tag
+            records.append(record)
+        }
+        let last = more ? page.last!.sequence : zoneSequence
+        return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: epoch, sequence: last), moreComing: more)
+    }
+
+    public func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] {
+        let parameters = [PGParameter.text(owner), .text(zone)]
+        let prepare = preparesStatements
+        return try await pool.run { connection throws(PGFailure) -> [String: Data] in
+            let result = try connection.query(SQL.zoneMetadata, parameters, prepare: prepare)
+            var metadata: [String: Data] = [:]
+            for row in 0..<result.count {
+                guard let key = result.string(row, 0), let value = result.data(row, 1) else {
+                    throw PGFailure(origin: .unexpectedResult, message: "zone_metadata returned a malformed row")
+                }
+                metadata[key] = value
+            }
+            return metadata
+        }
+    }
+
+    public func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .text(key), .bytea(value),
+                                         expected.map { .bytea($0) } ?? .null(.bytea)]
+        let prepare = preparesStatements
+        return try await pool.run { connection throws(PGFailure) -> Data in
+            let result = try connection.query(SQL.setZoneMetadata, parameters, prepare: prepare)
+            guard result.count == 1, let stored = result.data(0, 0) else {
+                throw PGFailure(origin: .unexpectedResult, message: "set_zone_metadata returned no value")
+            }
+            return stored
+        }
+    }
+
+    /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
+    private static func unreadable(_ id: UUID, zone: String) -> String {
+        "stored record \(id.uuidString.lowercased()) of zone '\(zone)' is unreadable"
+    }
+
+    /// The statements: calls of the schema's functions, parameters bound (`Specs/cloud-postgres.md`).
+    enum SQL {
+        static let createZone = "SELECT replica.create_zone($1, $2)"
+        static let deleteZone = "SELECT replica.delete_zone($1, $2)"
+        static let modifyRecords = "SELECT out_saved, out_change_tag, out_body FROM replica.modify_records($1, $2, $3, $4, $5, $6)"
+        static let fetchChanges = """
+            SELECT out_epoch, out_zone_sequence, out_sequence, out_id, out_change_tag, out_body
+            FROM replica.fetch_changes($1, $2, $3, $4, $5)
+            """
+        static let zoneMetadata = "SELECT out_key, out_value FROM replica.zone_metadata($1, $2)"
+        static let setZoneMetadata = "SELECT replica.set_zone_metadata($1, $2, $3, $4, $5)"
+        static let listen = "SELECT replica.listen($1)"
+        static let zoneNames = "SELECT replica.zone_names($1)"
+    }
+}
