@@ -67,8 +67,9 @@ extension SimulationRun {
         guard let container = process.container, let context = process.context else { return }
         var observed = ProcessObservers.Observed(context: context, queries: [])
         for store in process.stores {
-            for entity in entities(of: store, on: process.device) {
-                guard let access = process.device.info(entity).access as? ObservableEntityAccess else { continue }
+            // The process's own app version: an app-group extension may run another one than its app.
+            for entity in process.view.entities(of: store) {
+                guard let access = process.view.info(entity).access as? ObservableEntityAccess else { continue }
                 observed.queries.append((store.name, entity.name, try access.observer(in: container, context: context)))
             }
         }
