@@ -213,6 +213,37 @@ struct ChangeStreamTests {
         #expect(changes.allSatisfy { $0.origin == .localSave && $0.storeName == "tags" })
     }
 
+    @Test("a record deleted and inserted again in one save is announced as its delete, then its insert", arguments: [true, false])
+    func deleteAndReinsertInOneSave(tracksHistory: Bool) async throws {
+        let container = try observationContainer(tagsTrackHistory: tracksHistory)
+        let context = ModelContext(container)
+        let tag = context.insert(OTag(label: "first"))
+        try context.save()
+        let iterator = try container.changes(in: ["tags"]).makeAsyncIterator()
+        let posted = Mutex<[[PersistentIdentifier]]>([])
+        let observer = NotificationCenter.default.addObserver(forName: ModelContext.didSave, object: context, queue: nil) { notification in
+            let lists = [ModelContext.NotificationKey.deletedIdentifiers, .insertedIdentifiers].map {
+                notification.userInfo?[$0.rawValue] as? [PersistentIdentifier] ?? []
+            }
+            posted.withLock { $0 += lists }
+        }
+        defer { NotificationCenter.default.removeObserver(observer) }
+
+        context.delete(tag)
+        context.insert(OTag(id: tag.id, label: "second"))
+        try context.save()
+
+        let change = try #require(try await nextEvents(iterator, count: 1).first?.change)
+        #expect(change.deletedIdentifiers == [tag.persistentModelID])
+        #expect(change.insertedIdentifiers == [tag.persistentModelID])
+        #expect(change.updatedIdentifiers.isEmpty)
+        guard change.changes.count == 2, case .delete = change.changes[0], case .insert = change.changes[1] else {
+            Issue.record("expected the delete, then the insert: \(change.changes)")
+            return
+        }
+        #expect(posted.withLock { $0 } == [[tag.persistentModelID], [tag.persistentModelID]])
+    }
+
     @Test("a consumer that falls behind gets an overflow naming what to re-read; saves never wait for it")
     func overflow() async throws {
         let container = try observationContainer()

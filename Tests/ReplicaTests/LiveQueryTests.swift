@@ -169,6 +169,31 @@ struct LiveQueryTests {
         #expect(observer.fetches == 1, "a change of another record of the entity does not fetch")
     }
 
+    @Test("a record deleted and inserted again in one save: a live model delivers the new incarnation, a live list and count stay")
+    func deleteAndReinsertInOneSave() async throws {
+        let container = try observationContainer()
+        let task = try container.writeReturning { $0.insert(OTask(title: "old", priority: 1)) }
+        let models = try await liveValues(container.observe(OTask.self, id: task.id), count: 2) { _ in
+            try container.write { context in
+                context.delete(task)
+                context.insert(OTask(id: task.id, title: "new", priority: 1))
+            }
+        }
+        #expect(models.map { $0?.title } == ["old", "new"])
+
+        let list = try SynchronousLiveQuery(container.observe(Self.byTitle), context: ModelContext(container))
+        let count = try SynchronousLiveQuery(container.observeCount(FetchDescriptor<OTask>()), context: ModelContext(container))
+        try container.write { context in
+            let current = try #require(try context.model(OTask.self, id: task.id))
+            context.delete(current)
+            context.insert(OTask(id: task.id, title: "newer", priority: 1))
+        }
+        #expect(try list.refresh() == true)
+        #expect(list.value.map(\.title) == ["newer"])
+        #expect(try count.refresh() == false, "the count is the same: no value")
+        #expect(count.value == 1)
+    }
+
     @Test("a sync import between two devices gives a new value")
     func syncImport() async throws {
         let cloud = InMemoryCloudDatabase()

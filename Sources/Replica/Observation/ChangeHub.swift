@@ -250,16 +250,27 @@ final class ChangeHub: Sendable {
         }
     }
 
-    /// A save's changes as its history transaction lists them (``HistoryLog/record(_:author:environment:db:)``):
-    /// inserts, updates with their changed fields, deletes with the preserved values.
+    /// A save's changes as its history transaction lists them (``HistoryLog/record(_:author:environment:db:)``), in
+    /// the order they were applied (``StoreChanges/partsInOrder``): inserts, updates with their changed fields, deletes
+    /// with the preserved values — a record a save deleted and inserted again is listed deleted, then inserted.
     static func historyChanges(_ changes: StoreChanges) -> [HistoryChange] {
         var list: [HistoryChange] = []
         list.reserveCapacity(changes.inserted.count + changes.updated.count + changes.deleted.count)
-        for snapshot in changes.inserted { list.append(.insert(snapshot.persistentModelID)) }
-        for (snapshot, fields) in changes.updated { list.append(.update(snapshot.persistentModelID, updatedAttributes: fields)) }
-        for record in changes.deleted {
-            let values = Dictionary(record.preservedValues, uniquingKeysWith: { first, _ in first })
-            list.append(.delete(record.id, tombstone: HistoryTombstone(values: values)))
+        for part in changes.partsInOrder {
+            switch part {
+            case .inserted:
+                for snapshot in changes.inserted { list.append(.insert(snapshot.persistentModelID)) }
+            case .deleted:
+                for record in changes.deleted {
+                    let values = Dictionary(record.preservedValues, uniquingKeysWith: { first, _ in first })
+                    list.append(.delete(record.id, tombstone: HistoryTombstone(values: values)))
+                }
+            case .updatesOfDeletes, .otherUpdates:
+                for index in changes.updates(of: part) {
+                    let (snapshot, fields) = changes.updated[index]
+                    list.append(.update(snapshot.persistentModelID, updatedAttributes: fields))
+                }
+            }
         }
         return list
     }
