@@ -109,6 +109,8 @@ enum Target {
     case peakRSSAbove(Double)
     /// No target: a row measured for comparison with another (e.g. a stricter baseline).
     case comparison
+    /// Replica's median time (a latency the trial measures itself) at most this many milliseconds.
+    case atMostMilliseconds(Double)
 
     var description: String {
         switch self {
@@ -116,6 +118,7 @@ enum Target {
         case let .perSecond(n, units): return "≥ \(Int(n)) \(units)"
         case let .peakRSSAbove(mb): return "peak RSS ≤ \(Int(mb)) MB above baseline"
         case .comparison: return "(for comparison)"
+        case let .atMostMilliseconds(ms): return "median ≤ \(Int(ms)) ms"
         }
     }
 }
@@ -198,6 +201,7 @@ struct BenchResult {
         case let .perSecond(n, _): return perSecond.map { $0 >= n } ?? false
         case let .peakRSSAbove(mb): return peakMB.map { $0 <= mb } ?? false
         case .comparison: return false
+        case let .atMostMilliseconds(ms): return replicaSeconds.map { $0 * 1000 <= ms } ?? false
         }
     }
 }
@@ -294,6 +298,8 @@ func tableLine(_ r: BenchResult) -> String {
         outcome = r.perSecond.map { "\(Int($0.rounded()))/s" } ?? ""
     case .peakRSSAbove:
         outcome = r.peakMB.map { format($0, 1) + " MB" } ?? ""
+    case .atMostMilliseconds:
+        outcome = r.replicaSeconds.map { format($0 * 1000, 1) + " ms" } ?? ""
     }
     if let peak = r.peakMB, case .ratio = w.target { note += (note.isEmpty ? "" : "; ") + "peak RSS +\(format(peak, 1)) MB" }
     if case .peakRSSAbove = w.target {

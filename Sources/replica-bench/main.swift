@@ -36,6 +36,12 @@ if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", Comm
     streamChild(side: CommandLine.arguments[3], directory: URL(fileURLWithPath: CommandLine.arguments[4]), n: n)
 }
 
+// The writer child of B15L (see ObservationWorkloads.swift): `--child B15L DIR N MS`.
+if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", CommandLine.arguments[2] == "B15L",
+   let n = Int(CommandLine.arguments[4]), let interval = Int(CommandLine.arguments[5]) {
+    observationWriterChild(root: URL(fileURLWithPath: CommandLine.arguments[3]), count: n, interval: interval)
+}
+
 var options = Options()
 var arguments = CommandLine.arguments.dropFirst().makeIterator()
 while let argument = arguments.next() {
@@ -122,6 +128,20 @@ let workloads: [Workload] = [
     Workload(id: "B14", title: "PostgreSQL: 8 devices sync 10k records concurrently", target: .perSecond(5_000, units: "records/s"),
              count: { $0.scaled(10_000) },
              replica: { size in try concurrentDevicesTrial(size.scaled(10_000), latencySamples: size.quick ? 50 : 200) }, raw: nil,
+             repetitions: (full: 3, quick: 1)),
+    // B15 as the issue sets it: a save with 1,000 live queries subscribed against the same save with none, both
+    // through Replica (the "Raw C s" column holds the time without observers).
+    Workload(id: "B15", title: "1,000 one-row saves, 1,000 live queries on 100k rows ÷ none", target: .ratio(1.5),
+             count: { _ in 1000 },
+             replica: { size in try observationSaveTrial(rows: size.scaled(100_000), saves: 1000, observed: true) },
+             raw: { size in try observationSaveTrial(rows: size.scaled(100_000), saves: 1000, observed: false) }),
+    Workload(id: "B15s", title: "B15 with a change-stream consumer too (as a sync runtime)", target: .comparison,
+             count: { _ in 1000 },
+             replica: { size in try observationSaveTrial(rows: size.scaled(100_000), saves: 1000, observed: true, streamed: true) },
+             raw: { size in try observationSaveTrial(rows: size.scaled(100_000), saves: 1000, observed: false) }),
+    Workload(id: "B15L", title: "another process's commit: commit → change-stream delivery", target: .atMostMilliseconds(50),
+             count: { $0.scaled(100) },
+             replica: { size in try otherProcessLatencyTrial(count: size.scaled(100), interval: 20) }, raw: nil,
              repetitions: (full: 3, quick: 1)),
 ]
 

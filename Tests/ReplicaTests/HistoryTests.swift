@@ -417,7 +417,7 @@ struct HistoryObservationTests {
                                             process: ProcessIdentity(bundleIdentifier: "com.example.widget", processName: "widget", processID: 2))
         #expect(app.storeIdentity(of: "trips") == widget.storeIdentity(of: "trips"))
         let start = try ModelContext(app).currentHistoryToken(of: "trips")
-        var iterator = app.historyTransactions(ofStore: "trips", after: start, pollingInterval: 10).makeAsyncIterator()
+        var iterator = app.historyTransactions(ofStore: "trips", after: start).makeAsyncIterator()
 
         let appContext = ModelContext(app)
         appContext.insert(HTrip(name: "mine"))

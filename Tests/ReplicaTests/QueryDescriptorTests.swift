@@ -199,6 +199,6 @@ struct QueryReadOnlyTests {
         let swift = data.resolved
         let found = try context.fetch(FetchDescriptor<QTrip>(predicate: #Predicate { $0.name.localizedStandardContains("cafe") }))
         #expect(found.count == swift.trips.filter { ReplicaText.foldedContains($0.name, "cafe") }.count + 1)
-        try expectSameAsSwift(context, swift.items, FetchDescriptor(predicate: #Predicate { $0.trip?.name.localizedStandardContains("PARIS") == true }))
+        try expectSameAsSwift(context, swift.items, FetchDescriptor(predicate: #Predicate { $0.trip?.name?.localizedStandardContains("PARIS") == true }))
     }
 }

@@ -19,7 +19,13 @@ extension ModelContext {
     /// Complexity: one query, plus one per to-many relationship.
     /// - Throws: ``SQLiteError``, ``ReplicaError/valueConversion(_:)``.
     public func model<Model: PersistentModel>(_ type: Model.Type = Model.self, id: UUID) throws -> Model? {
+        try model(Model.self, id: id, registeringReads: true)
+    }
+
+    /// ``model(_:id:)``; with `registeringReads` false, the model is not kept as a base of change tracking.
+    func model<Model: PersistentModel>(_ type: Model.Type, id: UUID, registeringReads: Bool) throws -> Model? {
         let engine = try queryEngine(Model.self, includePendingChanges: true)
+        engine.registersReads = registeringReads
         return try engine.loadModel(Model.self, id: id)
     }
 
@@ -38,7 +44,14 @@ extension ModelContext {
     ///   (`PredicateError.forceUnwrapFailure`).
     /// - Complexity: one SQL query; O(n) decoding for n returned rows.
     public func fetch<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>) throws -> [Model] {
+        try fetch(descriptor, registeringReads: true)
+    }
+
+    /// ``fetch(_:)-(FetchDescriptor<Model>)``; with `registeringReads` false, the models are not kept as bases of
+    /// change tracking (observers, which fetch again and again, hold no old results that way).
+    func fetch<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>, registeringReads: Bool) throws -> [Model] {
         let engine = try queryEngine(Model.self, includePendingChanges: descriptor.includePendingChanges)
+        engine.registersReads = registeringReads
         let plan = try engine.plan(descriptor)
         try checkAllowed(plan, allowsInMemoryEvaluation: descriptor.allowsInMemoryEvaluation)
         var result: [Model] = []
@@ -60,7 +73,14 @@ extension ModelContext {
     /// - Throws: as `fetch`.
     /// - Complexity: one SQL query.
     public func fetchCount<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>) throws -> Int {
+        try fetchCount(descriptor, registeringReads: true)
+    }
+
+    /// ``fetchCount(_:)``; with `registeringReads` false, models read for an in-memory filter are not kept as bases
+    /// of change tracking.
+    func fetchCount<Model: PersistentModel>(_ descriptor: FetchDescriptor<Model>, registeringReads: Bool) throws -> Int {
         let engine = try queryEngine(Model.self, includePendingChanges: descriptor.includePendingChanges)
+        engine.registersReads = registeringReads
         var plan = try engine.plan(descriptor)
         try checkAllowed(plan, allowsInMemoryEvaluation: descriptor.allowsInMemoryEvaluation)
         if !plan.filtersInMemory { return try engine.count(plan) }

@@ -53,11 +53,41 @@ public final class ModelContext {
     }
 
     /// Gives the context's connections back to their stores, for the next context or sync engine (see
-    /// `Store.reuse(_:)`).
+    /// `Store.reuse(_:)`), and closes the loader of the references it handed out (they no longer load targets).
     deinit {
+        if ownsHandoutLoader { handoutLoaderStorage?.close() }
         for (index, connection) in connections.enumerated() {
             if let connection { container.stores[index].reuse(connection) }
         }
+    }
+
+    // MARK: Loading reference targets
+
+    private var handoutLoaderStorage: ReferenceLoader?
+    private var ownsHandoutLoader = true
+
+    /// The loader that the unresolved references this context hands out carry (see ``Reference/loadTarget()``),
+    /// made on first use.
+    var handoutLoader: ReferenceLoader {
+        if let loader = handoutLoaderStorage { return loader }
+        let loader = ReferenceLoader(container: container)
+        handoutLoaderStorage = loader
+        return loader
+    }
+
+    /// Makes this context (a reference loader's private one) hand out `loader`, which it does not own, so that
+    /// targets loaded through a reference load their own references' targets through the same loader.
+    func lendHandoutLoader(_ loader: ReferenceLoader) {
+        handoutLoaderStorage = loader
+        ownsHandoutLoader = false
+    }
+
+    /// The stored record `id` of `type` (no unsaved changes), not registered as a base of change tracking: what a
+    /// reference loads on demand. One query, plus one per to-many relationship.
+    func loadTarget<T: PersistentModel>(_ type: T.Type, id: UUID) throws -> T? {
+        let engine = try queryEngine(T.self, includePendingChanges: false)
+        engine.registersReads = false
+        return try engine.loadModel(T.self, id: id)
     }
 
     // MARK: Registering changes
@@ -337,6 +367,14 @@ public final class ModelContext {
         var open: [Connection] = []
         var failures: [ModelValidationFailure] = []
         var saved: [StoreChanges] = []
+        /// The history token each store's transaction records (announced to the change hub before the commit).
+        var tokens: [Int64?] = []
+        let hub = container.changeHub
+        func abandonTokens(from position: Int = 0) {
+            for (offset, token) in tokens.enumerated() where offset >= position {
+                if let token { hub.abandon(store: affected[offset], token: token) }
+            }
+        }
         do {
             for index in affected {
                 let connection = try connection(for: index)
@@ -345,9 +383,12 @@ public final class ModelContext {
                 var writer = StoreWriter(store: container.stores[index], db: connection)
                 try writer.apply(byStore[index])
                 failures += writer.failures
+                var token: Int64?
+                defer { tokens.append(token) }
                 if writer.failures.isEmpty {
                     if container.stores[index].configuration.tracksHistory {
-                        _ = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                        token = try HistoryLog.record(writer.changes, author: author, environment: container.environment, db: connection)
+                        if let token { hub.willCommit(store: index, token: token, origin: .localSave) }
                     }
                     if container.stores[index].tracksSync {
                         try SyncLedger.recordLocalChanges(writer.changes, store: container.stores[index], db: connection,
@@ -358,10 +399,12 @@ public final class ModelContext {
             }
         } catch {
             open.forEach { $0.rollback() }
+            abandonTokens()
             throw error
         }
         if !failures.isEmpty {
             open.forEach { $0.rollback() }
+            abandonTokens()
             throw ReplicaError.modelValidationFailure(failures)
         }
         var committed: [Int] = []
@@ -370,6 +413,7 @@ public final class ModelContext {
                 for index in affected { try hook(.beforeCommit(store: container.stores[index].configuration.name)) }
             } catch {
                 open.forEach { $0.rollback() }
+                abandonTokens()
                 throw error
             }
         }
@@ -377,9 +421,17 @@ public final class ModelContext {
             do {
                 try open[position].commit()
                 committed.append(index)
+                // Announced before the fault hook: a simulated crash after the commit still leaves it announced, as
+                // the history holds it.
+                if let token = tokens[position] {
+                    hub.didCommit(store: index, token: token, reading: open[position], changes: saved[position], author: author)
+                } else {
+                    hub.didCommitUntracked(store: index, changes: saved[position], author: author)
+                }
                 try? container.environment.faultHook?(.afterCommit(store: container.stores[index].configuration.name))
             } catch let error as SQLiteError {
                 open[position...].forEach { $0.rollback() }
+                abandonTokens(from: position)
                 for store in committed { forgetPending(inStore: store) }
                 if committed.isEmpty { throw error }
                 throw ReplicaError.partialSave(
@@ -396,6 +448,7 @@ public final class ModelContext {
             for (snapshot, _) in changes.updated where !snapshot.values.isEmpty { reads.register(saved: snapshot) }
         }
         rollback()
+        handoutLoaderStorage?.invalidate()
         postDidSave(saved)
     }
 

@@ -87,6 +87,8 @@ final class QueryEngine: QuerySources, ModelLoading {
     var registersReads = true
     private var tableSources: [String: String] = [:]
     private var linkSources: [String: String] = [:]
+    /// When set, the entities whose records the queries read (see `ModelContext.entitiesRead(by:)`).
+    var readEntities: Set<String>?
 
     init(context: ModelContext, storeIndex: Int, includePendingChanges: Bool) throws {
         self.context = context
@@ -107,6 +109,7 @@ final class QueryEngine: QuerySources, ModelLoading {
     // MARK: Sources (with pending changes overlaid)
 
     func table(_ entity: String) throws -> String {
+        readEntities?.insert(entity)
         if let source = tableSources[entity] { return source }
         var source = quoted(entity)
         if includePendingChanges, context.hasPendingChanges(ofEntity: entity), let schema = schemaEntity(entity) {
@@ -144,6 +147,7 @@ final class QueryEngine: QuerySources, ModelLoading {
     }
 
     func links(_ table: LinkTable) throws -> String {
+        readEntities?.formUnion([table.ownerEntity, table.memberEntity])
         if let source = linkSources[table.name] { return source }
         var source = table.quotedName
         if includePendingChanges {
@@ -483,6 +487,7 @@ final class QueryEngine: QuerySources, ModelLoading {
     func complete<Model: PersistentModel>(_ models: inout [Model], toMany names: Set<String>?, prefetch: PrefetchTree) throws {
         guard !models.isEmpty else { return }
         try loadToMany(&models, only: names)
+        attachLoader(&models)
         for (name, subtree) in prefetch.children {
             guard let resolve = Model.entity.prefetchByName[name] else { continue }
             let dangling = try resolve(&models, self, subtree)
@@ -519,7 +524,8 @@ final class QueryEngine: QuerySources, ModelLoading {
                 guard let owner = statement.uuid(0), let member = statement.uuid(1) else { continue }
                 members[owner, default: []].append(member)
             }
-            for index in models.indices { assign(&models[index], members[models[index].id] ?? []) }
+            let loader = context.handoutLoader
+            for index in models.indices { assign(&models[index], members[models[index].id] ?? [], loader) }
         }
     }
 
@@ -573,6 +579,15 @@ final class QueryEngine: QuerySources, ModelLoading {
         return result
     }
 
+    /// Lets the unresolved to-one references of `models` load their targets on demand through the context's
+    /// loader (see ``Reference/loadTarget()``); to-many members get it when ``loadToMany(_:only:)`` assigns them.
+    /// O(models) for an entity with to-one relationships, else O(1).
+    func attachLoader<Model: PersistentModel>(_ models: inout [Model]) {
+        let entity = Model.entity
+        guard !entity.storage.loaderAttachers.isEmpty, !models.isEmpty else { return }
+        entity.attach(context.handoutLoader, to: &models)
+    }
+
     /// Registers the models a fetch hands out with the context (see ``registersReads``). O(1).
     func register<Model: PersistentModel>(_ models: [Model]) {
         guard registersReads else { return }
@@ -611,6 +626,8 @@ final class QueryEngine: QuerySources, ModelLoading {
                 if plan.filtersInMemory, let predicate = descriptor.predicate {
                     batch = try batch.filter { try predicate.evaluate($0) }
                 }
+            } else {
+                attachLoader(&batch)
             }
             if plan.sortsInMemory {
                 collected.append(contentsOf: batch)

@@ -19,9 +19,13 @@ public struct ReplicaEnvironment: Sendable {
     public var appGroupDirectory: @Sendable (_ groupIdentifier: String) -> URL
     /// Where stores of configurations without an explicit URL or app group live.
     public var defaultStoreDirectory: URL
-    /// Waits `milliseconds` (used only by polling observers). Live: `Task.sleep`; seeded: advances the manual
-    /// clock and yields, so no wall-clock time passes.
+    /// Waits `milliseconds` (used only by observers: polling, and the short re-checks after a file event). Live:
+    /// `Task.sleep`; seeded: advances the manual clock and yields, so no wall-clock time passes.
     public var sleep: @Sendable (_ milliseconds: Int64) async throws -> Void
+    /// How containers notice what other processes (and other containers of this process) commit to their store files
+    /// while something observes them asynchronously (``ModelContainer/changes``, live queries). Default:
+    /// ``OtherProcessCommits/fileEvents(fallbackPollingMilliseconds:)`` with 100 ms.
+    public var otherProcessCommits: OtherProcessCommits = .fileEvents(fallbackPollingMilliseconds: 100)
     /// Called at named points of Replica's write paths (see ``FaultPoint``). Tests and the simulator use it to
     /// inject failures (by throwing) or to stop a process at an exact point; production leaves it `nil`.
     public var faultHook: (@Sendable (FaultPoint) throws -> Void)?
@@ -129,6 +133,21 @@ final class IdentifierState: Sendable {
             return last
         }
     }
+}
+
+/// How a container notices commits that other processes make to its store files (see
+/// ``ReplicaEnvironment/otherProcessCommits``). Its own contexts' saves and its sync engines' imports are announced
+/// as they commit, whatever this says.
+public enum OtherProcessCommits: Sendable, Hashable {
+    /// Wake on file-system events for the stores' files (inotify on Linux: the store directory's events for the
+    /// `-wal` file, which every commit writes), then read the new history; no polling while nothing is written.
+    /// Where file events are unavailable (other systems, or inotify refused), poll `PRAGMA data_version` every
+    /// `fallbackPollingMilliseconds` (waits through ``ReplicaEnvironment/sleep``).
+    case fileEvents(fallbackPollingMilliseconds: Int64)
+    /// Poll `PRAGMA data_version` every `milliseconds` (waits through ``ReplicaEnvironment/sleep``).
+    case polling(milliseconds: Int64)
+    /// Do not watch: other processes' commits are announced only when a synchronous observer catches up.
+    case disabled
 }
 
 /// A point in Replica's write paths where ``ReplicaEnvironment/faultHook`` is called.

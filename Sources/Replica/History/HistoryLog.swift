@@ -321,6 +321,70 @@ enum HistoryLog {
         }
     }
 
+    /// Every transaction after token value `after`, with its changes, in token order: one prepared statement (the
+    /// transactions' token range joined with their change rows, so one snapshot without a transaction of its own),
+    /// built once. What the change hub reads after each commit.
+    /// - Returns: the transactions, and whether the first one follows `after` directly (`false`: history was pruned
+    ///   after `after`).
+    /// - Complexity: O(transactions + change rows after `after`): a range search of the token key.
+    static func transactions(after: Int64, storeName: String, identity: UUID, db: Connection) throws -> (transactions: [HistoryTransaction], contiguous: Bool) {
+        let statement = try db.cachedStatement(transactionsAfterSQL)
+        defer { statement.reset() }
+        try statement.bind(after, at: 0)
+        var transactions: [HistoryTransaction] = []
+        var current: (token: Int64, timestamp: Int64, author: String?, bundle: String, process: String, pid: Int32)?
+        var changes: [HistoryChange] = []
+        var lastFields: (text: String, names: [String])? = nil
+        func flush() {
+            guard let header = current else { return }
+            transactions.append(HistoryTransaction(
+                token: HistoryToken(storeIdentity: identity, value: header.token), storeName: storeName, author: header.author,
+                timestamp: Date(timeIntervalSince1970: Double(header.timestamp) / 1000), bundleIdentifier: header.bundle,
+                processName: header.process, processID: header.pid, changes: changes))
+            changes = []
+        }
+        while try statement.step() {
+            let token = statement.int64(0)
+            if current?.token != token {
+                flush()
+                current = (token, statement.int64(1), statement.isNull(2) ? nil : statement.string(2), statement.string(3),
+                           statement.string(4), Int32(truncatingIfNeeded: statement.int64(5)))
+            }
+            guard !statement.isNull(6) else { continue }  // a transaction without change rows
+            let entity = statement.string(6)
+            let kind = Kind(rawValue: statement.int64(7)) ?? .update
+            var fields: [String] = []
+            if !statement.isNull(8) {
+                let text = statement.string(8)
+                if let last = lastFields, last.text.utf8.elementsEqual(text.utf8) {
+                    fields = last.names
+                } else {
+                    fields = splitFieldList(text)
+                    lastFields = (text, fields)
+                }
+            }
+            let tombstone = statement.isNull(10) ? HistoryTombstone() : decodeTombstone(statement.string(10))
+            let ids = statement.blob(9)
+            for offset in stride(from: 0, to: ids.count / 16 * 16, by: 16) {
+                let id = PersistentIdentifier(entityName: entity, id: UUID(uuid: ids.loadUnaligned(fromByteOffset: offset, as: uuid_t.self)))
+                switch kind {
+                case .insert: changes.append(.insert(id))
+                case .update: changes.append(.update(id, updatedAttributes: fields))
+                case .delete: changes.append(.delete(id, tombstone: tombstone))
+                }
+            }
+        }
+        flush()
+        return (transactions, transactions.first.map { $0.token.value == after + 1 } ?? true)
+    }
+
+    private static let transactionsAfterSQL = StatementKey("""
+        SELECT t.token, t.timestamp, t.author, t.bundle_identifier, t.process_name, t.process_id,
+               c.entity, c.kind, c.fields, c.ids, c.tombstone
+        FROM replica_history_transaction t LEFT JOIN replica_history_change c ON c.token = t.token
+        WHERE t.token > ? ORDER BY t.token, c.seq
+        """)
+
     /// The names of a change row's comma-separated field list (empty names left out). ASCII text is split by bytes;
     /// other text by characters (a comma followed by a combining mark is not a separator there).
     static func splitFieldList(_ text: String) -> [String] {

@@ -1,47 +1,42 @@
 import Foundation
 
 extension ModelContainer {
-    /// Announces, as they are committed, the history transactions that *other processes* save to store
-    /// `storeName` — how an app learns what its widget wrote to a shared app-group store, and vice versa.
+    /// Announces, as they are committed, the history transactions of store `storeName` that no context of this
+    /// container saved: what other processes save to a shared app-group store (how an app learns what its widget
+    /// wrote, and vice versa) and what this container's sync engine imports.
     ///
-    /// Cheap while nothing happens: every `pollingInterval` milliseconds it reads `PRAGMA data_version`, which changes
-    /// only when another connection commits (<https://www.sqlite.org/pragma.html#pragma_data_version>); only then does it
-    /// read history after the last token it announced. Transactions whose bundle identifier and process ID equal
-    /// this container's environment's ``ReplicaEnvironment/processIdentity`` are skipped.
+    /// A view of the container's change stream (``changes(in:after:bufferLimit:)``) keeping transactions whose
+    /// ``StoreChange/origin`` is not ``ChangeOrigin/localSave``: other processes' commits are noticed as the
+    /// environment says (``ReplicaEnvironment/otherProcessCommits``), without polling where file events work. When the
+    /// consumer falls so far behind that the stream drops transactions, they are read again from history (those of
+    /// this process's identity that sync did not author left out), so none is lost.
     ///
     /// - Parameters:
     ///   - storeName: the configuration name of the store to watch.
     ///   - token: announce transactions after this token; `nil` starts from the store's newest transaction.
-    ///   - pollingInterval: milliseconds between `data_version` checks (waits through ``ReplicaEnvironment/sleep``).
     /// - Returns: a stream of transactions in token order. It finishes with ``ReplicaError/unknownStore(_:)`` for an
-    ///   unknown store name, with ``ReplicaError/historyTokenExpired(_:)``
-    ///   if history the observer had not read yet was pruned, and ends when the consuming task is cancelled.
-    public func historyTransactions(
-        ofStore storeName: String, after token: HistoryToken? = nil, pollingInterval: Int64 = 100
-    ) -> AsyncThrowingStream<HistoryTransaction, any Error> {
+    ///   unknown store name, with ``ReplicaError/historyTokenExpired(_:)`` if history the observer had not read yet
+    ///   was pruned, with ``ReplicaError/observationFailed(store:underlying:)`` when history cannot be read, and ends
+    ///   when the consuming task is cancelled.
+    public func historyTransactions(ofStore storeName: String, after token: HistoryToken? = nil)
+        -> AsyncThrowingStream<HistoryTransaction, any Error> {
         let container = self
-        let me = environment.processIdentity
+        // The starting point is read now, so that a save right after this call is announced.
+        let start = token ?? (try? ModelContext(self).currentHistoryToken(of: storeName))
         return AsyncThrowingStream { continuation in
             let task = Task {
                 do {
-                    let context = ModelContext(container)
-                    guard let index = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else {
-                        throw ReplicaError.unknownStore(storeName)
-                    }
-                    let db = try context.connection(for: index)
-                    var last = try token ?? context.currentHistoryToken(of: storeName)
-                    var version: SQLiteValue? = nil
-                    while !Task.isCancelled {
-                        let now = try db.scalar("PRAGMA data_version")
-                        if now != version {
-                            version = now
-                            for transaction in try context.fetchHistory(HistoryDescriptor(after: last)) {
-                                last = transaction.token
-                                if transaction.bundleIdentifier == me.bundleIdentifier && transaction.processID == me.processID { continue }
-                                continuation.yield(transaction)
+                    let stream = try container.changes(in: [storeName], after: start.map { [$0] } ?? [])
+                    for try await event in stream {
+                        switch event {
+                        case let .committed(change):
+                            guard change.origin != .localSave, let transaction = change.historyTransaction else { continue }
+                            continuation.yield(transaction)
+                        case let .overflow(dropped):
+                            for gap in dropped {
+                                for transaction in try container.rereadHistory(gap) { continuation.yield(transaction) }
                             }
                         }
-                        try await container.environment.sleep(pollingInterval)
                     }
                     continuation.finish()
                 } catch is CancellationError {
@@ -51,6 +46,28 @@ extension ModelContainer {
                 }
             }
             continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    /// As ``historyTransactions(ofStore:after:)``; `pollingInterval` is no longer used (the environment's
+    /// ``ReplicaEnvironment/otherProcessCommits`` says how other processes' commits are noticed).
+    @available(*, deprecated, message: "use historyTransactions(ofStore:after:); set ReplicaEnvironment.otherProcessCommits to choose polling")
+    public func historyTransactions(ofStore storeName: String, after token: HistoryToken? = nil, pollingInterval: Int64)
+        -> AsyncThrowingStream<HistoryTransaction, any Error> {
+        historyTransactions(ofStore: storeName, after: token)
+    }
+
+    /// The transactions a change stream dropped, read again from history: those no context of this process saved.
+    /// - Throws: ``ReplicaError/historyTokenExpired(_:)`` when they were pruned meanwhile.
+    private func rereadHistory(_ gap: DroppedChanges) throws -> [HistoryTransaction] {
+        guard let store = stores.first(where: { $0.configuration.name == gap.storeName }) else { return [] }
+        let start = gap.after ?? HistoryToken(storeIdentity: store.identity, value: 0)
+        let me = environment.processIdentity
+        return try ModelContext(self).fetchHistory(HistoryDescriptor(after: start)).filter { transaction in
+            guard gap.through.map({ transaction.token <= $0 }) ?? true else { return false }
+            let mine = transaction.bundleIdentifier == me.bundleIdentifier && transaction.processID == me.processID
+                && transaction.processName == me.processName
+            return !mine || transaction.author == HistoryTransaction.syncAuthor
         }
     }
 }

@@ -2,9 +2,13 @@ import Foundation
 
 extension ModelContext {
     /// Posted on `NotificationCenter.default` after a successful ``save()``, with the context as the object
-    /// (SwiftData's `ModelContext.didSave`). `userInfo` maps each ``NotificationKey`` to a `[PersistentIdentifier]`
-    /// sorted by identifier. A record the save deleted and inserted again (a new incarnation) is in both the deleted
-    /// and the inserted list: it was deleted, then inserted (its history transaction lists them in that order).
+    /// (SwiftData's `ModelContext.didSave`), and after a ``SyncEngine`` commits changes it imported from the cloud,
+    /// with the engine as the object (as SwiftData announces remote changes too; observe with `object: nil` to hear
+    /// both, or with a context or engine to hear one). `userInfo` maps each ``NotificationKey`` to a
+    /// `[PersistentIdentifier]` sorted by identifier. A record the save deleted and inserted again (a new incarnation)
+    /// is in both the deleted and the inserted list: it was deleted, then inserted (its history transaction lists them
+    /// in that order). Other processes' commits are not posted here: the container's change stream
+    /// (``ModelContainer/changes``) announces every source of change.
     public static let didSave = Notification.Name("ReplicaModelContextDidSave")
 
     /// Keys of the ``didSave`` notification's `userInfo`.
@@ -13,6 +17,11 @@ extension ModelContext {
     }
 
     func postDidSave(_ changes: [StoreChanges]) {
+        Self.postDidSave(changes, object: self)
+    }
+
+    /// Posts ``didSave`` for `changes` with `object` (a context, or the sync engine that imported them).
+    static func postDidSave(_ changes: [StoreChanges], object: AnyObject) {
         // Sorted, duplicate-free lists; updated leaves out records also inserted or deleted by the save.
         // Complexity: O(n log n) comparisons without hashing (O(n) for IDs saved in creation order, the usual case).
         let inserted = Self.sortedUnique(changes.flatMap { $0.inserted.map(\.persistentModelID) })
@@ -27,7 +36,7 @@ extension ModelContext {
         userInfo.values[template.inserted] = inserted
         userInfo.values[template.updated] = updated
         userInfo.values[template.deleted] = deleted
-        NotificationCenter.default.post(name: Self.didSave, object: self, userInfo: userInfo)
+        NotificationCenter.default.post(name: Self.didSave, object: object, userInfo: userInfo)
     }
 
     /// The `userInfo` of ``didSave`` with empty lists, and the positions of its three keys (valid in every copy).

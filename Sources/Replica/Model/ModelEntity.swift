@@ -16,7 +16,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         enum Kind {
             case attribute(Schema.Attribute, encode: (Model) -> SQLiteValue)
             case toOne(Schema.Relationship, encode: (Model) -> SQLiteValue)
-            case toMany(Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])
+            case toMany(Schema.Relationship, assign: (inout Model, [UUID], ReferenceLoader?) -> Void, members: (Model) -> [UUID])
         }
         let kind: Kind
         let keyPath: PartialKeyPath<Model>
@@ -26,8 +26,21 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let query: QueryMember
         /// For relationships: resolves the references of a batch of models.
         let prefetch: Prefetch?
+        /// For to-one relationships: lets the model's unresolved reference load its target through a loader.
+        var attachLoader: ((inout Model, ReferenceLoader) -> Void)?
+        /// For relationships: whether two models' references carry equal targets (both none, or equal values, their
+        /// own carried targets compared likewise). Live queries compare results with it.
+        var sameTargets: ((Model, Model) -> Bool)?
         /// For an attribute that is a stored property of a common type: where and how to load it directly.
         var load: FieldLoad?
+
+        /// For a member whose value is optional: the same member reached through a reference's flattening
+        /// subscript (`\Reference<Model>.[dynamicMember:]` over `KeyPath<Model, Wrapped?>`), which is what
+        /// `$0.trip?.destination` spells in a predicate. ``referenceKeyPath`` is the other subscript's key path.
+        var flattenedReferenceKeyPath: AnyKeyPath? {
+            guard let optional = type(of: keyPath).valueType as? any OptionalReferenceKeyPaths.Type else { return nil }
+            return optional.flattenedReferenceKeyPath(keyPath, root: Model.self)
+        }
 
         /// A stored attribute.
         /// - Parameters:
@@ -91,9 +104,12 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 }
                 return dangling
             }
-            return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { $0?.id.sqliteValue ?? .null }), keyPath: keyPath,
-                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
-                          query: .toOne(relationship, target: Target.self), prefetch: prefetch)
+            var member = Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { $0?.id.sqliteValue ?? .null }), keyPath: keyPath,
+                                referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                                query: .toOne(relationship, target: Target.self), prefetch: prefetch)
+            member.attachLoader = { model, loader in model[keyPath: keyPath]?.attach(loader) }
+            member.sameTargets = { a, b in sameCarriedTarget(a[keyPath: keyPath]?.resolved, b[keyPath: keyPath]?.resolved) }
+            return member
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
@@ -121,11 +137,14 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 }
                 return dangling
             }
-            return Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { reference in
+            var member = Member(kind: .toOne(relationship, encode: fieldReader(keyPath) { reference in
                 reference.id == .unassigned ? .null : reference.id.sqliteValue
             }), keyPath: keyPath,
-                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
-                          query: .toOne(relationship, target: Target.self), prefetch: prefetch)
+                                referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                                query: .toOne(relationship, target: Target.self), prefetch: prefetch)
+            member.attachLoader = { model, loader in model[keyPath: keyPath].attach(loader) }
+            member.sameTargets = { a, b in sameCarriedTarget(a[keyPath: keyPath].resolved, b[keyPath: keyPath].resolved) }
+            return member
         }
 
         /// A to-many relationship.
@@ -163,16 +182,23 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 }
                 return dangling
             }
-            return Member(kind: .toMany(relationship, assign: { model, ids in
-                model[keyPath: keyPath] = ids.map(Reference<Target>.init)
+            var member = Member(kind: .toMany(relationship, assign: { model, ids, loader in
+                model[keyPath: keyPath] = ids.map { Reference<Target>($0, loader: loader) }
             }, members: { $0[keyPath: keyPath].map(\.id) }), keyPath: keyPath,
-                          referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
-                          query: .toMany(relationship, target: Target.self), prefetch: prefetch)
+                                referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
+                                query: .toMany(relationship, target: Target.self), prefetch: prefetch)
+            member.sameTargets = { a, b in
+                let x = a[keyPath: keyPath], y = b[keyPath: keyPath]
+                return x.count == y.count && zip(x, y).allSatisfy { sameCarriedTarget($0.resolved, $1.resolved) }
+            }
+            return member
         }
     }
 
-    /// To-many relationships with the closures that assign and read their members.
-    typealias ToManyMember = (relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])
+    /// To-many relationships with the closures that assign (with the loader their references load targets through)
+    /// and read their members.
+    typealias ToManyMember = (relationship: Schema.Relationship, assign: (inout Model, [UUID], ReferenceLoader?) -> Void,
+                              members: (Model) -> [UUID])
 
     /// The entity's description and encoders, built once and shared: copying a `ModelEntity` (every access to a
     /// model's `static let entity`) costs one retain.
@@ -189,6 +215,11 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         /// code looks up the tuple's and closures' type metadata on every access (about 1.5k instructions).
         let hasToManyMembers: Bool
         let prefetchByName: [String: Prefetch]
+        /// One per to-one relationship: attaches a loader to the model's unresolved reference (see
+        /// ``Member/attachLoader``).
+        let loaderAttachers: [(inout Model, ReferenceLoader) -> Void]
+        /// One per relationship: compares two models' carried targets (see ``Member/sameTargets``).
+        let targetComparers: [(Model, Model) -> Bool]
         let query: EntityQueryInfo
         let codableEncoder: ((Model) -> [SQLiteValue])?
         /// The entity's stored table as a query source (quoted name), and the one-ID lookup that
@@ -202,7 +233,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
 
         init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
              fieldIndexByKeyPath: [PartialKeyPath<Model>: Int], toManyMembers: [ToManyMember],
-             prefetchByName: [String: Prefetch], query: EntityQueryInfo) {
+             prefetchByName: [String: Prefetch], loaderAttachers: [(inout Model, ReferenceLoader) -> Void],
+             targetComparers: [(Model, Model) -> Bool], query: EntityQueryInfo) {
             self.schemaEntity = schemaEntity
             self.fieldNames = schemaEntity.fieldNames
             self.fieldEncoders = fieldEncoders
@@ -214,6 +246,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             self.toManyMembers = toManyMembers
             self.hasToManyMembers = !toManyMembers.isEmpty
             self.prefetchByName = prefetchByName
+            self.loaderAttachers = loaderAttachers
+            self.targetComparers = targetComparers
             self.query = query
             self.table = quoted(schemaEntity.name)
             self.allFields = Array(fieldNames.indices)
@@ -262,8 +296,10 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var attributeLoads: [FieldLoad?] = []
         var attributeKeyPaths: [PartialKeyPath<Model>] = []
         var referenceKeyPaths: [PartialKeyPath<Model>] = []
-        var toMany: [(relationship: Schema.Relationship, assign: (inout Model, [UUID]) -> Void, members: (Model) -> [UUID])] = []
+        var toMany: [ToManyMember] = []
         var prefetch: [String: Prefetch] = [:]
+        var attachers: [(inout Model, ReferenceLoader) -> Void] = []
+        var comparers: [(Model, Model) -> Bool] = []
         var queryMembers: [AnyKeyPath: QueryMember] = [
             \Model.persistentModelID: .persistentModelID,
             \Reference<Model>.id: .id,
@@ -292,8 +328,11 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 relationships.append(relationship)
                 toMany.append((relationship, assign, read))
             }
+            if let attach = member.attachLoader { attachers.append(attach) }
+            if let compare = member.sameTargets { comparers.append(compare) }
             queryMembers[member.keyPath] = member.query
             queryMembers[member.referenceKeyPath] = member.query
+            if let flattened = member.flattenedReferenceKeyPath { queryMembers[flattened] = member.query }
             if let resolve = member.prefetch, case let .toOne(relationship, _) = member.query { prefetch[relationship.name] = resolve }
             if let resolve = member.prefetch, case let .toMany(relationship, _) = member.query { prefetch[relationship.name] = resolve }
         }
@@ -304,6 +343,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         storage = Storage(schemaEntity: entity, fieldEncoders: attributeEncoders + referenceEncoders,
                           fieldLoads: attributeLoads + referenceEncoders.map { _ in nil },
                           fieldIndexByKeyPath: byKeyPath, toManyMembers: toMany, prefetchByName: prefetch,
+                          loaderAttachers: attachers, targetComparers: comparers,
                           query: EntityQueryInfo(name: Model.entityName, modelType: Model.self, schemaEntity: entity,
                                                  members: queryMembers))
     }
@@ -349,7 +389,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let layout = RowLayout(entity: schemaEntity, fieldIndexByName: fieldIndexByName)
         var model = try Model(row: ModelRow(id: snapshot.id, values: snapshot.values, layout: layout))
         for (slot, member) in toManyMembers.enumerated() where slot < snapshot.toManyMembers.count {
-            member.assign(&model, snapshot.toManyMembers[slot])
+            member.assign(&model, snapshot.toManyMembers[slot], nil)
         }
         return model
     }
@@ -408,6 +448,48 @@ enum FieldLoad {
         case let .optionalDate(o): return base.load(fromByteOffset: o, as: Date?.self).sqliteValue
         case let .optionalData(o): return base.load(fromByteOffset: o, as: Data?.self).sqliteValue
         case let .optionalUUID(o): return base.load(fromByteOffset: o, as: UUID?.self).sqliteValue
+        }
+    }
+}
+
+/// Builds the key path of ``Reference``'s flattening member subscript for an optional member. Internal.
+protocol OptionalReferenceKeyPaths {
+    static func flattenedReferenceKeyPath<Root: PersistentModel>(_ keyPath: AnyKeyPath, root: Root.Type) -> AnyKeyPath?
+}
+
+extension Optional: OptionalReferenceKeyPaths {
+    static func flattenedReferenceKeyPath<Root: PersistentModel>(_ keyPath: AnyKeyPath, root: Root.Type) -> AnyKeyPath? {
+        guard let typed = keyPath as? KeyPath<Root, Wrapped?> else { return nil }
+        return \Reference<Root>.[dynamicMember: typed]
+    }
+}
+
+/// Whether two carried targets are the same: both absent, or equal in every field, to-many member and carried target
+/// of their own. Internal (live queries compare results with it).
+func sameCarriedTarget<Target: PersistentModel>(_ a: Target?, _ b: Target?) -> Bool {
+    switch (a, b) {
+    case (nil, nil): return true
+    case let (x?, y?): return Target.entity.sameValue(x, y)
+    default: return false
+    }
+}
+
+extension ModelEntity {
+    /// Whether `a` and `b` hold the same values: ID, every field, every to-many member, and the targets their
+    /// references carry (compared the same way). Complexity: O(fields + members) per model, plus its carried targets.
+    func sameValue(_ a: Model, _ b: Model) -> Bool {
+        guard a.id == b.id, snapshot(of: a) == snapshot(of: b) else { return false }
+        for compare in storage.targetComparers where !compare(a, b) { return false }
+        return true
+    }
+
+    /// Lets every unresolved reference of `models` load its target through `loader` (to-many members get it when
+    /// they are assigned). O(models × to-one relationships).
+    func attach(_ loader: ReferenceLoader, to models: inout [Model]) {
+        let attachers = storage.loaderAttachers
+        guard !attachers.isEmpty else { return }
+        for index in models.indices {
+            for attach in attachers { attach(&models[index], loader) }
         }
     }
 }

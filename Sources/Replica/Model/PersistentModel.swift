@@ -98,22 +98,40 @@ public struct PersistentIdentifier: Hashable, Comparable, Sendable, Codable, Cus
 /// `#Predicate<Trip> { $0.items.contains { $0.isDone } }`. Replica translates such predicates to SQL (joins and
 /// subqueries) and never needs the target in memory for that.
 ///
-/// Evaluating a member in Swift needs the target's value: a reference may carry a **resolved** copy of its target
-/// (``resolved``). `init(_ model:)` resolves with the given model; a fetch resolves the relationships listed in
-/// ``FetchDescriptor/relationshipKeyPathsForPrefetching`` (one query per relationship), and the relationships an
-/// in-memory predicate or sort needs. Reading a member of an unresolved reference is a programming error and traps
-/// with a message naming the relationship's target; use ``resolved`` to test first.
+/// **Reading through a reference in Swift** (`item.trip?.name`) needs the target's value, found in this order:
+/// 1. the copy the reference carries (``resolved``): `init(_ model:)` carries the given model; a fetch carries the
+///    targets of ``FetchDescriptor/relationshipKeyPathsForPrefetching`` (one query per relationship for the whole
+///    result: the fast path) and of the relationships an in-memory predicate or sort needs;
+/// 2. otherwise the target is **loaded on demand** through the context that fetched the model, while that context is
+///    alive: one query the first time, then cached for that context (until its next ``ModelContext/save()``). The
+///    load reads the store's saved state (not the context's unsaved changes) through a connection of its own, behind
+///    a lock, so a model may be read on any task or actor — models stay `Sendable` values;
+/// 3. otherwise there is no value: the reference was made from an ID, decoded, or its context is gone — or the
+///    target was deleted.
+///
+/// Member reads therefore return optionals and never trap: `item.trip?.name` is `String?`, `nil` when the target
+/// cannot be had (an optional property stays singly optional: `item.trip?.destination` is `String?`). Chains go on
+/// with `?.` (`item.trip?.name?.count`, also in predicates). ``loadTarget()`` says why a target is missing (it
+/// throws ``ReplicaError/noContextForReference(_:)`` or a storage error, and returns `nil` only for a target that
+/// does not exist); ``load(in:)`` loads through a context of the caller's choosing, unsaved changes included.
 @dynamicMemberLookup
 public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The referenced record's ID.
     public var id: UUID
-    /// The resolved target, when loaded. Not part of equality, hashing or coding.
-    private var box: ResolvedTarget<Target>?
+    /// The carried target or the loader of the context that fetched the reference. Not part of equality, hashing or
+    /// coding.
+    private var state: ReferenceState<Target>?
 
-    /// A reference to the record `id` (unresolved).
+    /// A reference to the record `id` (unresolved, with no context to load the target from).
     public init(_ id: UUID) {
         self.id = id
-        self.box = nil
+        self.state = nil
+    }
+
+    /// A reference to `id` whose target loads on demand through `loader` (what fetches hand out).
+    init(_ id: UUID, loader: ReferenceLoader?) {
+        self.id = id
+        self.state = loader.map(ReferenceState.loadable)
     }
 
     /// A reference to `model`, which must already have an ID (be inserted). The reference is resolved with `model`
@@ -121,30 +139,66 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
     public init(_ model: Target) {
         precondition(model.id != .unassigned, "Replica: cannot reference a \(Target.self) that has not been inserted")
         self.id = model.id
-        self.box = ResolvedTarget(model)
+        self.state = .resolved(ResolvedTarget(model))
     }
 
-    /// The referenced model as loaded with this reference (by prefetching, or given to `init(_ model:)`), or `nil`
-    /// when the reference is not resolved.
-    public var resolved: Target? { box?.value }
+    /// The referenced model carried by this reference (loaded by prefetching, or given to `init(_ model:)`), or
+    /// `nil` when it carries none. Never reads the store (see ``loadTarget()``).
+    public var resolved: Target? {
+        if case let .resolved(box)? = state { return box.value }
+        return nil
+    }
+
+    /// The referenced model: the carried one (``resolved``), else loaded through the context that fetched this
+    /// reference (one query by ID the first time, then cached for that context until its next save).
+    /// - Returns: the target, or `nil` when no record `id` exists (it was deleted, or never saved).
+    /// - Throws: ``ReplicaError/noContextForReference(_:)`` when the reference carries no target and no live context
+    ///   to load it from (made from an ID, decoded, or its context is gone); ``SQLiteError`` or
+    ///   ``ReplicaError/valueConversion(_:)`` when reading the store fails.
+    public func loadTarget() throws -> Target? {
+        switch state {
+        case let .resolved(box)?: return box.value
+        case let .loadable(loader)?: return try loader.target(Target.self, id: id)
+        case nil: throw ReplicaError.noContextForReference(persistentModelID)
+        }
+    }
+
+    /// The referenced model as `context` sees it (its unsaved changes included): the carried one when there is one,
+    /// else `context.model(Target.self, id: id)`.
+    /// - Returns: the target, or `nil` when no record `id` exists in `context`.
+    /// - Throws: as ``ModelContext/model(_:id:)``.
+    public func load(in context: ModelContext) throws -> Target? {
+        if let resolved { return resolved }
+        return try context.model(Target.self, id: id)
+    }
 
     /// A copy of this reference resolved with `model` (whose ID must equal ``id``).
     func resolving(_ model: Target) -> Reference {
         var copy = self
-        copy.box = ResolvedTarget(model)
+        copy.state = .resolved(ResolvedTarget(model))
         return copy
     }
 
-    /// A property of the referenced model, read from the resolved target.
+    /// Lets an unresolved reference load its target through `loader` (a resolved one keeps its target).
+    mutating func attach(_ loader: ReferenceLoader) {
+        if state == nil { state = .loadable(loader) }
+    }
+
+    /// A property of the referenced model (see the type's documentation for where the target comes from).
     ///
     /// In predicates this is how relationships are followed (`$0.trip?.name`); Replica translates it to SQL.
-    /// In Swift it needs a resolved reference: reading it from an unresolved reference traps (a programming error).
-    /// Complexity: O(1).
-    public subscript<Value>(dynamicMember keyPath: KeyPath<Target, Value>) -> Value {
-        guard let model = box?.value else {
-            preconditionFailure("Replica: read \(keyPath) through an unresolved Reference<\(Target.self)> \(id); "
-                + "prefetch the relationship (FetchDescriptor.relationshipKeyPathsForPrefetching) or check `resolved`")
-        }
+    /// In Swift it reads the carried target, else loads it through the fetching context; `nil` when there is no
+    /// target to read (``loadTarget()`` says why). Never traps.
+    /// Complexity: O(1) for a carried or cached target; one query by ID for the first load.
+    public subscript<Value>(dynamicMember keyPath: KeyPath<Target, Value>) -> Value? {
+        guard let model = (try? loadTarget()) ?? nil else { return nil }
+        return model[keyPath: keyPath]
+    }
+
+    /// An optional property of the referenced model, flattened: `nil` when the target has no value or there is no
+    /// target (see ``subscript(dynamicMember:)-(KeyPath<Target,Value>)``).
+    public subscript<Value>(dynamicMember keyPath: KeyPath<Target, Value?>) -> Value? {
+        guard let model = (try? loadTarget()) ?? nil else { return nil }
         return model[keyPath: keyPath]
     }
 
@@ -159,7 +213,7 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
 
     public init(from decoder: any Decoder) throws {
         self.id = try decoder.singleValueContainer().decode(UUID.self)
-        self.box = nil
+        self.state = nil
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -168,6 +222,12 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
     }
 
     public var description: String { persistentModelID.description }
+}
+
+/// What a ``Reference`` carries besides its ID: its target, or the loader of the context that fetched it.
+private enum ReferenceState<Target: PersistentModel>: Sendable {
+    case resolved(ResolvedTarget<Target>)
+    case loadable(ReferenceLoader)
 }
 
 /// The immutable resolved target of a ``Reference`` (a class so that a model may hold references to its own type).

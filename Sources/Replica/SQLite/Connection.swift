@@ -46,7 +46,7 @@ final class LiveStatementCount: Sendable {
 /// <https://www.sqlite.org/c3ref/busy_timeout.html>
 final class Connection {
     /// Where a connection's database lives.
-    enum Location: Equatable {
+    enum Location: Hashable {
         /// A file on disk.
         case file(URL)
         /// A named in-memory database shared by every connection of this process that uses the same name
@@ -84,6 +84,11 @@ final class Connection {
     /// The busy timeout applied to every connection, in milliseconds.
     static let defaultBusyTimeoutMilliseconds: Int32 = 5_000
 
+    /// The number of connections of this process open now to the database at `location` (tests check that observers
+    /// and loaders give theirs back).
+    static func openCount(at location: Location) -> Int { openConnections.withLock { $0[location] ?? 0 } }
+    private static let openConnections = Mutex<[Location: Int]>([:])
+
     /// Opens (and, unless `readOnly`, creates) the database at `location`.
     /// - Throws: ``SQLiteError`` when the file cannot be opened or the settings cannot be applied.
     init(location: Location, readOnly: Bool = false, busyTimeoutMilliseconds: Int32 = defaultBusyTimeoutMilliseconds) throws {
@@ -107,6 +112,7 @@ final class Connection {
         self.handle = db
         self.location = location
         self.isReadOnly = readOnly
+        Self.openConnections.withLock { $0[location, default: 0] += 1 }
         sqlite3_extended_result_codes(db, 1)
         sqlite3_busy_timeout(db, busyTimeoutMilliseconds)
         if case .file = location, !readOnly {
@@ -156,6 +162,11 @@ final class Connection {
         keyedCache.removeAll()
         keyedByText.removeAll()
         sqlite3_close_v2(handle)
+        let location = location
+        Self.openConnections.withLock { open in
+            open[location, default: 1] -= 1
+            if open[location] == 0 { open[location] = nil }
+        }
     }
 
     // MARK: Statements

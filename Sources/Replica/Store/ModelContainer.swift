@@ -13,6 +13,8 @@ public final class ModelContainer: Sendable {
     public let environment: ReplicaEnvironment
     let stores: [Store]
     let storeIndexByEntity: [String: Int]
+    /// Where every committed change of the stores goes through (the change stream, live queries; see `ChangeHub`).
+    let changeHub: ChangeHub
 
     /// Opens a container with the given stores.
     ///
@@ -89,10 +91,12 @@ public final class ModelContainer: Sendable {
         self.configurations = configurations
         self.environment = environment
         self.storeIndexByEntity = storeIndexByEntity
-        self.stores = try configurations.enumerated().map { i, configuration in
+        let stores = try configurations.enumerated().map { i, configuration in
             try Store(configuration: configuration, entities: entitiesByConfiguration[i].compactMap(schema.entity(named:)),
                       environment: environment)
         }
+        self.stores = stores
+        self.changeHub = ChangeHub(stores: stores, environment: environment)
     }
 
     /// The additive-only violations of every synced configuration's entities: those its schema names or, for the

@@ -45,6 +45,12 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     /// A save failed while committing: the stores listed in `committed` were committed before the failure and keep
     /// their changes; the others were rolled back. See ``ModelContext/save()`` for the guarantee.
     case partialSave(committed: [String], failed: String, underlying: SQLiteError)
+    /// Reading a target through a ``Reference`` that carries none and has no live context to load it from: it was
+    /// made from an ID or decoded, or the context that fetched it is gone. Load it with ``Reference/load(in:)``.
+    case noContextForReference(PersistentIdentifier)
+    /// Observing store `store` failed while reading what was committed to it (its history could not be read).
+    /// Observers of the store end with this error.
+    case observationFailed(store: String, underlying: SQLiteError)
     /// Sync bookkeeping of a synced store cannot be read (see ``BookkeepingCorruption``).
     case corruptBookkeeping(BookkeepingCorruption)
     /// The store's hybrid logical clock reached the top of its encodable range (``HLC/maxPhysical``,
@@ -81,6 +87,10 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
             return "schema incompatible with the zone: " + differences.map(\.description).joined(separator: "; ")
         case let .partialSave(committed, failed, underlying):
             return "save committed \(committed.joined(separator: ", ")) but failed on '\(failed)': \(underlying)"
+        case let .noContextForReference(id):
+            return "the reference to \(id) carries no target and no live context to load it from"
+        case let .observationFailed(store, underlying):
+            return "observing store '\(store)' failed: \(underlying)"
         case let .corruptBookkeeping(corruption): return corruption.description
         case let .clockExhausted(store): return "the clock of store '\(store)' reached the top of its range: no later stamp exists"
         case let .counterExhausted(store, id, counter):

@@ -91,6 +91,8 @@ public final class SyncEngine {
     public let options: Options
     let container: ModelContainer
     let store: Store
+    /// The store's position in the container.
+    let storeIndex: Int
     let db: Connection
     /// The context whose connection `db` is, when the engine shares it (see
     /// ``init(container:storeName:zone:options:encryption:sharingConnectionOf:)``); kept alive with the engine.
@@ -171,6 +173,7 @@ public final class SyncEngine {
         guard store.configuration.isSynced else { throw ReplicaError.storeNotSynced(storeName) }
         self.container = container
         self.store = store
+        self.storeIndex = storeIndex
         self.storeName = storeName
         self.zone = zone ?? storeName
         self.options = options
@@ -581,19 +584,43 @@ public final class SyncEngine {
         if container.environment.canaries.contains(.tokenBeforeApply) {
             try db.transaction(.immediate) { try saveToken(batch.token) }
             try container.environment.faultHook?(.beforeImport(store: storeName))
-            try db.transaction(.immediate) {
+            try importing {
                 try SyncLedger.keepUnreadable(batch.unreadable, db)
                 try mergeRecords(batch.records)
             }
             return
         }
         try container.environment.faultHook?(.beforeImport(store: storeName))
-        try db.transaction(.immediate) {
+        try importing {
             try SyncLedger.keepUnreadable(batch.unreadable, db)
             try mergeRecords(batch.records)
             try saveToken(batch.token)
             try noteSeenDuringResync(batch)
         }
+    }
+
+    /// What the merges of the current import transaction changed, and the history token they recorded.
+    private var importedChanges: (token: Int64?, changes: StoreChanges)?
+
+    /// Runs `body` (which merges) in one write transaction, then announces what it imported: to the container's
+    /// change stream (the hub reads the history transaction back, on this connection) and as ``ModelContext/didSave``
+    /// with this engine as the object. A transaction that rolls back announces nothing.
+    private func importing(_ body: () throws -> Void) throws {
+        importedChanges = nil
+        do {
+            try db.transaction(.immediate, body)
+        } catch {
+            if let token = importedChanges?.token { container.changeHub.abandon(store: storeIndex, token: token) }
+            importedChanges = nil
+            throw error
+        }
+        guard let imported = importedChanges else { return }
+        importedChanges = nil
+        if let token = imported.token {
+            container.changeHub.didCommit(store: storeIndex, token: token, reading: db, changes: imported.changes,
+                                          author: HistoryTransaction.syncAuthor)
+        }
+        ModelContext.postDidSave([imported.changes], object: self)
     }
 
     // MARK: Full resync
@@ -714,13 +741,19 @@ public final class SyncEngine {
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
         changes.deleted += consequences.deleted
-        if container.environment.canaries.contains(.importSkipsHistory) { return }
-        _ = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
+        if container.environment.canaries.contains(.importSkipsHistory) {
+            importedChanges = (nil, changes)
+            return
+        }
+        let token = try HistoryLog.record(changes, author: HistoryTransaction.syncAuthor, environment: container.environment, db: db)
+        if let token { container.changeHub.willCommit(store: storeIndex, token: token, origin: .syncImport) }
+        if changes.isEmpty { return }
+        importedChanges = (token, changes)
     }
 
     private func applySaveResults(_ results: [RecordSaveResult], versions: [UUID: Int64]) throws {
         var transient: CloudError?
-        try db.transaction(.immediate) {
+        try importing {
             var conflicts: [CloudRecord] = []
             // Whether `replica_sync_rejected` holds entries, read at the first saved record: nothing below adds one
             // before the conflicts merge, and this write transaction keeps other connections from adding any.

@@ -68,6 +68,8 @@ final class SimulationRun {
     }()
     /// Last history token seen per (device, store), for the monotonicity check.
     var lastHistoryToken: [String: Int64] = [:]
+    /// Each process's live queries, for the observers-agree check (`ObserverAgreement.swift`).
+    var observers = ProcessObservers()
     /// Bookkeeping the simulator corrupted (see BookkeepingFaults.swift), in order.
     var corruptions: [Corruption] = []
     /// Hostile records injected into each zone.
@@ -291,6 +293,7 @@ final class SimulationRun {
             if let url = container.url(of: configurationName(store.name)) { process.storeURLs[store.name] = url }
         }
         process.isUp = true
+        try observeStores(of: process)
         if phase != .setup {
             for store in process.stores where usesFile(store) { try checkIntegrity(process, store) }
         }
@@ -563,6 +566,7 @@ final class SimulationRun {
                             + (status.blockedBy.map { ", blocked by \($0)" } ?? "") + (status.encryptionError.map { ", encryption error \($0)" } ?? "") + ")")
                     }
                 }
+                try checkObservers()
                 return
             }
         }
@@ -600,6 +604,7 @@ final class SimulationRun {
     /// A state-digest line: the cloud's records and each store's history position and outbox size. Checks that
     /// history tokens never go back (traced or not); the digest itself is computed only when the trace is recorded.
     func digest() throws {
+        try checkObservers()
         var cloudBytes: [UInt8] = []
         if trace.isEnabled {
             for zone in zones {

@@ -57,11 +57,17 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     case noPlaintext = "no-plaintext-in-cloud"
     /// Reading the whole zone again (an expired change token) changes nothing: no upload, no row, stamp or history.
     case idempotence
+    /// Every process's live queries (one per entity of each store, observed from the process's start) equal a fresh
+    /// fetch at every quiescent point (see `ObserverAgreement.swift`). Checked as the run settles, not in the check
+    /// phase.
+    case observersAgree = "observers-agree"
 
     /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
-    /// after each save, each upload): the count the trace's `checked` line reports.
+    /// after each save, each upload, at each quiescent point): the count the trace's `checked` line reports.
     public static var checkedAtEnd: [Invariant] {
-        allCases.filter { $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping && $0 != .schemaGate }
+        allCases.filter {
+            $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping && $0 != .schemaGate && $0 != .observersAgree
+        }
     }
 
     /// One line describing the invariant.
@@ -84,6 +90,7 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
         case .localOnly: return "local-only data never leaves its device"
         case .noPlaintext: return "no plaintext of encrypted fields in the cloud"
         case .idempotence: return "a full re-read changes nothing"
+        case .observersAgree: return "live queries equal a fresh fetch at every quiescent point"
         }
     }
 }
