@@ -273,12 +273,6 @@ private func realtimeMilliseconds() -> Double {
     return Double(ts.tv_sec) * 1000 + Double(ts.tv_nsec) / 1_000_000
 }
 
-private func processCPUSeconds() -> Double {
-    var usage = rusage()
-    getrusage(RUSAGE_SELF.rawValue, &usage)
-    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
-}
-
 private final class LatencyBox: @unchecked Sendable {
     var latencies: [Double] = []
     var error: Error?
