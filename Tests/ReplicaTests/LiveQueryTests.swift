@@ -194,6 +194,41 @@ struct LiveQueryTests {
         #expect(count.value == 1)
     }
 
+    @Test("a batch delete and a cascade each give one new value of a live list and count; a live model of a cascaded child ends as nil")
+    func batchDeleteAndCascade() async throws {
+        let container = try observationContainer()
+        let list = try container.writeReturning { $0.insert(OList(name: "Work")) }
+        try container.write { $0.insert(OTask(title: "report", list: Reference(list))) }
+        try container.write { context in
+            for title in ["a", "b", "c"] { context.insert(OTask(title: title)) }
+        }
+        let titles = try await liveValues(container.observe(Self.byTitle), count: 3) { step in
+            try container.write { context in
+                if step == 1 { _ = try context.delete(model: OTask.self, where: #Predicate { $0.title == "a" || $0.title == "b" }) }
+                if step == 2 { context.delete(try #require(try context.model(OList.self, id: list.id))) }
+            }
+        }
+        #expect(titles.map { $0.map(\.title) } == [["a", "b", "c", "report"], ["c", "report"], ["c"]])
+        // The cascade as seen by a live model of the child and a live count.
+        let container2 = try observationContainer()
+        let list2 = try container2.writeReturning { $0.insert(OList(name: "Home")) }
+        let child2 = try container2.writeReturning { $0.insert(OTask(title: "dishes", list: Reference(list2))) }
+        let models = try await liveValues(container2.observe(OTask.self, id: child2.id), count: 2) { _ in
+            try container2.write { context in context.delete(try #require(try context.model(OList.self, id: list2.id))) }
+        }
+        #expect(models.map { $0?.title } == ["dishes", nil])
+        let container3 = try observationContainer()
+        let list3 = try container3.writeReturning { $0.insert(OList(name: "Garden")) }
+        try container3.write { context in
+            for title in ["mow", "weed", "water"] { context.insert(OTask(title: title, list: Reference(list3))) }
+            context.insert(OTask(title: "kept"))
+        }
+        let counts = try await liveValues(container3.observeCount(FetchDescriptor<OTask>()), count: 2) { _ in
+            try container3.write { context in context.delete(try #require(try context.model(OList.self, id: list3.id))) }
+        }
+        #expect(counts == [4, 1])
+    }
+
     @Test("a sync import between two devices gives a new value")
     func syncImport() async throws {
         let cloud = InMemoryCloudDatabase()
