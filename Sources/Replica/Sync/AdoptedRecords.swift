@@ -12,7 +12,7 @@ extension SyncLedger {
     /// Complexity: one `EXISTS` query when nothing is kept (the common case).
     static func takeAdoptableUnknownRecords(store: Store, _ db: Connection) throws -> (records: [CloudRecord], requeue: [CloudRecord]) {
         guard try db.scalar(anyUnknownRecordSQL) == .integer(1), !store.entities.isEmpty else { return ([], []) }
-        let names = store.entities.map { "'" + $0.name.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ", ")
+        let names = sqlStringList(store.entities.map(\.name))
         var records: [CloudRecord] = []
         var requeue: [CloudRecord] = []
         for row in try db.rows("SELECT id, record, pending FROM replica_sync_unknown_record WHERE record_type IN (\(names)) ORDER BY id") {

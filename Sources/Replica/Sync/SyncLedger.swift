@@ -377,9 +377,14 @@ enum SyncLedger {
     /// (``loadSQL``'s columns after the ID). Only records of `entities`: in a store file shared with a process of
     /// another app version, records of entities this schema does not know are that process's to upload (this one
     /// cannot read their rows); they stay queued, counted as pending, never refused (P6).
+    /// `names` as a list of SQL string literals (`'A', 'B'`), for an `IN (...)` of entity names.
+    static func sqlStringList(_ names: [String]) -> String {
+        names.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ", ")
+    }
+
     /// `entities` `nil`: every record (only for the canary ``Canary/unknownEntityRefused``).
     static func outboxSQL(entities: [String]?) -> StatementKey {
-        let names = entities.map { $0.map { "'" + $0.replacingOccurrences(of: "'", with: "''") + "'" }.joined(separator: ", ") }
+        let names = entities.map(sqlStringList)
         return StatementKey("""
             SELECT id, \(stateColumns)
             FROM replica_sync_record WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable', 'corrupt')
