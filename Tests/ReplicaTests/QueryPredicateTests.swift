@@ -288,9 +288,13 @@ struct QueryPredicateTests {
         let context = ModelContext(try makeQueryContainer())
         context.insert(QTrip(name: "x"))
         try context.save()
-        #expect(throws: FetchError.unsupportedKeyPath(entity: "QTrip", keyPath: "\(\QTrip.label as AnyKeyPath)")) {
+        // A computed property is named by its type and root, never by the address Swift prints for it.
+        #expect(throws: FetchError.unsupportedKeyPath(entity: "QTrip", keyPath: "a computed String property of QTrip")) {
             try context.fetch(FetchDescriptor<QTrip>(predicate: #Predicate { $0.label == "X" }))
         }
+        #expect(FetchError.unsupportedKeyPath(entity: "QTrip", keyPath: (\QTrip.label as AnyKeyPath).readableDescription).description
+                == "a computed String property of QTrip is not an attribute or relationship of QTrip")
+        #expect((\QTrip.name as AnyKeyPath).readableDescription == "\\QTrip.name")
         #expect(throws: FetchError.self) {
             try context.fetchCount(FetchDescriptor<QItem>(predicate: #Predicate { $0.trip?.label == "X" }))
         }

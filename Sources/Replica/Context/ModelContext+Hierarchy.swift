@@ -159,9 +159,9 @@ extension ModelContext {
                     }
                     keys.append(expression)
                 } catch is Untranslatable {
-                    sortReasons.append("a sort by \(keyPath)")
+                    sortReasons.append("a sort by \(keyPath.readableDescription)")
                 } catch is FetchError {
-                    sortReasons.append("a sort by \(keyPath), which is not an inherited attribute")
+                    sortReasons.append("a sort by \(keyPath.readableDescription), which is not an inherited attribute")
                 }
             }
             keyCount = keys.count

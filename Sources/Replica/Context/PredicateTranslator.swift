@@ -300,9 +300,9 @@ final class PredicateTranslator {
             var unwrapped: Any = value
             if let optional = value as? any AnyOptional, let wrapped = optional.wrappedValue { unwrapped = wrapped }
             if let reference = unwrapped as? any ReferenceIdentifying, !reference.canRead(keyPath) {
-                throw FetchError.unresolvableReference(reference.referencedIdentifier, relationship: "\(keyPath)")
+                throw FetchError.unresolvableReference(reference.referencedIdentifier, relationship: "\(keyPath.readableDescription)")
             }
-            guard let result = value[keyPath: keyPath] else { throw Untranslatable("\(keyPath) does not apply to its value") }
+            guard let result = value[keyPath: keyPath] else { throw Untranslatable("\(keyPath.readableDescription) does not apply to its value") }
             return .constant(result)
         case let .record(record):
             return try member(of: record, keyPath: keyPath)
@@ -312,15 +312,15 @@ final class PredicateTranslator {
                 let exists = collection.subquery(select: "1")
                 return .sql(SQLExpr("NOT EXISTS \(exists.text)", exists.args, nullable: false, mayFail: exists.mayFail))
             }
-            throw Untranslatable("\(keyPath) of a to-many relationship")
+            throw Untranslatable("\(keyPath.readableDescription) of a to-many relationship")
         case let .composite(composite):
             guard let info = composite.info, let (key, leaf) = info.members[keyPath] else {
-                throw Untranslatable("\(keyPath) is not a queryable member of \(composite.info?.typeName ?? "a composite attribute")")
+                throw Untranslatable("\(keyPath.readableDescription) is not a queryable member of \(composite.info?.typeName ?? "a composite attribute")")
             }
             let path = composite.path + [key]
             switch leaf {
             case let .composite(nested): return .composite(CompositeRef(json: composite.json, path: path, info: nested))
-            case .unsupported: throw Untranslatable("\(keyPath) has a JSON form that differs from its column form")
+            case .unsupported: throw Untranslatable("\(keyPath.readableDescription) has a JSON form that differs from its column form")
             default: return .sql(Self.jsonExtract(composite.json, path: path, leaf: leaf))
             }
         case let .sql(expression):
@@ -333,9 +333,9 @@ final class PredicateTranslator {
                                     mayFail: expression.mayFail, propagatesNull: true))
             }
             if readsThroughRelationship(keyPath) { lostRelationship = true }
-            throw Untranslatable("\(keyPath) of a computed value")
+            throw Untranslatable("\(keyPath.readableDescription) of a computed value")
         case .identifier, .range:
-            throw Untranslatable("\(keyPath) of an identifier or range")
+            throw Untranslatable("\(keyPath.readableDescription) of an identifier or range")
         }
     }
 
@@ -385,7 +385,7 @@ final class PredicateTranslator {
         if found == nil, EntityQueryInfo.isIdentifierKeyPath(keyPath) { found = .id }
         if found == nil, EntityQueryInfo.isPersistentIdentifierKeyPath(keyPath) { found = .persistentModelID }
         guard let member = found else {
-            throw FetchError.unsupportedKeyPath(entity: record.entity.name, keyPath: "\(keyPath)")
+            throw FetchError.unsupportedKeyPath(entity: record.entity.name, keyPath: "\(keyPath.readableDescription)")
         }
         switch member {
         case .id:
@@ -401,7 +401,7 @@ final class PredicateTranslator {
             let json = try column(attribute.name, of: record, nullable: attribute.isOptional)
             switch leaf {
             case let .composite(nested): return .composite(CompositeRef(json: json, path: path, info: nested))
-            case .unsupported: throw Untranslatable("\(keyPath) has a JSON form that differs from its column form")
+            case .unsupported: throw Untranslatable("\(keyPath.readableDescription) has a JSON form that differs from its column form")
             default: return .sql(Self.jsonExtract(json, path: path, leaf: leaf))
             }
         case let .toOne(relationship, target):

@@ -307,15 +307,15 @@ final class QueryEngine: QuerySources, ModelLoading {
             }
             do {
                 guard case let .sql(expression) = try translator.member(of: .record(root), keyPath: keyPath) else {
-                    throw Untranslatable("a sort by \(keyPath), which is not a stored value")
+                    throw Untranslatable("a sort by \(keyPath.readableDescription), which is not a stored value")
                 }
                 orderParts.append("\(expression.text) \(direction)")
                 orderArgs += expression.args
             } catch is Untranslatable {
-                sortReasons.append("a sort by \(keyPath)")
+                sortReasons.append("a sort by \(keyPath.readableDescription)")
             } catch is FetchError {
                 // Key paths through relationships (\.trip?.name) cannot be split; they sort in memory.
-                sortReasons.append("a sort by \(keyPath), which is not an attribute")
+                sortReasons.append("a sort by \(keyPath.readableDescription), which is not an attribute")
             }
         }
         let sortsInMemory = !sortReasons.isEmpty
@@ -337,7 +337,7 @@ final class QueryEngine: QuerySources, ModelLoading {
                 case let .attribute(attribute, _)?: wanted.insert(attribute.name)
                 case let .toOne(relationship, _)?, let .toMany(relationship, _)?: wanted.insert(relationship.name)
                 case .id?, .persistentModelID?: break
-                default: throw FetchError.unsupportedKeyPath(entity: Model.entityName, keyPath: "\(keyPath)")
+                default: throw FetchError.unsupportedKeyPath(entity: Model.entityName, keyPath: "\(keyPath.readableDescription)")
                 }
             }
             let schema = entity.schemaEntity
@@ -363,7 +363,7 @@ final class QueryEngine: QuerySources, ModelLoading {
         for keyPath in descriptor.relationshipKeyPathsForPrefetching {
             switch entity.query.member(keyPath) {
             case let .toOne(relationship, _)?, let .toMany(relationship, _)?: prefetchTree.insert([relationship.name])
-            default: throw FetchError.unsupportedKeyPath(entity: Model.entityName, keyPath: "\(keyPath)")
+            default: throw FetchError.unsupportedKeyPath(entity: Model.entityName, keyPath: "\(keyPath.readableDescription)")
             }
         }
         if toManyNames != nil {
