@@ -6,7 +6,7 @@ SWIFT ?= swift
 SWIFT_FLAGS ?=
 export SWIFT_DETERMINISTIC_HASHING := 1
 
-.PHONY: setup build test run example bench bench-instructions sim-bench clean
+.PHONY: setup build test run example bench bench-instructions sim-bench docs clean
 
 ## setup: install the system packages Replica links, and PostgreSQL for the tests of its cloud (apt-get when root;
 ## otherwise print the command).
@@ -58,6 +58,11 @@ bench: setup
 bench-instructions: setup
 	$(SWIFT) build -c release $(SWIFT_FLAGS) --product replica-bench
 	BIN=$$($(SWIFT) build -c release $(SWIFT_FLAGS) --show-bin-path)/replica-bench Scripts/bench-instructions.sh $(ARGS)
+
+## docs: the DocC reference of Replica, ReplicaTesting and ReplicaPostgres with the toolchain's docc
+## (Scripts/build-docs.sh: symbol graphs in .build/docs-build, archives in .build/docs); fails on a broken symbol link.
+docs: setup
+	SWIFT=$(SWIFT) Scripts/build-docs.sh
 
 clean:
 	rm -rf .build

@@ -14,7 +14,9 @@ graphs=$scratch/symbol-graphs
 swift=${SWIFT:-swift}
 docc=${DOCC:-$(command -v docc || echo "$(dirname "$(command -v "$swift")")/docc")}
 
-rm -rf "$graphs" && mkdir -p "$graphs" "$out"
+# The graphs directory is kept between runs: swift build writes a module's graph only when it compiles the module,
+# so an up-to-date module keeps the graph of its last compilation.
+mkdir -p "$graphs" "$out"
 targets=()
 for module in $modules; do
   [ -d "Sources/$module" ] && targets+=(--target "$module")
@@ -22,12 +24,15 @@ done
 for target in "${targets[@]}"; do
   [ "$target" = --target ] && continue
   $swift build --scratch-path "$scratch" --target "$target" \
-    -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc "$PWD/$graphs" >/dev/null
+    -Xswiftc -emit-symbol-graph -Xswiftc -emit-extension-block-symbols -Xswiftc -emit-symbol-graph-dir -Xswiftc "$PWD/$graphs" >/dev/null
 done
 
 status=0
 for module in $modules; do
   [ -d "Sources/$module/$module.docc" ] || continue
+  if [ ! -f "$graphs/$module.symbols.json" ]; then
+    echo "docs: no symbol graph for $module in $graphs (remove $scratch and run again)"; status=1; continue
+  fi
   dir=$scratch/graphs-$module
   rm -rf "$dir" && mkdir -p "$dir"
   cp "$graphs/$module.symbols.json" "$dir/"

@@ -1,10 +1,10 @@
 import Foundation
 import Replica
 
-/// A ``CloudDatabase`` kept by a PostgreSQL server: the cloud for real deployments. One database serves many users;
+/// A `CloudDatabase` kept by a PostgreSQL server: the cloud for real deployments. One database serves many users;
 /// PostgreSQL's row-level security keeps each user's zones to that user (`Specs/cloud-postgres.md`).
 ///
-/// Same semantics as ``InMemoryCloudDatabase`` and ``SQLiteCloudDatabase`` (the contract suite runs against all
+/// Same semantics as `InMemoryCloudDatabase` and `SQLiteCloudDatabase` (the contract suite runs against all
 /// three): zones with epochs, change tags under the if-server-record-unchanged policy, a per-zone change feed read
 /// with server change tokens, token expiry, zone deletion, compare-and-swap zone metadata. Every operation is one
 /// call of a function of the server's `replica` schema (installed by `replica-cloud init`): one round trip, one
@@ -19,7 +19,7 @@ import Replica
 ///
 /// Thread-safe: requests from several engines run at once on up to `maximumConnections` connections; blocking
 /// libpq calls never run on Swift's cooperative thread pool. A connection that breaks is replaced on the next
-/// request. Errors are mapped to what a device can act on (``PostgresErrorMapping``); the connection string and
+/// request. Errors are mapped to what a device can act on (`PostgresErrorMapping`); the connection string and
 /// password never appear in an error or a description.
 ///
 /// Source: <https://www.postgresql.org/docs/current/libpq.html>, <https://www.postgresql.org/docs/current/ddl-rowsecurity.html>

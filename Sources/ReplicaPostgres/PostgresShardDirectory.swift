@@ -52,7 +52,7 @@ public final class PostgresShardDirectory: CustomStringConvertible {
 
     /// The shard that keeps the owner's zones, or `nil` when the owner is not placed (the directory's administrator
     /// places owners: `replica-cloud place`).
-    /// - Throws: ``CloudError`` as ``PostgresCloudDatabase`` maps failures (a directory without the schema is
+    /// - Throws: `CloudError` as ``PostgresCloudDatabase`` maps failures (a directory without the schema is
     ///   `serviceUnavailable`, a refused login `permissionFailure`, …).
     public func locate() async throws(CloudError) -> PostgresShardLocation? {
         let parameters = [PGParameter.text(owner)]
@@ -68,7 +68,7 @@ public final class PostgresShardDirectory: CustomStringConvertible {
 
     /// The connection string of `location` with this directory's credentials (role, password, TLS files and modes)
     /// in place of any the endpoint names.
-    /// - Throws: ``CloudError/serviceUnavailable(reason:)`` when the endpoint stored in the directory does not parse.
+    /// - Throws: `CloudError.serviceUnavailable(reason:)` when the endpoint stored in the directory does not parse.
     public func connectionString(for location: PostgresShardLocation) throws(CloudError) -> String {
         guard let endpoint = PGConnectionOptions(location.connection) else {
             throw .serviceUnavailable(reason: "the directory's endpoint of shard \(location.shard) is not a connection string")
@@ -80,7 +80,7 @@ public final class PostgresShardDirectory: CustomStringConvertible {
 
     /// A cloud on the owner's shard, reached with this directory's credentials.
     /// - Parameters: as ``PostgresCloudDatabase/init(connectionString:owner:maximumConnections:preparesStatements:environment:)``.
-    /// - Throws: ``CloudError/zoneNotFound`` when the owner is not placed; other ``CloudError``s of ``locate()``.
+    /// - Throws: `CloudError.zoneNotFound` when the owner is not placed; other `CloudError`s of ``locate()``.
     public func cloud(maximumConnections: Int = 4, preparesStatements: Bool = true,
                       environment: ReplicaEnvironment = .live) async throws(CloudError) -> PostgresCloudDatabase {
         guard let location = try await locate() else { throw .zoneNotFound }

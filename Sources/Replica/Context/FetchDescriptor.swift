@@ -3,7 +3,7 @@ import Foundation
 /// What to fetch: a predicate, a sort order, paging and loading options (SwiftData's `FetchDescriptor`), over
 /// Foundation's own `#Predicate` and `SortDescriptor`.
 ///
-/// The predicate and sort run in SQL (see ``ModelContext/queryPlan(for:)``). Parts that have no SQL form are
+/// The predicate and sort run in SQL (see ``ModelContext/queryPlan(for:)-(FetchDescriptor<Model>)``). Parts that have no SQL form are
 /// evaluated in memory after the SQL part, with the same results, unless ``allowsInMemoryEvaluation`` is `false`.
 public struct FetchDescriptor<Model: PersistentModel>: @unchecked Sendable {
     // @unchecked: key paths are immutable; predicates and sort descriptors are Sendable.

@@ -35,7 +35,7 @@ extension ModelContext {
     /// The predicate and sort are translated to one SQL query; rows are decoded straight from the statement. Each
     /// to-many relationship adds one query per 5000 models, and each prefetched relationship one more. Parts of the
     /// predicate or sort without an SQL form are evaluated in memory over the rows the SQL selects (see
-    /// ``queryPlan(for:)``), with the same results.
+    /// ``queryPlan(for:)-(FetchDescriptor<Model>)``), with the same results.
     ///
     /// - Parameter descriptor: predicate, sort, paging and loading options.
     /// - Returns: the models, in sort order (ties in ID order).
@@ -154,7 +154,7 @@ extension ModelContext {
     ///
     /// The predicate is evaluated now, in SQL; changes registered afterwards do not change the selection.
     /// - Returns: the number of models registered for deletion.
-    /// - Throws: as ``fetchIdentifiers(_:)``.
+    /// - Throws: as ``fetchIdentifiers(_:)-(FetchDescriptor<Model>)``.
     /// - Complexity: one SQL query; O(n) for n selected models.
     @discardableResult
     public func delete<Model: PersistentModel>(model: Model.Type, where predicate: Predicate<Model>? = nil) throws -> Int {

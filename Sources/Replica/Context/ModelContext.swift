@@ -93,7 +93,7 @@ public final class ModelContext {
     // MARK: Registering changes
 
     /// Registers `model` for insertion at the next save and returns it with its ID assigned (a new time-ordered ID
-    /// from the container's environment when the model's ID is ``UUID/unassigned``).
+    /// from the container's environment when the model's ID is ``FoundationEssentials/UUID/unassigned``).
     ///
     /// Traps if `Model`'s entity is not in the container's schema (a programming error).
     @discardableResult
@@ -124,7 +124,7 @@ public final class ModelContext {
     /// **Which fields the app changed.** Models are values without identity, so the context tells a copy's edits
     /// from the values of other versions by comparison: it keeps, per record, the versions it handed out or wrote —
     /// each copy a fetch returned, then the state each save of the record left (the last
-    /// ``ReadRegistry/versionLimit`` = 8 versions per record, within the registry's overall bounds) — and the
+    /// `ReadRegistry.versionLimit` = 8 versions per record, within the registry's overall bounds) — and the
     /// changed fields are those that differ from the version with the fewest differing fields (ties go to the newest
     /// version). So a copy read before this context saved another edit of the record writes only its own edits (the
     /// saved edit survives), a copy of the newest state writes only its new edits, and a copy read before another
@@ -149,7 +149,7 @@ public final class ModelContext {
     /// to-one reference (e.g. set `item.trip`), as the inverse is the stored side. Many-to-many arrays are written
     /// (links added and removed; see ``ModelEntity/Member/toMany(_:_:inverse:deleteRule:)``).
     ///
-    /// Traps if the model was never inserted (its ID is ``UUID/unassigned``), or if this context deleted the record
+    /// Traps if the model was never inserted (its ID is ``FoundationEssentials/UUID/unassigned``), or if this context deleted the record
     /// and has not saved since (insert it again instead, which saves as a delete and a re-insert: a new incarnation)
     /// — programming errors.
     ///

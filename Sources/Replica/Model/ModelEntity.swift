@@ -113,7 +113,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         }
 
         /// A required to-one relationship (local stores only: synced relationships must be optional).
-        /// A reference to ``UUID/unassigned`` means "not set yet": it is stored as no reference, and a save reports it as
+        /// A reference to ``FoundationEssentials/UUID/unassigned`` means "not set yet": it is stored as no reference, and a save reports it as
         /// ``ModelValidationFailure/missingRequiredRelationship(entity:relationship:id:)``.
         public static func toOne<Target: PersistentModel>(
             _ name: String, _ keyPath: WritableKeyPath<Model, Reference<Target>>, inverse: String? = nil,

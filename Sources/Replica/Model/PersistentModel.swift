@@ -28,7 +28,7 @@ public protocol PersistentModel: Sendable, Identifiable where ID == UUID {
     static var entityName: String { get }
     /// The entity description: name, attributes and relationships bound to key paths.
     static var entity: ModelEntity<Self> { get }
-    /// The record ID. ``UUID/unassigned`` (the nil UUID) until the model is inserted; ``ModelContext/insert(_:)``
+    /// The record ID. ``FoundationEssentials/UUID/unassigned`` (the nil UUID) until the model is inserted; ``ModelContext/insert(_:)``
     /// assigns a time-ordered ID from the environment.
     var id: UUID { get set }
     /// Creates a model from a stored row. The default implementation (for `Decodable` models) decodes through

@@ -29,8 +29,8 @@ public struct HLC: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     /// The stamp for a local event at wall time `wall` (ms) after this one, on `replica`.
     ///
-    /// The result always lies within the encodable range (physical `0 ... ``maxPhysical```, logical
-    /// `0 ... ``maxLogical```): a wall clock outside it counts as its nearest end, and a clock already at the very top
+    /// The result always lies within the encodable range (physical 0 ... ``maxPhysical``, logical
+    /// 0 ... ``maxLogical``): a wall clock outside it counts as its nearest end, and a clock already at the very top
     /// (``isExhausted``) saturates there — it returns a stamp equal to (not after) this one, which the sync ledger
     /// refuses with ``ReplicaError/clockExhausted(store:)`` rather than reuse. Never overflows.
     public func tick(wall: Int64, replica: UUID) -> HLC {

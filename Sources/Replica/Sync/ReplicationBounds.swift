@@ -48,7 +48,7 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
 
     /// The causal length lies outside `1 ... ReplicationBounds.maxCausalLength`.
     case causalLengthOutOfRange(Int64)
-    /// The record ID is the nil UUID (`UUID.unassigned`), which marks a model not inserted yet: a row
+    /// The record ID is the nil UUID (``FoundationEssentials/UUID/unassigned``), which marks a model not inserted yet: a row
     /// with it could never be updated or deleted by the app.
     case nilRecordID
     /// A stamp's incarnation is negative or beyond the record's causal length.

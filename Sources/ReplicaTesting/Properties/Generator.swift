@@ -208,7 +208,7 @@ public enum Gen {
         }
     }
 
-    /// One of several generators; see ``frequency(_:)-([(weight:generator:)])``.
+    /// One of several generators; see ``frequency(_:)-9o7ag``.
     public static func frequency<Value>(_ choices: (weight: Int, generator: Generator<Value>)...) -> Generator<Value> {
         frequency(choices)
     }

@@ -59,9 +59,9 @@ public struct RawField: AttributeValue, Hashable {
 }
 
 /// A record of the entity shape registered for slot `S`: its ID and field values in the entity's
-/// ``Schema/Entity/fieldNames`` order (attributes, then to-one references as 16-byte ID blobs).
+/// `Schema.Entity.fieldNames` order (attributes, then to-one references as 16-byte ID blobs).
 public struct DynamicRecord<S: EntitySlot>: PersistentModel {
-    /// The record ID (``UUID/unassigned`` until inserted).
+    /// The record ID (`UUID.unassigned` until inserted).
     public var id: UUID
     /// Field values in the entity's field order.
     public var values: [SQLiteValue]

@@ -110,7 +110,7 @@ public struct InvariantViolation: Error, CustomStringConvertible, Sendable, Hash
 
 /// Options of one simulation run.
 public struct SimulationOptions: Sendable, Hashable {
-    /// Deliberate bugs to switch on in every device (see ``Canary``).
+    /// Deliberate bugs to switch on in every device (see `Canary`).
     public var canaries: Set<Canary> = []
     /// Overrides the scenario's number of chaos steps.
     public var steps: Int?

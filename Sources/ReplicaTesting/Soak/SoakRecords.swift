@@ -77,7 +77,7 @@ public struct SoakJournalEntry: Codable, Hashable, Sendable {
     public var fields: [String: SoakValue]
     /// After commit: the record's causal length (odd while alive).
     public var causalLength: Int64?
-    /// After commit: the stamps of the fields written, as text (``FieldStamp/description``).
+    /// After commit: the stamps of the fields written, as text (`FieldStamp.description`).
     public var stamps: [String: String]?
 
     public init(device: String, generation: Int, index: Int, phase: Phase, operation: Operation, entity: String, id: UUID,
@@ -118,7 +118,7 @@ public struct SoakFormatError: Error, CustomStringConvertible {
     public var description: String
 }
 
-/// One record's replication state in a device's store (``ReplicationState``, as text).
+/// One record's replication state in a device's store (`ReplicationState`, as text).
 public struct SoakLedgerState: Codable, Hashable, Sendable {
     public var entity: String
     public var causalLength: Int64

@@ -28,7 +28,7 @@ public final class SoakRun: @unchecked Sendable {
         public var faults: Faults
         /// Seconds each device may take to heal in one round.
         public var healTimeout: Double = 60
-        /// Bugs planted in every device's engine (``Canary``), to show that the check catches them.
+        /// Bugs planted in every device's engine (`Canary`), to show that the check catches them.
         public var canaries: Set<Canary> = []
 
         public init(cloudURL: String, owner: String?, devices: Int, duration: Double, seed: UInt64, deviceExecutable: URL,
