@@ -271,7 +271,7 @@ struct QueryPredicateTests {
         }
         // A captured reference that is not resolved.
         let unresolved = Reference<QTrip>(data.trips[0].id)
-        #expect(throws: FetchError.unresolvableReference(unresolved.persistentModelID, relationship: "\(\Reference<QTrip>.name as AnyKeyPath)")) {
+        #expect(throws: FetchError.unresolvableReference(unresolved.persistentModelID, relationship: (\Reference<QTrip>.name as AnyKeyPath).readableDescription)) {
             try context.fetch(FetchDescriptor<QItem>(predicate: #Predicate { $0.trip?.name == unresolved.name }))
         }
         // Resolved, it is a constant.
