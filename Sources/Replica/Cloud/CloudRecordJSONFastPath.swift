@@ -317,47 +317,7 @@ private struct RecordReader {
         return number
     }
 
-    /// A JSON string without `\u` escapes or raw control characters.
-    private mutating func string() -> String? {
-        guard take(UInt8(ascii: "\"")) else { return nil }
-        let start = position
-        var escaped = false
-        while position < bytes.count {
-            let byte = bytes[position]
-            if byte == UInt8(ascii: "\"") { break }
-            if byte < 0x20 { return nil }
-            if byte == UInt8(ascii: "\\") {
-                escaped = true
-                position += 1
-                guard position < bytes.count else { return nil }
-            }
-            position += 1
-        }
-        guard position < bytes.count else { return nil }
-        let raw = UnsafeBufferPointer(rebasing: bytes[start..<position])
-        position += 1
-        // JSONDecoder refuses bytes that are not UTF-8; `String(decoding:)` would repair them.
-        guard escaped else { return String(validating: raw, as: UTF8.self) }
-        var unescaped: [UInt8] = []
-        unescaped.reserveCapacity(raw.count)
-        var index = 0
-        while index < raw.count {
-            let byte = raw[index]
-            index += 1
-            guard byte == UInt8(ascii: "\\") else { unescaped.append(byte); continue }
-            switch raw[index] {
-            case UInt8(ascii: "\""): unescaped.append(UInt8(ascii: "\""))
-            case UInt8(ascii: "\\"): unescaped.append(UInt8(ascii: "\\"))
-            case UInt8(ascii: "/"): unescaped.append(UInt8(ascii: "/"))
-            case UInt8(ascii: "b"): unescaped.append(0x08)
-            case UInt8(ascii: "f"): unescaped.append(0x0C)
-            case UInt8(ascii: "n"): unescaped.append(0x0A)
-            case UInt8(ascii: "r"): unescaped.append(0x0D)
-            case UInt8(ascii: "t"): unescaped.append(0x09)
-            default: return nil
-            }
-            index += 1
-        }
-        return String(validating: unescaped, as: UTF8.self)
-    }
+    /// A JSON string without `\u` escapes or raw control characters; bytes that are not UTF-8 are refused, as
+    /// JSONDecoder refuses them.
+    private mutating func string() -> String? { scanJSONString(bytes, &position, validatingUTF8: true) }
 }
