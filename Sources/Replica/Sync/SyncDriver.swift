@@ -4,22 +4,39 @@ import Foundation
 /// response, and waits (through ``ReplicaEnvironment/sleep``) while the engine backs off.
 public enum SyncDriver {
     /// Syncs until the engine has nothing left to do: the zone's changes are read and the outbox is empty, or only
-    /// records the cloud rejected remain. Transient errors are retried after the engine's backoff.
+    /// records the cloud rejected remain. Transient errors (network, quota, rate limit, zone busy, service
+    /// unavailable) are retried after the engine's backoff — but never past `timeout`.
+    ///
+    /// The call runs on the caller's isolation (`isolation`, filled in by `#isolation`), so an engine held by a
+    /// `@MainActor` object or by an `actor` can be passed without sending it to another domain. Waiting happens
+    /// through ``ReplicaEnvironment/sleep`` and time is read through ``ReplicaEnvironment/clock`` only, so a
+    /// simulated clock drives the bound deterministically.
     ///
     /// - Parameters:
-    ///   - engine: the engine (confined to the calling task).
+    ///   - engine: the engine (confined to the caller's isolation).
     ///   - database: the cloud database.
     ///   - maxRequests: a safety bound on the number of requests (guards against a cloud that never settles).
+    ///   - timeout: the longest time to keep working, in milliseconds of the environment's clock; `nil` waits
+    ///     through every backoff (the behaviour before the bound existed). When the engine backs off and its wake
+    ///     time lies at or past the deadline, the call returns at once instead of sleeping: the returned status
+    ///     then shows the transient problem in ``SyncStatus/lastError``. A request already in flight is finished.
+    ///   - isolation: the caller's actor; leave the default.
     /// - Returns: the engine's status at the end.
     /// - Throws: ``ReplicaError/incompatibleSchema(_:)`` when the zone's schema contradicts this device's (nothing
     ///   is sent; ``SyncEngine/status()`` reports it as `blockedBy`), ``SQLiteError`` from the local store, or
     ///   `CancellationError`.
     @discardableResult
-    public static func syncUntilIdle(_ engine: SyncEngine, with database: any CloudDatabase, maxRequests: Int = 10_000) async throws -> SyncStatus {
+    public static func syncUntilIdle(
+        _ engine: SyncEngine, with database: any CloudDatabase, maxRequests: Int = 10_000,
+        timeoutMilliseconds timeout: Int64? = nil, isolation: isolated (any Actor)? = #isolation
+    ) async throws -> SyncStatus {
+        let environment = engine.container.environment
+        let deadline = timeout.map { environment.clock.nowMilliseconds() &+ max(0, $0) }
         engine.setNeedsFetch()
         var performed = 0
         while performed < maxRequests {
             try Task.checkCancellation()
+            if let deadline, environment.clock.nowMilliseconds() >= deadline { break }
             if let request = try engine.nextRequest() {
                 performed += 1
                 let result = await database.perform(request.operation)
@@ -27,7 +44,8 @@ public enum SyncDriver {
                 continue
             }
             guard let wake = engine.wakeTime else { break }
-            try await engine.container.environment.sleep(max(1, wake - engine.container.environment.clock.nowMilliseconds()))
+            if let deadline, wake >= deadline { break }
+            try await environment.sleep(max(1, wake - environment.clock.nowMilliseconds()))
         }
         return try engine.status()
     }
