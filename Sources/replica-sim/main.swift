@@ -6,6 +6,7 @@
 
 import Foundation
 import Replica
+import Synchronization
 import ReplicaTesting
 
 let usage = """
@@ -14,9 +15,9 @@ let usage = """
       run      --scenario NAME|PATH --seed N [--steps K] [--trace FILE] [--canary NAME]
                run one seed; print the verdict (and the witness of a failure)
       explore  [--scenario NAME|PATH|all] --seeds N [--from S] [--steps K] [--canary NAME] [--jobs J]
-               [--shrink-budget B] [--no-save]
-               run N seeds (from S) of a scenario (default: every built-in one); shrink every failure and save its
-               trace under Simulations/failures/; print a summary table
+               [--shrink-budget B] [--shrink-first N (default 3)] [--no-save]
+               run N seeds (from S) of a scenario (default: every built-in one); then shrink the first N failures
+               of each invariant, save their traces under Simulations/failures/, count the rest; print a summary
       replay   TRACE
                re-execute a trace and compare it line by line; report the first divergence (exit 3)
       shrink   TRACE -o OUT [--budget B]
@@ -188,10 +189,20 @@ final class ProgressBar: @unchecked Sendable {
         self.label = label
     }
 
+    /// The last tenth reported when stderr is not a terminal (a log gets a line per 10 %, never silence).
+    private var reportedTenth = -1
+
     func update(_ done: Int) {
-        guard enabled else { return }
         lock.lock()
         defer { lock.unlock() }
+        guard enabled else {
+            let tenth = total == 0 ? 10 : 10 * done / total
+            if tenth > reportedTenth {
+                reportedTenth = tenth
+                FileHandle.standardError.write(Data("\(label): \(done)/\(total)\n".utf8))
+            }
+            return
+        }
         let width = 30
         let filled = total == 0 ? width : width * done / total
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled)
@@ -210,6 +221,7 @@ func exploreCommand(_ arguments: Arguments) throws -> ExitCode {
                                     recordsTrace: false)
     let jobs = try arguments.integer("--jobs", in: 1...256) ?? ProcessInfo.processInfo.activeProcessorCount
     let budget = try arguments.integer("--shrink-budget", in: 0...1_000_000) ?? 2_000
+    let shrinkFirst = try arguments.integer("--shrink-first", in: 0...1_000_000) ?? 3
     let save = !arguments.flags.contains("--no-save")
     let seeds = (0..<UInt64(count)).map { from &+ $0 }
     struct Row {
@@ -228,7 +240,15 @@ func exploreCommand(_ arguments: Arguments) throws -> ExitCode {
         maxSteps = max(maxSteps, options.steps ?? scenario.steps)
         let bar = ProgressBar(total: seeds.count, label: scenario.name)
         let start = ContinuousClock.now
-        let outcomes = Simulator.explore(scenario, seeds: seeds, options: options, jobs: jobs, shrinkBudget: budget) { bar.update($0) }
+        let shrinkBar = Mutex<ProgressBar?>(nil)
+        let outcomes = Simulator.explore(scenario, seeds: seeds, options: options, jobs: jobs, shrinkBudget: budget,
+                                         shrinkFirst: shrinkFirst, progress: { bar.update($0) },
+                                         shrinking: { done, total in
+                                             shrinkBar.withLock { shrinkBar in
+                                                 if shrinkBar == nil { shrinkBar = ProgressBar(total: total, label: "\(scenario.name) shrinking") }
+                                                 shrinkBar?.update(done)
+                                             }
+                                         })
         var row = Row(scenario: scenario.name)
         row.wall = secondsSince(start)
         for outcome in outcomes {
@@ -273,7 +293,9 @@ func exploreCommand(_ arguments: Arguments) throws -> ExitCode {
     }
     if !failures.isEmpty {
         emit("")
-        emit("failures (shrunk):")
+        let unshrunk = failures.filter { $0.outcome.shrunk == nil }.count
+        emit(unshrunk == 0 ? "failures (shrunk):"
+             : "failures (the first \(shrinkFirst) per invariant shrunk; \(unshrunk) more not shrunk, --shrink-first N to change):")
         for failure in failures.prefix(50) {
             let shrunk = failure.outcome.shrunk ?? failure.outcome.result
             emit("  \(failure.scenario) seed \(failure.outcome.seed): \(shrunk.violation?.description ?? "?") — \(shrunk.steps) steps"
@@ -495,7 +517,7 @@ func main() -> Int32 {
         case "run":
             code = try runCommand(Arguments(arguments, valued: ["--scenario", "--seed", "--steps", "--trace", "--canary"], flags: []))
         case "explore":
-            code = try exploreCommand(Arguments(arguments, valued: ["--scenario", "--seeds", "--from", "--steps", "--canary", "--jobs", "--shrink-budget"],
+            code = try exploreCommand(Arguments(arguments, valued: ["--scenario", "--seeds", "--from", "--steps", "--canary", "--jobs", "--shrink-budget", "--shrink-first"],
                                                 flags: ["--no-save"]))
         case "replay":
             code = try replayCommand(Arguments(arguments, valued: [], flags: []))

@@ -1,6 +1,7 @@
 import Foundation
 import Replica
 import ReplicaTesting
+import Synchronization
 import Testing
 
 /// How many seeds the "every built-in scenario passes" test runs: `REPLICA_SIM_SEEDS` (e.g. 1000), default 20.
@@ -228,6 +229,41 @@ struct SimulationExploreTests {
         let header = try TraceFormat.header(of: shrunk.traceText, file: "shrunk")
         #expect(header.tape.choices == shrunk.tape.choices)
         #expect(shrunk.trace.last?.contains("\"verdict\":\"fail\"") == true)
+    }
+}
+
+extension SimulationExploreTests {
+    @Test("explore shrinks only the first failures of each invariant, chosen by seed order whatever the thread count, and reports shrink progress")
+    func exploreShrinksTheFirstFailuresPerInvariant() throws {
+        let entry = try #require(CanaryCatalog.entry(named: Canary.nonIdempotentApply.rawValue))
+        let scenario = try scenario(entry.scenario)
+        let options = SimulationOptions(canaries: [.nonIdempotentApply], steps: 40, recordsTrace: false)
+        var failing: [UInt64] = []
+        for seed in UInt64(0)..<400 where failing.count < 3 {
+            if try Simulator.run(scenario, seed: seed, options: options).violation != nil { failing.append(seed) }
+        }
+        try #require(failing.count == 3, "the canary fails at least three of 400 seeds")
+        let seeds = Array(UInt64(0)...failing[2])
+        let reports = Mutex<[(Int, Int)]>([])
+        let outcomes = Simulator.explore(scenario, seeds: seeds, options: options, jobs: 2, shrinkBudget: 10, shrinkFirst: 1,
+                                         shrinking: { done, total in reports.withLock { $0.append((done, total)) } })
+        let failed = outcomes.filter { $0.result.violation != nil }
+        #expect(failed.count >= 3)
+        let invariants = Set(failed.compactMap { $0.result.violation?.invariant.rawValue })
+        let shrunk = outcomes.filter { $0.shrunk != nil }
+        // One shrink per violated invariant: the lowest failing seed of each.
+        #expect(shrunk.count == invariants.count)
+        for invariant in invariants {
+            let first = failed.first { $0.result.violation?.invariant.rawValue == invariant }
+            #expect(first?.shrunk != nil, "the first failure of \(invariant) is the one shrunk")
+        }
+        let progress = reports.withLock { $0 }
+        #expect(progress.first.map { $0 == (0, invariants.count) } == true)
+        #expect(progress.last.map { $0 == (invariants.count, invariants.count) } == true)
+        // Nothing to shrink: no shrink progress and no shrunk results.
+        let none = Simulator.explore(scenario, seeds: seeds, options: options, jobs: 1, shrinkBudget: 10, shrinkFirst: 0)
+        #expect(none.allSatisfy { $0.shrunk == nil })
+        #expect(none.map { $0.result.violation?.invariant } == outcomes.map { $0.result.violation?.invariant })
     }
 }
 

@@ -202,55 +202,97 @@ public enum Simulator {
         public var seconds: Double
     }
 
-    /// Runs `seeds` of `scenario` (on `jobs` threads), shrinking every failure.
+    /// Runs `seeds` of `scenario` (on `jobs` threads), then shrinks the first failures of each invariant.
+    ///
+    /// Every seed runs first (without shrinking, so progress keeps moving however many seeds fail); then the first
+    /// `shrinkFirst` failing seeds of each violated invariant, in seed order, are shrunk. Which seeds are shrunk
+    /// depends only on the seeds and the scenario, never on thread timing. The other failures keep their unshrunk
+    /// result (`shrunk == nil`) and are counted by the caller.
     /// - Parameters:
+    ///   - shrinkBudget: the most executions one shrink may spend.
+    ///   - shrinkFirst: how many failing seeds per invariant are shrunk (`Int.max`: all of them).
     ///   - progress: called after each seed with the number of seeds done (from worker threads, serialised).
+    ///   - shrinking: called before the first shrink and after each one with (shrinks done, shrinks planned).
     /// - Returns: the outcomes in seed order.
+    /// - Complexity: one run per seed plus at most `shrinkBudget` runs per shrunk failure.
     public static func explore(_ scenario: Scenario, seeds: [UInt64], options: SimulationOptions, jobs: Int = 1, shrinkBudget: Int = 2_000,
-                               progress: @escaping @Sendable (Int) -> Void = { _ in }) -> [SeedOutcome] {
-        let results = Mutex<[Int: SeedOutcome]>([:])
-        let next = Atomic<Int>(0)
+                               shrinkFirst: Int = .max,
+                               progress: @escaping @Sendable (Int) -> Void = { _ in },
+                               shrinking: @escaping @Sendable (Int, Int) -> Void = { _, _ in }) -> [SeedOutcome] {
+        precondition(shrinkFirst >= 0, "shrinkFirst must not be negative")
         var quietOptions = options
         quietOptions.recordsTrace = false
         let quiet = quietOptions
         var tracedOptions = options
         tracedOptions.recordsTrace = true
         let traced = tracedOptions
+        let workers = max(1, min(jobs, seeds.count))
+        var outcomes = inParallel(seeds.indices.map { $0 }, workers: workers, progress: progress) { index -> SeedOutcome in
+            let seed = seeds[index]
+            let start = threadCPUSeconds()
+            let result: SimulationResult
+            do {
+                result = try run(scenario, seed: seed, options: quiet)
+            } catch {
+                result = SimulationResult(scenario: scenario.name, seed: seed, tape: ChoiceTape(), steps: 0,
+                                          violation: InvariantViolation(.unexpectedError, error.message), trace: [],
+                                          stats: SimulationStats(), witness: [])
+            }
+            return SeedOutcome(seed: seed, result: result, shrunk: nil, seconds: threadCPUSeconds() - start)
+        }
+        // The first `shrinkFirst` failures of each invariant, in seed order.
+        var chosen: [Int] = []
+        var perInvariant: [String: Int] = [:]
+        for (index, outcome) in outcomes.enumerated() {
+            guard let violation = outcome.result.violation, !outcome.result.tape.choices.isEmpty else { continue }
+            let taken = perInvariant[violation.invariant.rawValue, default: 0]
+            guard taken < shrinkFirst else { continue }
+            perInvariant[violation.invariant.rawValue] = taken + 1
+            chosen.append(index)
+        }
+        guard !chosen.isEmpty else { return outcomes }
+        shrinking(0, chosen.count)
+        let planned = chosen.count
+        let tapes = outcomes.map(\.result.tape.choices)
+        let shrunk = inParallel(chosen, workers: min(workers, chosen.count), progress: { shrinking($0, planned) }) { index -> (SimulationResult?, Double) in
+            let start = threadCPUSeconds()
+            // The shrunk run is what a caller saves and replays: it always records its trace (the runs that search
+            // for it never do), whatever `options` says.
+            let result = try? shrink(scenario, tape: tapes[index], seed: seeds[index], options: traced,
+                                     budget: shrinkBudget)
+            return (result, threadCPUSeconds() - start)
+        }
+        for (position, index) in chosen.enumerated() {
+            outcomes[index].shrunk = shrunk[position].0
+            outcomes[index].seconds += shrunk[position].1
+        }
+        return outcomes
+    }
+
+    /// Maps `items` on `workers` threads, returning the results in the order of `items`.
+    private static func inParallel<Item: Sendable, Output: Sendable>(_ items: [Item], workers: Int,
+                                                                     progress: @escaping @Sendable (Int) -> Void,
+                                                                     _ body: @escaping @Sendable (Item) -> Output) -> [Output] {
+        let results = Mutex<[Int: Output]>([:])
+        let next = Atomic<Int>(0)
         let work: @Sendable () -> Void = {
             while true {
                 let index = next.wrappingAdd(1, ordering: .relaxed).oldValue
-                guard index < seeds.count else { return }
-                let seed = seeds[index]
-                let start = threadCPUSeconds()
-                let result: SimulationResult
-                do {
-                    result = try run(scenario, seed: seed, options: quiet)
-                } catch {
-                    result = SimulationResult(scenario: scenario.name, seed: seed, tape: ChoiceTape(), steps: 0,
-                                              violation: InvariantViolation(.unexpectedError, error.message), trace: [],
-                                              stats: SimulationStats(), witness: [])
-                }
-                var shrunk: SimulationResult?
-                if result.violation != nil, !result.tape.choices.isEmpty {
-                    // The shrunk run is what a caller saves and replays: it always records its trace (the runs that
-                    // search for it never do), whatever `options` says.
-                    shrunk = try? shrink(scenario, tape: result.tape.choices, seed: seed, options: traced, budget: shrinkBudget)
-                }
-                let seconds = threadCPUSeconds() - start
+                guard index < items.count else { return }
+                let output = body(items[index])
                 let done = results.withLock { results -> Int in
-                    results[index] = SeedOutcome(seed: seed, result: result, shrunk: shrunk, seconds: seconds)
+                    results[index] = output
                     return results.count
                 }
                 progress(done)
             }
         }
-        let workers = max(1, min(jobs, seeds.count))
-        if workers == 1 {
+        if workers <= 1 {
             work()
         } else {
             DispatchQueue.concurrentPerform(iterations: workers) { _ in work() }
         }
-        return results.withLock { results in seeds.indices.compactMap { results[$0] } }
+        return results.withLock { results in items.indices.map { results[$0]! } }
     }
 }
 
