@@ -11,7 +11,7 @@ struct AppGroupSyncTests {
     @Test("two processes on one file: an acknowledgement arriving after the other process edited the record keeps it pending")
     func staleAckAfterOtherProcessEdit() throws {
         let cloud = InMemoryCloudDatabase()
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let app = try Device("app", seed: 1, directory: directory)
         let ext = try Device("ext", seed: 1, directory: directory)
         let note = app.context.insert(SyncNote(title: "v1", rating: 1))
@@ -37,7 +37,7 @@ struct AppGroupSyncTests {
           arguments: [false, true])
     func staleAckAfterOtherProcessDeleteAndReinsert(reinsert: Bool) throws {
         let cloud = InMemoryCloudDatabase()
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let app = try Device("app", seed: 1, directory: directory)
         let ext = try Device("ext", seed: 1, directory: directory)
         let note = app.context.insert(SyncNote(title: "v1", rating: 1))
@@ -67,7 +67,7 @@ struct AppGroupSyncTests {
     @Test("two processes on one file: the other process merges a remote edit of the record while this one's upload is in flight")
     func mergeByOtherProcessDuringUpload() throws {
         let cloud = InMemoryCloudDatabase()
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let app = try Device("app", seed: 1, directory: directory)
         let ext = try Device("ext", seed: 1, directory: directory)
         let phone = try Device("phone", seed: 2)
@@ -108,7 +108,7 @@ struct AppGroupSyncTests {
     @Test("two processes on one file: interleaved saves and a merge each get their own history token, with their own changes")
     func historyTokensOfInterleavedProcesses() throws {
         let cloud = InMemoryCloudDatabase()
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let app = try Device("app", seed: 1, directory: directory)
         let ext = try Device("ext", seed: 1, directory: directory)
         let phone = try Device("phone", seed: 2)
@@ -149,7 +149,7 @@ struct AppGroupSyncTests {
     @Test("two processes on one file: while one holds the upload lease the other does not upload; after it releases, the other does, and the first waits again")
     func leaseAlternatesBetweenProcesses() throws {
         let cloud = InMemoryCloudDatabase()
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let app = try Device("app", seed: 1, directory: directory)
         let ext = try Device("ext", seed: 1, directory: directory)
         app.context.insert(SyncNote(title: "one"))

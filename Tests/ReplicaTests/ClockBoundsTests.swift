@@ -48,7 +48,7 @@ struct ClockBoundsTests {
     @Test("a remote stamp at the edge of the range is refused with a typed reason; the clock, later edits and the SQLite cloud stay sound",
           arguments: [Int32(0xFFFE), 0xFFFF])
     func stampAtTheEdge(_ logical: Int32) async throws {
-        let root = adversarialDirectory()
+        let root = temporaryTestDirectory()
         let cloud = try SQLiteCloudDatabase(url: root.appendingPathComponent("cloud.sqlite"))
         let a = try Device("A", seed: 1, directory: root.appendingPathComponent("a"))
         let plain = a.context.insert(SyncNote(title: "plain"))
@@ -187,7 +187,7 @@ struct ClockBoundsTests {
 
     @Test("a record whose stamps the text form cannot hold is refused per record by both cloud databases; the rest of the batch is saved")
     func cloudsRefuseUnencodableStamps() throws {
-        let root = adversarialDirectory()
+        let root = temporaryTestDirectory()
         let sqlite = try SQLiteCloudDatabase(url: root.appendingPathComponent("cloud.sqlite"))
         let memory = InMemoryCloudDatabase()
         try sqlite.createZone("notes")
@@ -219,5 +219,50 @@ struct ClockBoundsTests {
                   try device.context.fetchHistory(HistoryDescriptor(from: far)).isEmpty else { exit(2) }
             _ = try device.context.deleteHistory(before: far)
         }
+    }
+}
+
+@Suite("Hybrid logical clock extremes")
+struct HybridClockExtremeTests {
+    @Test("tick and receive strictly increase and always fit the fixed-width text form")
+    func tickAndReceiveAtTheTopOfTheCounter() throws {
+        let replica = UUID(uuidString: "0000BBBB-0000-7000-8000-000000000001")!
+        let top = HLC(physical: seededStart, logical: 0xFFFF, replica: replica)
+        for next in [top.tick(wall: seededStart - 5, replica: replica),
+                     top.receive(top, wall: seededStart - 5, replica: replica),
+                     HLC.zero(replica).receive(top, wall: 0, replica: replica)] {
+            #expect(next > top)
+            #expect(HLC(hex: Substring(next.hex)) == next, "\(next.hex) does not read back")
+        }
+    }
+
+    @Test("a remote stamp at the top of the logical counter never crashes the merge")
+    func logicalCounterAtInt32Max() async throws {
+        await #expect(processExitsWith: .success) {
+            let cloud = InMemoryCloudDatabase()
+            let device = try Device("A", seed: 1, inMemory: true)
+            let id = UUID(uuidString: "01900000-0000-7000-8000-000000000002")!
+            try device.deliver([noteRecord(id, stamp: foreignStamp(1_767_225_600_005 + 60_000, logical: Int32.max))], cloud: cloud)
+            device.context.insert(SyncNote(title: "after"))
+            try device.context.save()
+        }
+    }
+
+    @Test("an edit made after seeing a remote edit orders after it, even when the logical counter passes 16 bits (R2)")
+    func logicalCounterPast16Bits() throws {
+        let cloud = InMemoryCloudDatabase()
+        let device = try Device("A", seed: 1)
+        let id = UUID()
+        // Another device, one minute ahead, wrote the title at the top of the 16-bit logical counter.
+        let remote = noteRecord(id, stamp: foreignStamp(seededStart + 60_000, logical: 0xFFFF), title: .text("remote"))
+        try device.deliver([remote], cloud: cloud)
+        // Having seen it, this device edits the title.
+        var note = try #require(try device.context.model(SyncNote.self, id: id))
+        note.title = "local, later"
+        device.context.update(note)
+        try device.context.save()
+        // The same remote record arriving again (a duplicate) must not undo the later local edit.
+        try device.deliver([remote], cloud: cloud)
+        #expect(try device.context.model(SyncNote.self, id: id)?.title == "local, later")
     }
 }

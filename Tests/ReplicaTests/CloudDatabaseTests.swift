@@ -330,7 +330,7 @@ struct CloudDatabaseTests {
 
     @Test("an engine whose SQLite cloud file breaks keeps its changes queued, reports the error and uploads once the file is usable again")
     func engineSurvivesBrokenCloudFile() async throws {
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let cloudURL = directory.appendingPathComponent("cloud.sqlite")
         let cloud = try SQLiteCloudDatabase(url: cloudURL)

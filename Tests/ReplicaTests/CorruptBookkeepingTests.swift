@@ -260,7 +260,7 @@ struct CorruptBookkeepingTests {
 
     @Test("opening a store with new defaults never overwrites the values of a record whose stamps cannot be read")
     func newDefaultsSkipUnreadableStamps() throws {
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let cloud = InMemoryCloudDatabase()
         var id: UUID
         do {

@@ -106,3 +106,24 @@ struct FetchDescriptorTests {
         #expect(try names(FetchDescriptor<Trip>(), in: context) == ["Iceland", "Japan", "Chile again", "Norway", "Peru"])
     }
 }
+
+@Suite("Fetch bounds")
+struct FetchBoundsTests {
+    static func fetchWithHugeLimit() throws {
+        let environment = ReplicaEnvironment.seeded(seed: 1, directory: URL(fileURLWithPath: "/nonexistent-replica-tests"))
+        let container = try ModelContainer(for: Ledger.self, configurations: ModelConfiguration("l", isStoredInMemoryOnly: true),
+                                           environment: environment)
+        let context = ModelContext(container)
+        for memo in ["a", "b", "c"] { context.insert(Ledger(memo: memo)) }
+        try context.save()
+        var descriptor = FetchDescriptor<Ledger>()
+        descriptor.fetchLimit = Int.max
+        descriptor.fetchOffset = 1
+        guard try context.fetch(descriptor).map(\.memo) == ["b", "c"] else { exit(3) }
+    }
+
+    @Test("a fetch limit of Int.max (\"no limit\") with an offset never traps")
+    func hugeLimitWithOffset() async throws {
+        await #expect(processExitsWith: .success) { try FetchBoundsTests.fetchWithHugeLimit() }
+    }
+}

@@ -1,7 +1,8 @@
 import CSodium
 import Foundation
 import Testing
-@testable import Replica
+@_spi(Simulation) @testable import Replica
+import CSQLite
 
 /// The field cipher on its own: format, associated-data binding, tampering, key versions, key providers.
 @Suite("Field cipher")
@@ -288,5 +289,207 @@ struct FieldCipherTests {
         let opened = cipher.open(records).map { try? $0.get() }
         #expect(opened.map { $0?.record } == [a, b, c])
         #expect(opened.map { $0?.oldestKeyVersion } == [3, 3, 3])
+    }
+}
+
+@Suite("Field cipher edge cases", .serialized)
+struct FieldCipherEdgeTests {
+    static let types: [String: Set<String>] = [
+        "Diary": ["secret", "photo"], "Diar": ["secret"], "D": ["x"], "Key": ["k"],
+        "Wide": Set((0..<40).map { "f\($0)" }), String(repeating: "T", count: 300): ["secret"],
+    ]
+
+    static func cipher(seed: UInt64, zone: String = "zone-ü", keys: [UInt32] = [1]) throws -> FieldCipher {
+        let cipher = try FieldCipher(zone: zone, encryptedFields: types, random: SeededRandomSource(seed: seed))
+        for version in keys {
+            try [UInt8](repeating: UInt8(truncatingIfNeeded: version &* 31 &+ 7), count: 32).withUnsafeBytes { try cipher.setKey(version: version, $0) }
+        }
+        return cipher
+    }
+
+    static func stamp(_ n: Int) -> FieldStamp {
+        FieldStamp(incarnation: Int64(1 + n % 3), clock: HLC(physical: 1_767_225_600_000 + Int64(n), logical: Int32(n % 5),
+                                                            replica: UUID(uuidString: "01900000-0000-7000-8000-0000000000ff")!))
+    }
+
+    static func value(_ n: Int, _ g: SeededRandomSource) -> SQLiteValue {
+        switch g.next() % 9 {
+        case 0: return .null
+        case 1: return .integer(Int64(bitPattern: g.next()))
+        case 2: return .real(Double(bitPattern: g.next()))
+        case 3: return .text("")
+        case 4: return .blob(Data())
+        case 5: return .text(String(repeating: "é✓", count: Int(g.next() % 3000)))
+        case 6: return .blob(Data((0..<Int(g.next() % 700)).map { UInt8(truncatingIfNeeded: $0 &* n) }))
+        case 7: return n % 50 == 0 ? .blob(Data(repeating: 0xAB, count: 3_000_000)) : .text("v\(n)")
+        default: return .text("K\u{212A}\(n)")
+        }
+    }
+
+    static func records(_ count: Int, seed: UInt64) -> [CloudRecord] {
+        let g = SeededRandomSource(seed: seed)
+        let typeNames = types.keys.sorted() + ["Other", "\u{212A}ey"]
+        return (0..<count).map { n in
+            let type = typeNames[Int(g.next() % UInt64(typeNames.count))]
+            var fields: [String: CloudField] = ["title": CloudField(value: .text("plain \(n)"), stamp: stamp(n))]
+            for name in types[type] ?? [] where g.next() % 4 != 0 { fields[name] = CloudField(value: value(n, g), stamp: stamp(n + 1)) }
+            // Fields of a newer schema, flagged encrypted (the type does not declare them).
+            if g.next() % 3 == 0 { fields["extra\(n % 4)"] = CloudField(value: value(n, g), stamp: stamp(n + 2), isEncrypted: true) }
+            var bytes = [UInt8](repeating: 0, count: 16)
+            for i in 0..<16 { bytes[i] = UInt8(truncatingIfNeeded: g.next()) }
+            let id = bytes.withUnsafeBytes { UUID(uuid: $0.load(as: uuid_t.self)) }
+            return CloudRecord(recordID: n % 17 == 0 ? UUID(uuidString: "01900000-0000-7000-8000-0000000000a1")! : id,
+                               recordType: type, causalLength: 1, created: stamp(n), fields: fields)
+        }
+    }
+
+    /// Marks the fields a cipher treats as encrypted as such (what opening returns).
+    static func flagged(_ record: CloudRecord) -> CloudRecord {
+        var r = record
+        for name in types[r.recordType] ?? [] where r.fields[name] != nil { r.fields[name]!.isEncrypted = true }
+        return r
+    }
+
+    @Test("interleaved types, zones, sizes and batches round-trip, and each sealed record opens alone in a fresh cipher")
+    func interleavedRoundTrip() throws {
+        let originals = Self.records(260, seed: 42)
+        let sealer = try Self.cipher(seed: 1)
+        var sealed: [CloudRecord] = []
+        // Batches of varying sizes through one cipher (its cached associated-data prefix carries over).
+        var start = 0, size = 1
+        while start < originals.count {
+            var batch = Array(originals[start..<min(originals.count, start + size)])
+            try sealer.seal(&batch)
+            sealed += batch
+            start += size
+            size = size % 13 + 3
+        }
+        // Single records too, after a batch of another type.
+        sealed[5] = try sealer.sealed(originals[5])
+        for (original, s) in zip(originals, sealed) {
+            let fresh = try Self.cipher(seed: 99)
+            let opened = try fresh.opened(s)
+            #expect(opened == Self.flagged(original), "\(original.recordType) \(original.recordID)")
+        }
+        // Opened as one batch in reverse order by the sealing cipher.
+        let results = sealer.open(sealed.reversed())
+        for (result, original) in zip(results, originals.reversed()) {
+            #expect((try? result.get().record) == Self.flagged(original))
+        }
+        let batch = sealer.openBatch(sealed)
+        #expect(batch.failures.isEmpty && batch.opened == originals.map(Self.flagged))
+    }
+
+    @Test("a sealed value moved to a record of another type with the same ID, or another zone, fails; rotation keeps old values open")
+    func movesAndRotation() throws {
+        let cipher = try Self.cipher(seed: 3)
+        let id = UUID(uuidString: "01900000-0000-7000-8000-0000000000b1")!
+        let s = FieldStamp(incarnation: 1, clock: HLC(physical: 5, logical: 0, replica: id))
+        let diary = CloudRecord(recordID: id, recordType: "Diary", causalLength: 1, created: s,
+                                fields: ["secret": CloudField(value: .text("x"), stamp: s)])
+        let key = CloudRecord(recordID: id, recordType: "Key", causalLength: 1, created: s,
+                              fields: ["k": CloudField(value: .text("x"), stamp: s)])
+        let sealedDiary = try cipher.sealed(diary)
+        let sealedKey = try cipher.sealed(key)
+        var asDiar = sealedDiary
+        asDiar.recordType = "Diar"
+        var asKelvin = sealedKey
+        asKelvin.recordType = "\u{212A}ey"
+        // Warm the cache with the genuine type first, then the moved copy.
+        let results = cipher.open([sealedDiary, asDiar, sealedKey, asKelvin, sealedDiary])
+        #expect((try? results[0].get()) != nil)
+        #expect((try? results[1].get()) == nil, "moved from Diary to Diar and still opened")
+        #expect((try? results[2].get()) != nil)
+        #expect((try? results[3].get()) == nil, "moved from Key to KELVIN SIGN+ey and still opened")
+        #expect((try? results[4].get()) != nil)
+        let otherZone = try Self.cipher(seed: 3, zone: "zone-u\u{0308}")
+        #expect(throws: FieldEncryptionError.self) { _ = try otherZone.opened(sealedDiary) }
+        // Rotation: seal with v1, add v2, seal again; a cipher with both opens both; oldest key reported.
+        try [UInt8](repeating: 9, count: 32).withUnsafeBytes { try cipher.setKey(version: 2, $0) }
+        var both = [diary, diary]
+        try cipher.seal(&both)
+        let opened = cipher.open([sealedDiary, both[0]])
+        #expect((try? opened[0].get().oldestKeyVersion) == 1)
+        #expect((try? opened[1].get().oldestKeyVersion) == 2)
+        // Truncations and bit flips of every sealed byte fail cleanly.
+        guard case let .blob(bytes) = both[0].fields["secret"]!.value else { Issue.record("not sealed"); return }
+        for cut in [0, 1, 5, 29, 45, bytes.count - 1] {
+            var t = both[0]
+            t.fields["secret"]!.value = .blob(bytes.prefix(cut))
+            #expect(throws: FieldEncryptionError.self) { _ = try cipher.opened(t) }
+        }
+        for i in 0..<bytes.count {
+            var flipped = bytes
+            flipped[flipped.startIndex + i] ^= 0x40
+            var t = both[0]
+            t.fields["secret"]!.value = .blob(flipped)
+            #expect(throws: FieldEncryptionError.self) { _ = try cipher.opened(t) }
+        }
+    }
+}
+
+@Suite("Replication states of damaged ledger rows", .serialized)
+struct ReplicationStateInspectionTests {
+    @Test("replicationStates (one scan) equals the per-record load it replaced, odd rows included")
+    func oneScanEqualsPerRecordLoads() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("a", seed: 7), b = try Device("b", seed: 8)
+        var notes: [SyncNote] = []
+        for i in 0..<30 { notes.append(a.context.insert(SyncNote(title: "n\(i)", body: i % 3 == 0 ? nil : "b", rating: i))) }
+        try a.context.save()
+        try a.sync(cloud)
+        for note in notes.prefix(10) { a.context.delete(note) }
+        try a.context.save()
+        try a.sync(cloud)
+        try b.sync(cloud)
+        let db = b.engine.db
+        // A row whose ID is no 16-byte blob (skipped by both), and a pending one.
+        try db.execute("CREATE TEMP TABLE damaged_row AS SELECT * FROM replica_sync_record LIMIT 1")
+        try db.execute("UPDATE damaged_row SET id = 'not-a-uuid'")
+        try db.execute("INSERT INTO replica_sync_record SELECT * FROM damaged_row")
+        try db.execute("DROP TABLE damaged_row")
+        let old: [ReplicationState] = try db.rows("SELECT id FROM replica_sync_record ORDER BY id").compactMap { row in
+            guard let id = try? UUID(sqliteValue: row[0]) else { return nil }
+            return try SyncLedger.loadAsStored(id, db).map { ReplicationState($0, storeName: "notes") }
+        }
+        #expect(try b.engine.replicationStates() == old)
+        #expect(old.count == 30)
+    }
+}
+
+// SQLiteTuning (no test in-process: sqlite3_config only works before SQLite initializes). Its doc says the memory
+// statistics are "counters that only sqlite3_memory_used(), sqlite3_memory_highwater() and sqlite3_status() read",
+// but SQLITE_CONFIG_MEMSTATUS off also stops sqlite3_soft_heap_limit64 / sqlite3_hard_heap_limit64 from being
+// enforced, process-wide. Reproduction against the same system libsqlite3 (gcc heap.c -lsqlite3):
+//   if (off) sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+//   sqlite3_hard_heap_limit64(2 << 20); sqlite3_open(":memory:", &db);
+//   sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (zeroblob(20000000)); SELECT length(x||x) FROM t;", ...)
+//   -> memstatus on: rc=7 "out of memory"; memstatus off: rc=0 (the 2 MiB limit is ignored).
+
+extension FieldCipherEdgeTests {
+    @Test("already-sealed fields of undeclared types pass through a re-seal unchanged, whatever type came before them")
+    func resealKeepsSealedUndeclaredFields() throws {
+        let originals = Self.records(120, seed: 77)
+        let cipher = try Self.cipher(seed: 5)
+        var once = originals
+        try cipher.seal(&once)
+        // Re-seal in a shuffled, interleaved order (the records as a device without changes would send them again).
+        var order = Array(once.indices)
+        let g = SeededRandomSource(seed: 3)
+        for i in order.indices.reversed() { order.swapAt(i, Int(g.next() % UInt64(i + 1))) }
+        var twice = order.map { once[$0] }
+        try cipher.seal(&twice)
+        for (position, index) in order.enumerated() {
+            let before = once[index], after = twice[position]
+            let declared = Self.types[before.recordType] ?? []
+            for (name, field) in before.fields where field.isEncrypted && !declared.contains(name) {
+                #expect(after.fields[name] == field, "\(before.recordType).\(name) re-sealed")
+            }
+            // (Declared fields are sealed again by design: `seal` takes plaintext records.) Undeclared ones open to the original.
+            let opened = try Self.cipher(seed: 1).opened(after)
+            for (name, field) in originals[index].fields where field.isEncrypted && !declared.contains(name) {
+                #expect(opened.fields[name] == field)
+            }
+        }
     }
 }

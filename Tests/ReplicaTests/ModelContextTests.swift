@@ -572,3 +572,30 @@ struct FieldLevelChangeTrackingTests {
         #expect(try ModelContext(container).fetchCount(FetchDescriptor<Card>()) == count)
     }
 }
+
+@Suite("Context edge cases")
+struct ContextEdgeCaseTests {
+    /// A synced store tracks, uploads and merges records by ID alone (the cloud's record ID): an ID used by two
+    /// entities of one synced store must be refused on save, or both records must still replicate.
+    @Test("two entities of one synced store saved with the same record ID both reach another device, or the save is refused",
+          arguments: [false, true])
+    func sameIDInTwoEntities(inOneSave: Bool) throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1, models: [SyncNote.self, SyncTag.self])
+        let b = try Device("B", seed: 2, models: [SyncNote.self, SyncTag.self])
+        let note = a.context.insert(SyncNote(title: "note"))
+        if !inOneSave { try a.context.save() }
+        a.context.insert(SyncTag(id: note.id, label: "tag"))
+        do {
+            try a.context.save()
+        } catch let error as ReplicaError {
+            #expect(error.validationFailures == [.duplicateIdentifier(PersistentIdentifier(entityName: "SyncTag", id: note.id))])
+            return
+        }
+        try a.sync(cloud)
+        try b.sync(cloud)
+        let context = ModelContext(b.container)
+        #expect(try context.fetch(SyncNote.self).map(\.title) == ["note"])
+        #expect(try context.fetch(SyncTag.self).map(\.label) == ["tag"])
+    }
+}

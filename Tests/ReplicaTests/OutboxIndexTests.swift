@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Replica
+@_spi(Simulation) @testable import Replica
+import CSQLite
+import CSodium
 
 /// The outbox is read in ID order through an index on `(pending, id)`, so building an upload never sorts the pending
 /// records in a temporary B-tree; stores made before that index existed get it when they are opened.
@@ -58,5 +60,79 @@ struct OutboxIndexTests {
         #expect(!names.contains("replica_sync_record_pending"))
         #expect(!(try plan(db)).contains("TEMP B-TREE"))
         #expect(try SyncLedger.outbox(limit: 100, store: reopened.container.stores[0], db: db).count == 5)
+    }
+}
+
+@Suite("Outbox index edge cases", .serialized)
+struct OutboxIndexEdgeTests {
+    private func oldLayout(_ db: Connection) throws {
+        try db.execute("DROP INDEX IF EXISTS replica_sync_record_outbox")
+        try db.execute("CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1")
+    }
+
+    private func expectedOutbox(_ db: Connection) throws -> [UUID] {
+        try db.rows("""
+            SELECT id FROM replica_sync_record NOT INDEXED WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable') ORDER BY id
+            """).compactMap { try? UUID(sqliteValue: $0[0]) }
+    }
+
+    @Test("old layout: read-only open, two containers opening at once, an older version reopening; the outbox stays whole and ordered")
+    func oldLayoutLifecycle() throws {
+        let directory = temporaryTestDirectory("outbox")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        do {
+            let device = try Device("a", seed: 2, directory: directory)
+            for i in 0..<300 { device.context.insert(SyncNote(title: "n\(i)", rating: i)) }
+            try device.context.save()
+            let db = try device.context.connection(for: 0)
+            try db.execute("UPDATE replica_sync_record SET state = 'rejected' WHERE rowid % 7 = 0")
+            try oldLayout(db)
+        }
+        // Read-only open of the old layout: no migration possible; the outbox still reads right.
+        do {
+            var environment = ReplicaEnvironment.seeded(seed: 5, directory: directory)
+            environment.canaries = []
+            let container = try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+                ModelConfiguration("notes", allowsSave: false, cloudKitDatabase: .private("iCloud.test")),
+            ], environment: environment)
+            let context = ModelContext(container)
+            #expect(try context.fetch(FetchDescriptor<SyncNote>()).count == 300)
+            let db = try context.connection(for: 0)
+            let expected = try expectedOutbox(db)
+            #expect(expected.count > 200)
+            for limit in [1, 7, 100, 1000] {
+                let got = try SyncLedger.outbox(limit: limit, store: container.stores[0], db: db).map(\.record.recordID)
+                #expect(got == Array(expected.prefix(limit)))
+            }
+        }
+        // Two "processes" open the old-layout file at once.
+        final class Box: @unchecked Sendable { var devices: [Device?] = [nil, nil]; var errors: [Error?] = [nil, nil] }
+        let box = Box()
+        let lock = NSLock()
+        DispatchQueue.concurrentPerform(iterations: 2) { i in
+            do {
+                let d = try Device(i == 0 ? "b" : "c", seed: UInt64(10 + i), directory: directory)
+                lock.withLock { box.devices[i] = d }
+            } catch {
+                lock.withLock { box.errors[i] = error }
+            }
+        }
+        let devices = box.devices, errors = box.errors
+        #expect(errors.allSatisfy { $0 == nil }, "\(errors)")
+        let b = try #require(devices[0]), c = try #require(devices[1])
+        let db = try b.context.connection(for: 0)
+        let names = Set(try db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'replica_sync_record'").compactMap {
+            if case let .text(n) = $0[0] { n } else { nil }
+        })
+        #expect(names.contains("replica_sync_record_outbox") && !names.contains("replica_sync_record_pending"), "\(names)")
+        let expected = try expectedOutbox(db)
+        #expect(try SyncLedger.outbox(limit: 1000, store: b.container.stores[0], db: db).map(\.record.recordID) == expected)
+        let cdb = try c.context.connection(for: 0)
+        #expect(try SyncLedger.outbox(limit: 1000, store: c.container.stores[0], db: cdb).map(\.record.recordID) == expected)
+        // An older version reopens it (its createSQL adds the pending-only index back) while this one is open.
+        try cdb.execute("CREATE INDEX IF NOT EXISTS replica_sync_record_pending ON replica_sync_record (pending) WHERE pending = 1")
+        try cdb.execute("ANALYZE")
+        #expect(try SyncLedger.outbox(limit: 1000, store: b.container.stores[0], db: db).map(\.record.recordID) == expected)
+        #expect(try SyncLedger.outbox(limit: 50, store: c.container.stores[0], db: cdb).map(\.record.recordID) == Array(expected.prefix(50)))
     }
 }

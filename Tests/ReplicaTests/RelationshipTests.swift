@@ -335,3 +335,75 @@ struct RelationshipTests {
         #expect(try ModelContext(container).model(Account.self, id: account.id)?.owner == Reference(person))
     }
 }
+
+/// A self-referencing synced entity: a node's children are cascaded when it is deleted.
+struct CycleNode: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var name: String = ""
+    var parent: Reference<CycleNode>?
+    var children: [Reference<CycleNode>] = []
+    static let entity = ModelEntity<CycleNode>([
+        .attribute("name", \.name, default: ""),
+        .toOne("parent", \.parent, inverse: "children"),
+        .toMany("children", \.children, inverse: "parent", deleteRule: .cascade),
+    ])
+}
+
+@Suite("Relationship cycles")
+struct RelationshipCycleTests {
+    @Test("a reference cycle deleted on one device while edited on another ends deleted everywhere, in any sync order",
+          arguments: [[0, 1, 2], [2, 1, 0], [1, 2, 0]])
+    func cascadeThroughACycle(order: [Int]) throws {
+        let cloud = InMemoryCloudDatabase()
+        let devices = try (0..<3).map { try Device("D\($0)", seed: UInt64(40 + $0), models: [CycleNode.self]) }
+        let context = devices[0].context
+        var a = context.insert(CycleNode(name: "a"))
+        let b = context.insert(CycleNode(name: "b", parent: Reference(a)))
+        let c = context.insert(CycleNode(name: "c", parent: Reference(b)))
+        try context.save()
+        a.parent = Reference(c)  // a → c → b → a
+        context.update(a)
+        try context.save()
+        for device in devices { try device.sync(cloud) }
+        // D1 deletes b (cascading through the whole cycle); D2 renames c meanwhile.
+        let doomed = try #require(try devices[1].context.model(CycleNode.self, id: b.id))
+        devices[1].context.delete(doomed)
+        try devices[1].context.save()
+        #expect(try ModelContext(devices[1].container).fetch(CycleNode.self).isEmpty)
+        var renamed = try #require(try devices[2].context.model(CycleNode.self, id: c.id))
+        renamed.name = "c, renamed"
+        devices[2].context.update(renamed)
+        try devices[2].context.save()
+        for _ in 0..<2 { for i in order { try devices[i].sync(cloud) } }
+        for device in devices {
+            #expect(try ModelContext(device.container).fetch(CycleNode.self).isEmpty, "\(device.name)")
+            #expect(try device.engine.status().isUpToDate, "\(device.name)")
+        }
+    }
+}
+
+@Suite("Deep cascades")
+struct DeepCascadeTests {
+    /// Deletes the head of a cascade chain of `length` records (each record's children cascade), in memory.
+    static func deleteChain(length: Int) throws {
+        let environment = ReplicaEnvironment.seeded(seed: 1, directory: URL(fileURLWithPath: "/nonexistent-replica-tests"))
+        let container = try ModelContainer(for: CycleNode.self, configurations: ModelConfiguration("chain", isStoredInMemoryOnly: true),
+                                           environment: environment)
+        let context = ModelContext(container)
+        var previous = context.insert(CycleNode(name: "0"))
+        let head = previous
+        for i in 1..<length { previous = context.insert(CycleNode(name: "\(i)", parent: Reference(previous))) }
+        try context.save()
+        context.delete(head)
+        try context.save()
+        guard try ModelContext(container).fetch(CycleNode.self).isEmpty else { exit(3) }
+    }
+
+    @Test("deleting the head of a long cascade chain never overflows the stack")
+    func longCascadeChain() async throws {
+        await #expect(processExitsWith: .success) { try DeepCascadeTests.deleteChain(length: 1_000) }
+        await #expect(processExitsWith: .success) { try DeepCascadeTests.deleteChain(length: 3_000) }
+        await #expect(processExitsWith: .success) { try DeepCascadeTests.deleteChain(length: 8_000) }
+        await #expect(processExitsWith: .success) { try DeepCascadeTests.deleteChain(length: 20_000) }
+    }
+}

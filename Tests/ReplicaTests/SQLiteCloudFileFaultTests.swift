@@ -10,7 +10,7 @@ struct SQLiteCloudFileFaultTests {
     @Test("a cloud file truncated or overwritten while open: transient errors without record values, local data and queue kept, recovery by a new file")
     func damagedCloudFile() async throws {
         for damage in ["truncate", "garbage", "delete", "delete-main", "delete-all"] {
-            let directory = adversarialDirectory()
+            let directory = temporaryTestDirectory()
             defer { try? FileManager.default.removeItem(at: directory) }
             let cloudURL = directory.appendingPathComponent("cloud.sqlite")
             let cloud = try SQLiteCloudDatabase(url: cloudURL)
@@ -66,7 +66,7 @@ struct SQLiteCloudFileFaultTests {
 
     @Test("a cloud file deleted while open, with no other connection to it: writes go to the file now at its path and a separate connection sees them all")
     func deletedCloudFileKeepsNewLog() async throws {
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let cloudURL = directory.appendingPathComponent("cloud.sqlite")
         let cloud = try SQLiteCloudDatabase(url: cloudURL)

@@ -174,7 +174,7 @@ struct StoreConnectionReuseTests {
     @Test("an in-memory store's sync engine dropped with a request outstanding: the next engine gets its connection and uploads everything once")
     func engineDroppedMidRequest() throws {
         let cloud = InMemoryCloudDatabase()
-        var environment = ReplicaEnvironment.seeded(seed: 61, directory: adversarialDirectory())
+        var environment = ReplicaEnvironment.seeded(seed: 61, directory: temporaryTestDirectory())
         environment.canaries = []
         let clock = environment.clock as! ManualClock
         let container = try ModelContainer(for: Schema([SyncNote.self]), configurations: [

@@ -180,3 +180,47 @@ struct UniquenessTests {
         #expect(error?.description.contains("email") == true)
     }
 }
+
+/// A synced entity with a compound unique key whose second part is optional.
+struct SyncMembership: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var group: String = ""
+    var member: String?
+    var note: String = ""
+    static let entity = ModelEntity<SyncMembership>([
+        .attribute("group", \.group, default: ""),
+        .attribute("member", \.member),
+        .attribute("note", \.note, default: ""),
+    ], uniquenessConstraints: [["group", "member"]])
+}
+
+@Suite("Compound keys with NULL parts")
+struct CompoundKeyNullPartTests {
+    @Test("keys with a NULL part never collide; once both are set alike, every device keeps one record with the newest edit")
+    func nullPartsThenCollision() throws {
+        let cloud = InMemoryCloudDatabase()
+        let devices = try (0..<2).map { try Device("D\($0)", seed: UInt64(50 + $0), models: [SyncMembership.self]) }
+        var mine = devices[0].context.insert(SyncMembership(group: "g", member: nil, note: "from D0"))
+        try devices[0].context.save()
+        devices[1].clock.advance(by: 5)
+        var theirs = devices[1].context.insert(SyncMembership(group: "g", member: nil))
+        try devices[1].context.save()
+        for _ in 0..<2 { for device in devices { try device.sync(cloud) } }
+        for device in devices { #expect(try ModelContext(device.container).fetch(SyncMembership.self).count == 2) }
+        // Both set the missing part to the same value, offline.
+        mine.member = "ada"
+        devices[0].context.update(mine)
+        try devices[0].context.save()
+        devices[1].clock.advance(by: 10)
+        theirs.member = "ada"
+        theirs.note = "from D1, later"
+        devices[1].context.update(theirs)
+        try devices[1].context.save()
+        for _ in 0..<3 { for device in devices { try device.sync(cloud) } }
+        let states = try devices.map { try ModelContext($0.container).fetch(SyncMembership.self) }
+        #expect(states[0] == states[1])
+        #expect(states[0].count == 1)
+        #expect(states[0].first?.note == "from D1, later")
+        for device in devices { #expect(try device.engine.status().isUpToDate) }
+    }
+}

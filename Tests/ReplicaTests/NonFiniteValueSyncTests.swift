@@ -2,11 +2,11 @@ import Foundation
 import Testing
 @testable import Replica
 
-@Suite("Adversarial: non-finite values in sync")
-struct AdversarialValueTests {
+@Suite("Non-finite values in sync")
+struct NonFiniteValueSyncTests {
     @Test("an infinite double syncs through the SQLite cloud file and never makes the zone unreadable")
     func infinityThroughCloudFile() async throws {
-        let root = adversarialDirectory()
+        let root = temporaryTestDirectory()
         let cloud = try SQLiteCloudDatabase(url: root.appendingPathComponent("cloud.sqlite"))
         let a = try Device("A", seed: 1, models: [AdvMeasure.self], directory: root.appendingPathComponent("a"))
         let b = try Device("B", seed: 2, models: [AdvMeasure.self], directory: root.appendingPathComponent("b"))

@@ -2,8 +2,8 @@ import Foundation
 import Testing
 @testable import Replica
 
-@Suite("Adversarial: concurrent writers on one store")
-struct AdversarialConcurrencyTests {
+@Suite("Concurrent writers on one store")
+struct ConcurrentWriterTests {
     private func openNotes(_ directory: URL, seed: UInt64) throws -> ModelContainer {
         try ModelContainer(for: Schema([SyncNote.self]), configurations: [
             ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test")),
@@ -12,7 +12,7 @@ struct AdversarialConcurrencyTests {
 
     @Test("two containers on one file edit different fields of one record from stale copies: both edits sync")
     func twoContainersStaleCopies() throws {
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let first = try openNotes(directory, seed: 1), second = try openNotes(directory, seed: 2)
         let writer = ModelContext(first)
         let note = writer.insert(SyncNote(title: "t", body: "b", rating: 1))
@@ -60,7 +60,7 @@ struct AdversarialConcurrencyTests {
     @Test("an answer the engine cannot store because another writer holds the store is retried, and converges")
     func answerWhileStoreIsBusy() throws {
         let cloud = InMemoryCloudDatabase()
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let device = try Device("A", seed: 1, directory: directory)
         device.context.insert(SyncNote(title: "mine"))
         try device.context.save()

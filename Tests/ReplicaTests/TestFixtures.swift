@@ -1,5 +1,5 @@
-// Shared helpers and models of the adversarial tests (Adversarial*.swift): malformed cloud data, clock extremes,
-// collisions, odd options and values that JSON cannot hold.
+// Shared test fixtures: foreign stamps and cloud records (malformed cloud data, clock extremes), a sync driver,
+// temporary directories, and models for ID collisions, odd options and values that JSON cannot hold.
 import Foundation
 import Testing
 @testable import Replica
@@ -39,9 +39,9 @@ func drive(_ device: Device, _ cloud: any CloudDatabase, maxRequests: Int = 200)
     return performed
 }
 
-/// A fresh directory path under the system temporary directory.
-func adversarialDirectory() -> URL {
-    FileManager.default.temporaryDirectory.appendingPathComponent("replica-adv-\(UUID().uuidString)")
+/// A fresh directory path under the system temporary directory, `replica-<tag>-<random UUID>`.
+func temporaryTestDirectory(_ tag: String = "test") -> URL {
+    FileManager.default.temporaryDirectory.appendingPathComponent("replica-\(tag)-\(UUID().uuidString)")
 }
 
 /// A second synced entity for ID-collision tests.

@@ -2,8 +2,8 @@ import Foundation
 import Testing
 @testable import Replica
 
-@Suite("Adversarial: engine options, cloud resets and an unreadable cloud file")
-struct AdversarialEngineTests {
+@Suite("Engine options, cloud resets and an unreadable cloud file")
+struct SyncEngineOptionsTests {
     @Test("an upload batch size of 0 never leaves the outbox stuck while the engine reports idle")
     func zeroUploadBatch() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-adv-\(UUID().uuidString)")
@@ -60,7 +60,7 @@ struct AdversarialEngineTests {
 
     @Test("a record the cloud file cannot read is rejected by ID for that record only: the rest of the zone arrives, the engine never spins")
     func unreadableCloudRecord() async throws {
-        let root = adversarialDirectory()
+        let root = temporaryTestDirectory()
         let file = root.appendingPathComponent("cloud.sqlite")
         let cloud = try SQLiteCloudDatabase(url: file)
         let a = try Device("A", seed: 1, directory: root.appendingPathComponent("a"))
@@ -98,7 +98,7 @@ struct AdversarialEngineTests {
     /// tags and conflicts merge, so uploading meanwhile is safe).
     @Test("a device's own changes still upload while the cloud file holds a record it cannot read")
     func uploadsDespiteUnreadableCloudRecord() async throws {
-        let root = adversarialDirectory()
+        let root = temporaryTestDirectory()
         let file = root.appendingPathComponent("cloud.sqlite")
         let cloud = try SQLiteCloudDatabase(url: file)
         let a = try Device("A", seed: 1, directory: root.appendingPathComponent("a"))
@@ -134,9 +134,9 @@ struct AdversarialEngineTests {
 
     @Test("a server asking to retry after an absurd delay never crashes the engine, and the delay is capped")
     func absurdRetryAfter() async throws {
-        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(5) }
-        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(Int64.max) }
-        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(Int64.min) }
-        await #expect(processExitsWith: .success) { try AdversarialEngineTests.retryAfter(-5) }
+        await #expect(processExitsWith: .success) { try SyncEngineOptionsTests.retryAfter(5) }
+        await #expect(processExitsWith: .success) { try SyncEngineOptionsTests.retryAfter(Int64.max) }
+        await #expect(processExitsWith: .success) { try SyncEngineOptionsTests.retryAfter(Int64.min) }
+        await #expect(processExitsWith: .success) { try SyncEngineOptionsTests.retryAfter(-5) }
     }
 }

@@ -24,8 +24,8 @@ struct Ledger: PersistentModel, Codable, Equatable {
     static let entity = ModelEntity<Ledger>([.attribute("memo", \.memo)])
 }
 
-@Suite("Adversarial: store files Replica did not write")
-struct AdversarialStoreFileTests {
+@Suite("Store files Replica did not write")
+struct ForeignStoreFileTests {
     let directory = TestDirectory()
 
     /// The container opens the store, then either refuses it with a load issue naming the problem, or reads and
@@ -98,7 +98,7 @@ struct AdversarialStoreFileTests {
 
     @Test("a synced store whose unknown-record table predates the outbox flag is migrated, keeping its records")
     func unknownRecordTableMigrated() throws {
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         do { _ = try Device("A", seed: 1, directory: directory) }
         let url = directory.appendingPathComponent("notes.store")
         try rawConnection(url).execute("""

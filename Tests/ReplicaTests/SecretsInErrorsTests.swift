@@ -4,8 +4,8 @@ import Testing
 
 /// Principle 7: attribute values never appear in errors, ledger reasons or statuses — including on the paths that
 /// report malformed data, where the value is the very thing that is wrong.
-@Suite("Adversarial: secrets in errors")
-struct AdversarialSecretsTests {
+@Suite("Secrets in errors")
+struct SecretsInErrorsTests {
     static let secret = "hunter2-correct-horse-battery"
 
     private func expectNoSecret(_ texts: [String], sourceLocation: SourceLocation = #_sourceLocation) {
@@ -45,7 +45,7 @@ struct AdversarialSecretsTests {
 
     @Test("an unreadable record in the cloud file holding a secret: its rejection names the record only")
     func unreadableCloudRecordReason() async throws {
-        let root = adversarialDirectory()
+        let root = temporaryTestDirectory()
         let file = root.appendingPathComponent("cloud.sqlite")
         let cloud = try SQLiteCloudDatabase(url: file)
         let a = try Device("A", seed: 1, directory: root.appendingPathComponent("a"))

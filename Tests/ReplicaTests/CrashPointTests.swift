@@ -33,8 +33,8 @@ struct LocalDraft: PersistentModel, Codable, Equatable {
     static let entity = ModelEntity<LocalDraft>([.attribute("text", \.text, default: "")])
 }
 
-@Suite("Adversarial: crash points")
-struct AdversarialCrashTests {
+@Suite("Crash points")
+struct CrashPointTests {
     private func container(_ faults: ArmedFaults, directory: URL, seed: UInt64 = 1) throws -> ModelContainer {
         var environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
         environment.faultHook = faults.hook
@@ -62,7 +62,7 @@ struct AdversarialCrashTests {
     @Test("a fault before the second store commits rolls back both stores: rows, history, ledger and HLC",
           arguments: ["notes", "drafts"])
     func faultBeforeCommitOfEitherStore(store: String) throws {
-        let directory = adversarialDirectory()
+        let directory = temporaryTestDirectory()
         let faults = ArmedFaults()
         let container = try self.container(faults, directory: directory)
         let context = ModelContext(container)
@@ -97,7 +97,7 @@ struct AdversarialCrashTests {
         try writer.sync(cloud)
 
         let faults = ArmedFaults()
-        let container = try self.container(faults, directory: adversarialDirectory(), seed: 2)
+        let container = try self.container(faults, directory: temporaryTestDirectory(), seed: 2)
         var options = SyncEngine.Options()
         options.fetchLimit = 2
         let engine = try SyncEngine(container: container, storeName: "notes", options: options)
