@@ -66,11 +66,26 @@ public enum HistoryChange: Hashable, Sendable {
 
 /// The values a deleted record keeps in history (SwiftData's `HistoryTombstone`): attributes marked
 /// ``Schema/Attribute/Options/preserveValueOnDeletion``, by name.
+///
+/// Its ``description`` shows the values as values (`title: "Buy milk"`, `42`, `2026-12-01T10:00:00Z`, `<12 bytes>`)
+/// once history read them with the store's schema (``ModelContext/fetchHistory(_:)``, the change stream), and
+/// `<encrypted>` for attributes marked ``Schema/Attribute/Options/allowsCloudEncryption``; a tombstone built without
+/// the schema shows storage classes and sizes only.
 public struct HistoryTombstone: Hashable, Sendable, Codable {
     /// Preserved values by attribute name.
     public let values: [String: SQLiteValue]
+    /// The attributes' types, as the schema history was read with declares them (empty when read without one).
+    /// Not part of equality or coding.
+    var attributeTypes: [String: Schema.AttributeType] = [:]
+    /// The attributes marked ``Schema/Attribute/Options/allowsCloudEncryption``: never shown.
+    var encryptedAttributes: Set<String> = []
 
     public init(values: [String: SQLiteValue] = [:]) { self.values = values }
+
+    private enum CodingKeys: String, CodingKey { case values }
+
+    public static func == (lhs: HistoryTombstone, rhs: HistoryTombstone) -> Bool { lhs.values == rhs.values }
+    public func hash(into hasher: inout Hasher) { hasher.combine(values) }
 
     /// The preserved value of `attribute`, or `nil` when it was not preserved.
     public subscript(attribute: String) -> SQLiteValue? { values[attribute] }

@@ -109,7 +109,7 @@ extension ModelContext {
                 }
                 return try HistoryLog.fetch(descriptor, storeName: store.configuration.name, identity: store.identity, db: db)
             }
-            result += transactions.map { (index, $0) }
+            result += transactions.map { (index, $0.describingTombstones(with: store.entities)) }
         }
         guard indices.count > 1 else { return result.map(\.transaction) }
         result.sort { a, b in
