@@ -84,13 +84,19 @@ struct DeduplicationTests {
         return devices
     }
 
-    @Test("a unique key is enforced locally on save with a typed error")
+    @Test("a unique key is enforced locally on save: an update to a taken key fails with a typed error, an insert upserts")
     func localEnforcement() throws {
         let device = try Device("A", seed: 1, models: peopleModels)
-        device.context.insert(DPerson(email: "x@example.com"))
+        let first = device.context.insert(DPerson(email: "x@example.com"))
+        var other = device.context.insert(DPerson(email: "y@example.com"))
         try device.context.save()
-        device.context.insert(DPerson(email: "x@example.com"))
+        other.email = "x@example.com"
+        device.context.update(other)
         #expect(throws: ReplicaError.self) { try device.context.save() }
+        device.context.rollback()
+        device.context.insert(DPerson(email: "x@example.com", name: "again"))
+        try device.context.save()
+        #expect(try ModelContext(device.container).model(DPerson.self, id: first.id)?.name == "again")
     }
 
     @Test("three devices creating the same key converge, under every sync order, to one winner with every edit and child")

@@ -390,18 +390,24 @@ struct ModelContextTests {
     @Test func aValidationFailureInTheSecondStoreLeavesTheFirstUnchanged() throws {
         let container = try twoStoreContainer()
         let context = ModelContext(container)
+        var a = context.insert(User(email: "a@example.com"))
+        var b = context.insert(User(email: "b@example.com"))
+        try context.save()
         let note = context.insert(Note(text: "first store", slug: "n"))
-        let a = context.insert(User(email: "same@example.com"))
-        let b = context.insert(User(email: "same@example.com"))
+        a.email = "same@example.com"
+        b.email = "same@example.com"
+        context.update(a)
+        context.update(b)
         let error = #expect(throws: ReplicaError.self) { try context.save() }
         #expect(error?.validationFailures == [
             .uniqueConstraintViolation(entity: "User", attributes: ["email"], id: a.persistentModelID),
             .uniqueConstraintViolation(entity: "User", attributes: ["email"], id: b.persistentModelID),
         ])
         #expect(try rowCount("Note", in: directory.storeURL("notes")) == 0)
-        #expect(try rowCount("User", in: directory.storeURL("users")) == 0)
+        #expect(try ModelContext(container).model(User.self, id: a.id)?.email == "a@example.com")
         // Nothing is lost: the changes stay pending, and a fixed batch saves.
-        #expect(context.insertedIdentifiers == [note.persistentModelID, a.persistentModelID, b.persistentModelID])
+        #expect(context.insertedIdentifiers == [note.persistentModelID])
+        #expect(context.updatedIdentifiers == [a.persistentModelID, b.persistentModelID])
         var fixed = b
         fixed.email = "other@example.com"
         context.update(fixed)
@@ -464,8 +470,10 @@ struct ModelContextTests {
         let context = ModelContext(container)
         let secret = "very-private-address@example.com"
         context.insert(User(email: secret))
+        var other = context.insert(User(email: "other@example.com"))
         try context.save()
-        context.insert(User(email: secret))
+        other.email = secret
+        context.update(other)
         let error = #expect(throws: ReplicaError.self) { try context.save() }
         #expect(error?.validationFailures.count == 1)
         for text in [error?.description ?? "", "\(String(describing: error))", String(reflecting: error as Any)] {

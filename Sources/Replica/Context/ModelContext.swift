@@ -45,6 +45,21 @@ public final class ModelContext {
     /// The store of each model type looked up so far, in first-use order (a handful of types; a linear search of
     /// type identities costs less than reading a type's entity, which some model types compute).
     private var modelStores: [(type: ObjectIdentifier, index: Int)] = []
+    /// The inserts this context's saves upserted into existing records (inserted ID → existing record), the most
+    /// recent ``upsertMemory`` of them (see Upsert.swift).
+    var upsertRedirects: [PersistentIdentifier: PersistentIdentifier] = [:]
+    /// The keys of ``upsertRedirects`` oldest first, to forget the oldest beyond the bound.
+    var upsertOrder: [PersistentIdentifier] = []
+    /// Autosave settings and state (see Autosave.swift).
+    var autosave = AutosaveState()
+    /// Records each save of this context for undo and redo when set (SwiftData's `undoManager`; see
+    /// ``ModelUndoManager``: Foundation's `UndoManager` is not available on Linux). A manager serves one context.
+    public var undoManager: ModelUndoManager? {
+        didSet {
+            precondition(undoManager?.context.map { $0 === self } ?? true, "Replica: a ModelUndoManager serves one context")
+            undoManager?.context = self
+        }
+    }
 
     /// Creates a context on `container`.
     public init(_ container: ModelContainer) {
@@ -111,6 +126,7 @@ public final class ModelContext {
         case .insert?: forgetInsertedCopy(id)
         case .update?, nil: break
         }
+        if autosave.isEnabled { scheduleAutosave() }
         return model
     }
 
@@ -304,9 +320,37 @@ public final class ModelContext {
         }
     }
 
+    /// Registers the insert of a record given as a snapshot (undo re-inserting a deleted record): as ``insert(_:)``.
+    func registerInsert(_ snapshot: Snapshot) {
+        let id = snapshot.persistentModelID
+        switch pending.updateValue(.insert(snapshot), forKey: id) {
+        case .delete?, .replace?: pending[id] = .replace(snapshot)
+        case .insert?, .update?, nil: break
+        }
+        forgetInsertedCopy(id)
+        if autosave.isEnabled { scheduleAutosave() }
+    }
+
+    /// Registers new values of `fields` of a record given as a snapshot (undo setting fields back).
+    func registerUpdate(_ snapshot: Snapshot, fields: Set<Int>) {
+        let id = snapshot.persistentModelID
+        switch pending[id] {
+        case let .insert(current)?: register(id, .insert(Self.overlay(snapshot, fields, on: current)))
+        case let .replace(current)?: register(id, .replace(Self.overlay(snapshot, fields, on: current)))
+        case let .update(current, earlier)?:
+            register(id, .update(Self.overlay(snapshot, fields, on: current), fields: earlier.map { $0.union(fields) }))
+        case .delete?: break
+        case nil: register(id, .update(snapshot, fields: fields))
+        }
+    }
+
     private func register(_ id: PersistentIdentifier, _ change: PendingChange) {
         pending.updateValue(change, forKey: id)
+        if autosave.isEnabled { scheduleAutosave() }
     }
+
+    /// The pending values of `id` (a pending insert, re-insert or update), `nil` otherwise. O(1).
+    func pendingSnapshot(of id: PersistentIdentifier) -> Snapshot? { pending[id]?.snapshot }
 
     /// `true` when there are unsaved changes.
     public var hasChanges: Bool { !pending.isEmpty }
@@ -348,6 +392,8 @@ public final class ModelContext {
     ///   ``ReplicaError/partialSave(committed:failed:underlying:)``. On any error, pending changes are kept.
     public func save() throws {
         guard hasChanges else { return }
+        autosave.isSaving = true
+        defer { autosave.isSaving = false }
         // Group changes by store, in registration order (one store: the pending list itself, not a copy).
         var byStore: [[PendingChanges.Entry]]
         if container.stores.count == 1 {
@@ -367,6 +413,7 @@ public final class ModelContext {
         var open: [Connection] = []
         var failures: [ModelValidationFailure] = []
         var saved: [StoreChanges] = []
+        var upserts: [(inserted: PersistentIdentifier, existing: PersistentIdentifier)] = []
         /// The history token each store's transaction records (announced to the change hub before the commit).
         var tokens: [Int64?] = []
         let hub = container.changeHub
@@ -381,8 +428,10 @@ public final class ModelContext {
                 try connection.begin(.immediate)
                 open.append(connection)
                 var writer = StoreWriter(store: container.stores[index], db: connection)
+                writer.capturesPreviousValues = undoManager != nil
                 try writer.apply(byStore[index])
                 failures += writer.failures
+                upserts += writer.upserts
                 var token: Int64?
                 defer { tokens.append(token) }
                 if writer.failures.isEmpty {
@@ -448,6 +497,9 @@ public final class ModelContext {
             for (snapshot, _) in changes.updated where !snapshot.values.isEmpty { reads.register(saved: snapshot) }
         }
         rollback()
+        undoManager?.recordSave(saved, in: self)
+        autosave.lastError = nil
+        rememberUpserts(upserts)
         handoutLoaderStorage?.invalidate()
         postDidSave(saved)
     }

@@ -3,7 +3,7 @@ import Foundation
 
 /// Applies one save's changes to one store inside an open write transaction. Internal.
 ///
-/// Order: deletes (with delete rules), then inserts and updates, then the deny rules and required relationships of
+/// Order: deletes (with delete rules), then the resolution of upserts (Upsert.swift), then inserts and updates, then the deny rules and required relationships of
 /// the deleted records and uniqueness checks over every record written, so keys may be swapped between records, and a
 /// record may be deleted together with (or after moving) the records that depend on it, in one save. Validation failures are collected, not thrown, so that
 /// the caller can report all of them at once and roll back.
@@ -13,9 +13,14 @@ struct StoreWriter {
     private(set) var failures: [ModelValidationFailure] = []
     /// What this save did, for history and notifications.
     var changes = StoreChanges()
-    private var deleted = Set<PersistentIdentifier>()
+    private(set) var deleted = Set<PersistentIdentifier>()
     /// The records of ``deleted`` that the save inserts again (see ``apply(_:)-([PendingChanges.Entry])``).
     private var reinserted = Set<PersistentIdentifier>()
+    /// The inserts this save turned into updates of existing records with the same unique key (see Upsert.swift):
+    /// the ID each insert carried and the ID of the record it updated, in batch order.
+    var upserts: [(inserted: PersistentIdentifier, existing: PersistentIdentifier)] = []
+    /// Whether updates keep the row they replaced in ``StoreChanges/previousValues`` (for undo).
+    var capturesPreviousValues = false
     /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
     private var deferredChecks: [DeferredCheck] = []
     /// What inserts of the entity written last need, looked up once per entity rather than once per row.
@@ -79,6 +84,7 @@ struct StoreWriter {
     /// Applies `batch` (a context's pending changes in registration order; `nil` entries are skipped).
     mutating func apply(_ batch: [PendingChanges.Entry]) throws {
         ledgerBound = nil
+        upserts = []
         for index in batch.indices {
             switch batch[index].change {
             case .delete?, .replace?: try deleteRecord(batch[index].id)
@@ -96,6 +102,8 @@ struct StoreWriter {
                 }
             }
         }
+        // Inserts of a unique key an existing record holds update that record instead (SwiftData's upsert).
+        let batch = try resolveUpserts(batch)
         // Records whose unique keys must be checked once everything is written.
         var written: [Snapshot] = []
         changes.inserted.reserveCapacity(batch.count)
@@ -230,6 +238,7 @@ struct StoreWriter {
             }
             try statement.run(changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
         }
+        if capturesPreviousValues { changes.previousValues[changes.updated.count] = Array(current.dropFirst()) }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
     }
@@ -487,6 +496,9 @@ struct StoreChanges {
     /// changes of an import, which merges records (inserts, updates, deletes) and then applies the delete rules of
     /// the records it deleted.
     var updatesBeforeDeletes: Int?
+    /// For updates of a save whose writer captured them (a context with an undo manager): the row each replaced,
+    /// every field in storage order, by position in ``updated``.
+    var previousValues: [Int: [SQLiteValue]] = [:]
 
     /// A part of the changes: the inserts, the updates the deletes made (the first ``updatesBeforeDeletes``), the
     /// other updates, or the deletes.

@@ -70,7 +70,8 @@ extension Schema {
         /// Relationships, in declaration order.
         public var relationships: [Relationship]
         /// Compound uniqueness constraints (SwiftData's `#Unique`): each inner array is a set of attribute names whose
-        /// combined values must be unique. Single-attribute `.unique` options are listed here too.
+        /// combined values must be unique (inserts of a taken key upsert, as for ``Attribute/Options/unique``).
+        /// Single-attribute `.unique` options are listed here too.
         public var uniquenessConstraints: [[String]]
 
         public init(name: String, attributes: [Attribute], relationships: [Relationship] = [], uniquenessConstraints: [[String]] = []) {
@@ -138,7 +139,10 @@ extension Schema {
             public let rawValue: Int
             public init(rawValue: Int) { self.rawValue = rawValue }
 
-            /// No two live records of the entity may share the value (checked on save; see DESIGN.md for synced stores).
+            /// No two live records of the entity may share the value, checked on save: an insert of a value an existing
+            /// record holds updates that record instead (an upsert, as in SwiftData; see
+            /// ``ModelContext/resolvedIdentifier(for:)``), an update to a taken value fails the save. See DESIGN.md for
+            /// synced stores (duplicates made concurrently on several devices resolve after sync).
             public static let unique = Options(rawValue: 1 << 0)
             /// The value stays readable in the tombstone after deletion (history and sync).
             public static let preserveValueOnDeletion = Options(rawValue: 1 << 1)

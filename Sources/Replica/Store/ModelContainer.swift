@@ -3,7 +3,8 @@ import Foundation
 /// Owns the schema and the stores of an app: one SQLite store per ``ModelConfiguration`` (SwiftData's
 /// `ModelContainer`). Every entity lives in exactly one store; contexts route reads and writes there.
 ///
-/// A container is `Sendable` and immutable; create one ``ModelContext`` per task or actor that reads and writes.
+/// A container is `Sendable` and immutable; create one ``ModelContext`` per task or actor that reads and writes: the
+/// main actor has ``mainContext``, a background ``ModelActor`` a context of its own.
 public final class ModelContainer: Sendable {
     /// The full schema.
     public let schema: Schema
@@ -15,6 +16,8 @@ public final class ModelContainer: Sendable {
     let storeIndexByEntity: [String: Int]
     /// Where every committed change of the stores goes through (the change stream, live queries; see `ChangeHub`).
     let changeHub: ChangeHub
+    /// Where ``mainContext`` lives once made (see MainContext.swift).
+    let mainContextSlot = MainContextSlot()
 
     /// Opens a container with the given stores.
     ///

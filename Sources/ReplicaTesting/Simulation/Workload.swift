@@ -90,6 +90,10 @@ extension SimulationRun {
         switch operation {
         case .insert, .uniqueCollision:
             let values = try newRecordValues(entity, store: store, process: process, collide: operation == .uniqueCollision)
+            if operation == .uniqueCollision, let holders = try uniqueKeyHolders(entity, values: values, process: process), !holders.isEmpty {
+                try upsertStep(&outcome, context: context, values: values, holders: holders, checks: checks)
+                return
+            }
             let baseline = checks ? try saveBaseline(store, on: process) : nil
             let id = access.insert(context, id: .unassigned, values: values)
             outcome.record = id

@@ -263,3 +263,49 @@ struct KeptCopy {
     let id: UUID
     let values: [SQLiteValue]
 }
+
+extension SimulationRun {
+    // MARK: Upserts of unique keys
+
+    /// The live local records of `entity` that hold one of the unique keys of `values` (a unique attribute's non-null
+    /// value), read through the process's observer; `nil` without one.
+    func uniqueKeyHolders(_ entity: Schema.Entity, values: [SQLiteValue], process: SimProcess) throws -> [(id: UUID, values: [SQLiteValue])]? {
+        guard let observer = observer(of: process) else { return nil }
+        let info = process.view.info(entity)
+        let unique = entity.attributes.filter { $0.options.contains(.unique) }.compactMap { info.fieldNames.firstIndex(of: $0.name) }
+        let keys = unique.filter { !values[$0].isNull }
+        guard !keys.isEmpty else { return [] }
+        return try info.access.all(observer).filter { record in keys.contains { record.values[$0] == values[$0] } }
+    }
+
+    /// Inserts a record whose unique key live records hold: with one holder, the save updates it with every field of
+    /// the insert (an upsert: the holder keeps its identity, the inserted ID never exists); with several, the insert is
+    /// ambiguous and the save is refused.
+    func upsertStep(_ outcome: inout Outcome, context: ModelContext, values: [SQLiteValue],
+                    holders: [(id: UUID, values: [SQLiteValue])], checks: Bool) throws {
+        let info = outcome.process.view.info(outcome.entity)
+        let inserted = info.access.insert(context, id: .unassigned, values: values)
+        guard holders.count == 1, let holder = holders.first else {
+            outcome.record = inserted
+            if try save(&outcome, context: context) {
+                throw InvariantViolation(.localSaves, "\(outcome.process.label) store '\(outcome.store.name)': an insert of a unique key "
+                    + "\(holders.count) records hold was saved; it must be refused as ambiguous")
+            }
+            return
+        }
+        outcome.record = holder.id
+        let store = outcome.store, process = outcome.process
+        let length = checks ? try ledgerCausalLength(holder.id, store: store, on: process) : nil
+        let baseline = checks ? try saveBaseline(store, on: process) : nil
+        let changed = values.indices.filter { values[$0] != holder.values[$0] }
+        outcome.fields = changed.map { info.fieldNames[$0] }
+        let expected = ExpectedRecord(id: holder.id, entity: info, before: holder.values, after: values, causalLengthBefore: length,
+                                      changes: changed.isEmpty ? [] : [.update])
+        let gone = ExpectedRecord(id: inserted, entity: info, before: nil, after: nil, causalLengthBefore: store.isSynced ? 0 : nil, changes: [])
+        if try saveChecked(&outcome, context: context, records: [expected, gone], baseline: baseline, operation: "upsert") {
+            outcome.result = "upserted"
+            try acknowledgeUpdate(&outcome, id: holder.id, before: holder.values, after: values)
+            wakeEngines(outcome)
+        }
+    }
+}
