@@ -274,9 +274,12 @@ final class Store: Sendable {
                 // rebuilt to give its columns their defaults.
                 var grew = false, rebuilt = false
                 // The declared type of every attribute that has a column (see StoreAttributeTypes).
-                let recordedTypes = try StoreAttributeTypes.read(db)
+                let storedTypes = try StoreAttributeTypes.read(db)
+                var recordedTypes = storedTypes
                 for entity in entities {
                     let table = quoted(entity.name)
+                    // Renames through original names (local stores; synced entities cannot declare them).
+                    try StoreRenames.renameTable(of: entity, db, recordedTypes: &recordedTypes, tracksSync: tracked)
                     // Each existing column with the text of its SQL default (`nil`: none).
                     var existing: [String: String?] = [:]
                     for row in try db.rows("SELECT name, dflt_value FROM pragma_table_info(?)", [.text(entity.name)]) {
@@ -288,6 +291,7 @@ final class Store: Sendable {
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                         grew = true
                     } else {
+                        try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked)
                         try checkLayout(of: entity, db, recordedTypes: recordedTypes, synced: synced)
                         // Lightweight migration: add columns for new attributes and references, each with its declared
                         // default as SQL DEFAULT, so rows written before — and rows a process of an older app version
@@ -311,7 +315,7 @@ final class Store: Sendable {
                 if synced && rebuilt {
                     try db.run("DELETE FROM replica_metadata WHERE key = 'synced_defaults'")
                 }
-                try StoreAttributeTypes.record(entities, over: recordedTypes, db)
+                try StoreAttributeTypes.record(entities, over: recordedTypes, stored: storedTypes, db)
                 // Many-to-many relationships: one link table per relationship pair (see LinkTable).
                 try LinkTable.prepare(db, entities: entities)
                 // Records the older schema could only keep whole (an unknown type) or in part (fields it did not

@@ -36,11 +36,11 @@ enum StoreAttributeTypes {
         return SyncLedger.decode([String: String].self, json)
     }
 
-    /// Records the types of `entities` (inside the caller's write transaction) over `recorded`, writing only when the
-    /// stored map changes.
-    static func record(_ entities: [Schema.Entity], over recorded: [String: String]?, _ db: Connection) throws {
+    /// Records the types of `entities` (inside the caller's write transaction) over `recorded` (the stored map with
+    /// this open's renames applied), writing only when the result differs from what is `stored`.
+    static func record(_ entities: [Schema.Entity], over recorded: [String: String]?, stored: [String: String]?, _ db: Connection) throws {
         let merged = (recorded ?? [:]).merging(types(of: entities)) { _, declared in declared }
-        guard merged != recorded else { return }
+        guard merged != stored else { return }
         try db.run("INSERT INTO replica_metadata (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                    [.text(metadataKey), .text(encode(merged))])
     }
