@@ -293,6 +293,7 @@ struct SchemaGateTests {
         let expected = ReplicaError.incompatibleSchema([
             .attributeRemoved(entity: "SyncNote", attribute: "body"),
             .attributeRetyped(entity: "SyncNote", attribute: "rating", zoneType: .integer, localType: .string),
+            .versions(device: Schema.Version(1, 1, 0), zone: Schema.Version(1, 0, 0)),
         ])
         #expect(throws: expected) { try bad.sync(cloud) }
         #expect(try bad.engine.status().blockedBy == expected)

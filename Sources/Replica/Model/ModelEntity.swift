@@ -49,13 +49,15 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ///   - defaultValue: the declared default, used for records created without this field (older app versions).
         ///     Synced entities need one for every non-optional attribute.
         ///   - options: ``Schema/Attribute/Options``.
+        ///   - originalName: the attribute's name in an earlier schema version (``Schema/Attribute/originalName``):
+        ///     a local store renames its column. Local entities only.
         public static func attribute<Value: AttributeValue>(
             _ name: String, _ keyPath: WritableKeyPath<Model, Value>, default defaultValue: Value? = nil,
-            options: Schema.Attribute.Options = []
+            options: Schema.Attribute.Options = [], originalName: String? = nil
         ) -> Member {
             let attribute = Schema.Attribute(
                 name: name, type: Value.attributeType, isOptional: Value.isOptionalAttribute,
-                defaultValue: defaultValue?.sqliteValue, options: options)
+                defaultValue: defaultValue?.sqliteValue, options: options, originalName: originalName)
             var member = Member(kind: .attribute(attribute, encode: fieldReader(keyPath) { $0.sqliteValue }), keyPath: keyPath,
                                 referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
                                 query: .attribute(attribute, composite: CompositeTypeInfo.of(Value.self)), prefetch: nil)
@@ -288,7 +290,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     /// - Parameters:
     ///   - members: attributes and relationships, in declaration order.
     ///   - uniquenessConstraints: compound unique keys (SwiftData's `#Unique`), as lists of attribute names.
-    public init(_ members: [Member], uniquenessConstraints: [[String]] = []) {
+    ///   - originalName: the entity's name in an earlier schema version (``Schema/Entity/originalName``): a local
+    ///     store renames its table. Local entities only.
+    public init(_ members: [Member], uniquenessConstraints: [[String]] = [], originalName: String? = nil) {
         var attributes: [Schema.Attribute] = []
         var relationships: [Schema.Relationship] = []
         var attributeEncoders: [(Model) -> SQLiteValue] = []
@@ -337,7 +341,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             if let resolve = member.prefetch, case let .toMany(relationship, _) = member.query { prefetch[relationship.name] = resolve }
         }
         let entity = Schema.Entity(name: Model.entityName, attributes: attributes, relationships: relationships,
-                                   uniquenessConstraints: uniquenessConstraints)
+                                   uniquenessConstraints: uniquenessConstraints, originalName: originalName)
         var byKeyPath: [PartialKeyPath<Model>: Int] = [:]
         for (index, keyPath) in (attributeKeyPaths + referenceKeyPaths).enumerated() { byKeyPath[keyPath] = index }
         storage = Storage(schemaEntity: entity, fieldEncoders: attributeEncoders + referenceEncoders,

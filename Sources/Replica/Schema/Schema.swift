@@ -73,9 +73,15 @@ extension Schema {
         /// combined values must be unique (inserts of a taken key upsert, as for ``Attribute/Options/unique``).
         /// Single-attribute `.unique` options are listed here too.
         public var uniquenessConstraints: [[String]]
+        /// The name the entity had in an earlier schema version: a local store with a table of that name and none of
+        /// ``name`` renames the table when it opens (`ALTER TABLE … RENAME TO`), keeping its records. Synced entities
+        /// cannot declare one (the cloud record type never changes).
+        public var originalName: String?
 
-        public init(name: String, attributes: [Attribute], relationships: [Relationship] = [], uniquenessConstraints: [[String]] = []) {
+        public init(name: String, attributes: [Attribute], relationships: [Relationship] = [], uniquenessConstraints: [[String]] = [],
+                    originalName: String? = nil) {
             self.name = name
+            self.originalName = originalName
             self.attributes = attributes
             self.relationships = relationships
             var constraints = uniquenessConstraints
@@ -163,13 +169,20 @@ extension Schema {
         public var defaultValue: SQLiteValue?
         /// The attribute's options.
         public var options: Options
+        /// The name the attribute had in an earlier schema version (SwiftData's `@Attribute(originalName:)`): a local
+        /// store whose table has a column of that name and none of ``name`` renames the column when it opens
+        /// (`ALTER TABLE … RENAME COLUMN`), keeping its values. Synced entities cannot declare one: the cloud field
+        /// name never changes (see ``SchemaViolation/syncedRename(entity:member:originalName:)``).
+        public var originalName: String?
 
-        public init(name: String, type: AttributeType, isOptional: Bool, defaultValue: SQLiteValue? = nil, options: Options = []) {
+        public init(name: String, type: AttributeType, isOptional: Bool, defaultValue: SQLiteValue? = nil, options: Options = [],
+                    originalName: String? = nil) {
             self.name = name
             self.type = type
             self.isOptional = isOptional
             self.defaultValue = defaultValue
             self.options = options
+            self.originalName = originalName
         }
 
         /// The options that change what the cloud holds for the attribute: cloud encryption (sealed values) and
@@ -177,7 +190,7 @@ extension Schema {
         /// (as in CloudKit's production schema); see ``SchemaDifference/attributeOptionChanged(entity:attribute:option:zone:)``.
         public static let cloudOptions: Options = [.allowsCloudEncryption, .externalStorage]
 
-        private enum CodingKeys: String, CodingKey { case name, type, isOptional, defaultValue, options }
+        private enum CodingKeys: String, CodingKey { case name, type, isOptional, defaultValue, options, originalName }
 
         /// Decodes an attribute; a description without `options` (a union schema written by a writer that did not
         /// record them) has none — no option is what such a writer uploaded (see Specs R13).
@@ -188,6 +201,7 @@ extension Schema {
             isOptional = try container.decode(Bool.self, forKey: .isOptional)
             defaultValue = try container.decodeIfPresent(SQLiteValue.self, forKey: .defaultValue)
             options = try container.decodeIfPresent(Options.self, forKey: .options) ?? []
+            originalName = try container.decodeIfPresent(String.self, forKey: .originalName)
         }
     }
 }

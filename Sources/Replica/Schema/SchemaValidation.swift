@@ -28,6 +28,10 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
     /// the other as its inverse), from the side whose (entity, relationship) sorts first, after the other violations.
     /// Model the link as an entity with two to-one relationships instead.
     case syncedManyToMany(entity: String, relationship: String, inverse: String)
+    /// In a synced configuration, an entity or attribute declares an original name: the cloud schema is additive-only,
+    /// so a record type or field keeps its name forever (in CloudKit a renamed field is a new field). Keep the stored
+    /// name and rename only the Swift property: `.attribute("title", \.heading)`. `member` is `nil` for the entity.
+    case syncedRename(entity: String, member: String?, originalName: String)
     /// Two entities whose names differ only in letter case: SQLite compares table names case-insensitively, so they
     /// would share one table (and each fetch would return the other's rows). Reported on the later one.
     case entityNameCollision(entity: String, other: String)
@@ -60,6 +64,9 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
         case let .syncedAttributeNeedsDefault(entity, attribute): return "\(entity).\(attribute) is synced, so it must be optional or have a default value"
         case let .syncedRelationshipNotOptional(entity, relationship): return "\(entity).\(relationship) is synced, so it must be optional"
         case let .syncedDenyRule(entity, relationship): return "\(entity).\(relationship) is synced, so it cannot use the deny delete rule"
+        case let .syncedRename(entity, member, originalName):
+            return "\(member.map { "\(entity).\($0)" } ?? "entity \(entity)") is synced, so it cannot be renamed from '\(originalName)': the cloud keeps "
+                + "its name forever; keep the stored name and rename only the Swift property (.attribute(\"\(originalName)\", \\.\(member ?? "property")))"
         case let .syncedManyToMany(entity, relationship, inverse):
             return "\(entity).\(relationship) and its inverse \(inverse) form a many-to-many relationship, which synced stores do not replicate; use an entity with two to-one relationships for the links"
         case let .entityNameCollision(entity, other):
@@ -222,8 +229,16 @@ struct SchemaValidator {
     static func syncedViolations(of entities: [Schema.Entity]) -> [SchemaViolation] {
         var found: [SchemaViolation] = []
         for entity in entities {
+            if let original = entity.originalName, original != entity.name {
+                found.append(.syncedRename(entity: entity.name, member: nil, originalName: original))
+            }
             for attribute in entity.attributes where !attribute.isOptional && attribute.defaultValue == nil {
                 found.append(.syncedAttributeNeedsDefault(entity: entity.name, attribute: attribute.name))
+            }
+            for attribute in entity.attributes {
+                if let original = attribute.originalName, original != attribute.name {
+                    found.append(.syncedRename(entity: entity.name, member: attribute.name, originalName: original))
+                }
             }
             for relationship in entity.relationships {
                 if !relationship.isToMany && !relationship.isOptional {

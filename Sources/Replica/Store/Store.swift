@@ -95,7 +95,7 @@ final class Store: Sendable {
                                                                  sharedFile: !configuration.isStoredInMemoryOnly,
                                                                  appGroup: configuration.groupContainer != .none, environment: environment)
             } else {
-                identity = try Self.readIdentity(connection, entities: entities)
+                identity = try Self.readIdentity(connection, entities: entities, synced: configuration.isSynced)
                 tracksSync = false
             }
             // The connection that created an in-memory store keeps it alive, and is the first one handed out.
@@ -248,14 +248,16 @@ final class Store: Sendable {
                 // records, so no default needs applying (see `applyCurrentDefaults`).
                 if !schemaReady { try db.execute(layout.freshSchemaSQL) }
                 let identity = environment.makeIdentifier()
+                let types = SQLiteValue.text(layout.attributeTypes)
                 if synced && sharedFile {
-                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?), ('store_fields', ?)",
-                                    [identity.sqliteValue, .text(layout.defaultsFingerprint), .text(layout.fieldUnion)], cache: false)
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('attribute_types', ?), ('synced_defaults', ?), ('store_fields', ?)",
+                                    [identity.sqliteValue, types, .text(layout.defaultsFingerprint), .text(layout.fieldUnion)], cache: false)
                 } else if synced {
-                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('synced_defaults', ?)",
-                                    [identity.sqliteValue, .text(layout.defaultsFingerprint)], cache: false)
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('attribute_types', ?), ('synced_defaults', ?)",
+                                    [identity.sqliteValue, types, .text(layout.defaultsFingerprint)], cache: false)
                 } else {
-                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue], cache: false)
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('attribute_types', ?)",
+                                    [identity.sqliteValue, types], cache: false)
                 }
                 return (identity, true, synced)
             }
@@ -271,8 +273,13 @@ final class Store: Sendable {
                 // Whether this schema added tables or columns to the store (an app upgrade), and whether a table was
                 // rebuilt to give its columns their defaults.
                 var grew = false, rebuilt = false
+                // The declared type of every attribute that has a column (see StoreAttributeTypes).
+                let storedTypes = try StoreAttributeTypes.read(db)
+                var recordedTypes = storedTypes
                 for entity in entities {
                     let table = quoted(entity.name)
+                    // Renames through original names (local stores; synced entities cannot declare them).
+                    try StoreRenames.renameTable(of: entity, db, recordedTypes: &recordedTypes, tracksSync: tracked)
                     // Each existing column with the text of its SQL default (`nil`: none).
                     var existing: [String: String?] = [:]
                     for row in try db.rows("SELECT name, dflt_value FROM pragma_table_info(?)", [.text(entity.name)]) {
@@ -284,7 +291,8 @@ final class Store: Sendable {
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                         grew = true
                     } else {
-                        try checkLayout(of: entity, db)
+                        try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked)
+                        try checkLayout(of: entity, db, recordedTypes: recordedTypes, synced: synced)
                         // Lightweight migration: add columns for new attributes and references, each with its declared
                         // default as SQL DEFAULT, so rows written before — and rows a process of an older app version
                         // sharing the file inserts later — hold it. Columns of removed attributes stay (their data is
@@ -307,6 +315,7 @@ final class Store: Sendable {
                 if synced && rebuilt {
                     try db.run("DELETE FROM replica_metadata WHERE key = 'synced_defaults'")
                 }
+                try StoreAttributeTypes.record(entities, over: recordedTypes, stored: storedTypes, db)
                 // Many-to-many relationships: one link table per relationship pair (see LinkTable).
                 try LinkTable.prepare(db, entities: entities)
                 // Records the older schema could only keep whole (an unknown type) or in part (fields it did not
@@ -385,11 +394,12 @@ final class Store: Sendable {
                    [.text(fingerprint)])
     }
 
-    private static func readIdentity(_ db: Connection, entities: [Schema.Entity]) throws -> UUID {
+    private static func readIdentity(_ db: Connection, entities: [Schema.Entity], synced: Bool) throws -> UUID {
         guard let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
               let identity = try? UUID(sqliteValue: value) else {
             throw SQLiteError(extendedResultCode: 1, message: "the file is not a Replica store (no replica identity)")
         }
+        let recordedTypes = try StoreAttributeTypes.read(db)
         for entity in entities {
             let columns = Set(try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity.name)]).compactMap {
                 if case let .text(name) = $0[0] { return name } else { return nil }
@@ -398,17 +408,19 @@ final class Store: Sendable {
             if columns.isEmpty || !missing.isEmpty {
                 throw SQLiteError(extendedResultCode: 1, message: "read-only store lacks \(entity.name)\(missing.isEmpty ? "" : " columns \(missing.joined(separator: ", "))")")
             }
-            try checkLayout(of: entity, db)
+            try checkLayout(of: entity, db, recordedTypes: recordedTypes, synced: synced)
         }
         return identity
     }
 
-    /// Checks that an existing table can hold `entity` faithfully: `id` is the BLOB primary key, and each existing
-    /// column of an attribute or reference has the type Replica declares for it. A column of another type would
-    /// convert values by its affinity (a string "007" saved into an INTEGER column reads back as the integer 7), and
-    /// rows with other IDs would be invisible.
-    /// - Throws: ``StoreLayoutError`` naming the table and column.
-    private static func checkLayout(of entity: Schema.Entity, _ db: Connection) throws {
+    /// Checks that an existing table can hold `entity` faithfully: `id` is the BLOB primary key, each existing
+    /// column of a reference is a BLOB column, and each existing column of an attribute holds values of the type
+    /// declared now — its SQL type is the one Replica declares for that type, and the type recorded for the attribute
+    /// (`recordedTypes`, see ``StoreAttributeTypes``) is the declared one. A column of another type would convert
+    /// values by its affinity (a string "007" saved into an INTEGER column reads back as the integer 7), a Bool read
+    /// as an Int or a Date read as a Double would silently change meaning, and rows with other IDs would be invisible.
+    /// - Throws: ``StoreLayoutError`` naming the attribute, the stored type and the declared one.
+    private static func checkLayout(of entity: Schema.Entity, _ db: Connection, recordedTypes: [String: String]?, synced: Bool) throws {
         var declared: [String: (type: String, pk: Bool)] = [:]
         for row in try db.rows("SELECT name, type, pk FROM pragma_table_info(?)", [.text(entity.name)]) {
             guard case let .text(name) = row[0] else { continue }
@@ -421,11 +433,24 @@ final class Store: Sendable {
         } else if declared["id"] == nil {
             throw StoreLayoutError(reason: "table \(entity.name) has no 'id' column")
         }
-        let expected = entity.attributes.map { ($0.name, $0.type.sqliteDeclaredType, "\($0.type.rawValue)") }
-            + entity.toOneRelationships.map { ($0.name, "BLOB", "reference") }
-        for (name, type, what) in expected {
-            guard let column = declared[name], column.type != type else { continue }
-            throw StoreLayoutError(reason: "\(entity.name).\(name) is stored in a column of type '\(column.type)' but declared \(what) (\(type)); changing an attribute's type needs a migration")
+        for attribute in entity.attributes {
+            guard let column = declared[attribute.name] else { continue }
+            let recorded = recordedTypes?[StoreAttributeTypes.key(entity.name, attribute.name)]
+            let stored: String
+            if let recorded, recorded != attribute.type.rawValue {
+                stored = recorded
+            } else if column.type != attribute.type.sqliteDeclaredType {
+                stored = recorded ?? "a column of type '\(column.type)'"
+            } else {
+                continue
+            }
+            throw StoreLayoutError(reason: StoreAttributeTypes.retypeReason(
+                entity: entity.name, attribute: attribute.name, stored: stored,
+                declared: "\(attribute.type.rawValue) (\(attribute.type.sqliteDeclaredType))", synced: synced))
+        }
+        for relationship in entity.toOneRelationships {
+            guard let column = declared[relationship.name], column.type != "BLOB" else { continue }
+            throw StoreLayoutError(reason: "\(entity.name).\(relationship.name) is stored in a column of type '\(column.type)' but declared a reference (BLOB); changing an attribute into a relationship needs a migration")
         }
     }
 
@@ -449,6 +474,8 @@ final class StoreLayout: @unchecked Sendable {
     let defaultsFingerprint: String
     /// The value of `replica_metadata['store_fields']` of a new store file with these entities (``StoreFieldUnion``).
     let fieldUnion: String
+    /// The value of `replica_metadata['attribute_types']` of a new store with these entities (``StoreAttributeTypes``).
+    let attributeTypes: String
     /// The outbox query, limited to these entities (a process of another app version may queue records of entities
     /// this one does not know in a shared store file: those are left to it).
     let outboxSQL: StatementKey
@@ -467,6 +494,7 @@ final class StoreLayout: @unchecked Sendable {
         statements = entities.map(EntityStatements.init)
         defaultsFingerprint = Store.defaultsFingerprint(entities)
         fieldUnion = SyncLedger.encodeStampless(StoreFieldUnion(entities: []).adding(entities))
+        attributeTypes = StoreAttributeTypes.encode(StoreAttributeTypes.types(of: entities))
         outboxSQL = SyncLedger.outboxSQL(entities: entities.map(\.name))
     }
 

@@ -23,6 +23,18 @@ public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
     /// encrypted, and this process's sync engine has no encryption configuration: it could upload that field only in
     /// plaintext, so it syncs nothing (E2).
     case sharedFieldNeedsEncryption(entity: String, attribute: String)
+    /// This device declares entities, attributes or relationships the zone's union schema lacks (`additions`, named
+    /// `Entity.attribute`, `entity Entity` and `relationship Entity.relationship`) at a ``Schema/version`` (`version`)
+    /// not above the zone's (`zoneVersion`). Accepting them would label the new union with an old version, and every
+    /// device still at that version would then seem to have removed them. Raise ``Schema/version`` in the build that
+    /// adds to the schema. Nothing is written until then (Specs R13).
+    case addedWithoutRaisingVersion(additions: [String], version: Schema.Version, zoneVersion: Schema.Version)
+    /// Follows the removals (``entityRemoved(_:)``, ``attributeRemoved(entity:attribute:)``,
+    /// ``relationshipRemoved(entity:relationship:)``) in a refusal: the version this device declares and the highest
+    /// version of the builds that wrote the zone's union. A device at or past the zone's version may not lack what
+    /// the union has; when the two are equal and this device removed nothing, a newer build added to the schema
+    /// without raising its version.
+    case versions(device: Schema.Version, zone: Schema.Version)
 
     /// An attribute option that is part of the zone's union schema.
     public enum CloudOption: String, Hashable, Sendable, CaseIterable {
@@ -42,6 +54,13 @@ public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
             return "\(e).\(a) \(zone ? "drops" : "adds") the option \(option.rawValue), which the zone's schema \(zone ? "has" : "does not have"); an existing attribute cannot change it (use a new attribute)"
         case let .sharedFieldNeedsEncryption(e, a):
             return "\(e).\(a) is encrypted in another app version sharing this store, and this sync engine has no encryption configuration"
+        case let .addedWithoutRaisingVersion(additions, version, zoneVersion):
+            let listed = additions.count < 2 ? additions.joined()
+                : additions.dropLast().joined(separator: ", ") + " and " + additions[additions.count - 1]
+            let declared = version == zoneVersion ? "" : "; this device declares \(version)"
+            return "this device adds \(listed) without raising Schema.version above \(zoneVersion) (the zone's version\(declared))"
+        case let .versions(device, zone):
+            return "this device declares \(device); the zone was written by \(zone)"
         }
     }
 }
@@ -54,7 +73,10 @@ struct ZoneSchema: Codable, Hashable {
 
     /// Compares a device's schema with the zone's and returns the differences that make it incompatible, and the
     /// union to store when there are none. A device older than the zone may lack things (it keeps them as unknown
-    /// fields); a device at or past the zone's version may not.
+    /// fields); a device at or past the zone's version may not (and is then told both versions). A device that adds
+    /// something the zone lacks must declare a higher version than the zone's: otherwise the union would carry the
+    /// additions under an old version, and devices at that version would seem to have removed them. The first device
+    /// on an empty zone (`zone == nil`) is always accepted.
     /// - Parameter comparesOptions: `false` only for the canary ``Canary/gateIgnoresOptions``.
     static func check(local: ZoneSchema, zone: ZoneSchema?, comparesOptions: Bool = true) -> (differences: [SchemaDifference], union: ZoneSchema) {
         guard let zone else { return ([], local) }
@@ -100,7 +122,47 @@ struct ZoneSchema: Codable, Hashable {
         for entity in local.entities where zone.entities.first(where: { $0.name == entity.name }) == nil {
             union.entities.append(entity)
         }
+        if differences.contains(where: \.isRemoval) {
+            differences.append(.versions(device: local.version, zone: zone.version))
+        }
+        if local.version <= zone.version {
+            let additions = local.additions(over: zone)
+            if !additions.isEmpty {
+                differences.append(.addedWithoutRaisingVersion(additions: additions, version: local.version, zoneVersion: zone.version))
+            }
+        }
         return (differences, union)
+    }
+}
+
+extension ZoneSchema {
+    /// What this schema declares that `zone` lacks, in this schema's order: `Entity.attribute`, `relationship
+    /// Entity.relationship`, and `entity Entity` for a whole new entity.
+    func additions(over zone: ZoneSchema) -> [String] {
+        var additions: [String] = []
+        for entity in entities {
+            guard let theirs = zone.entities.first(where: { $0.name == entity.name }) else {
+                additions.append("entity \(entity.name)")
+                continue
+            }
+            for attribute in entity.attributes where theirs.attribute(named: attribute.name) == nil {
+                additions.append("\(entity.name).\(attribute.name)")
+            }
+            for relationship in entity.relationships where theirs.relationship(named: relationship.name) == nil {
+                additions.append("relationship \(entity.name).\(relationship.name)")
+            }
+        }
+        return additions
+    }
+}
+
+extension SchemaDifference {
+    /// Whether this difference is something the zone has and the device lacks.
+    var isRemoval: Bool {
+        switch self {
+        case .entityRemoved, .attributeRemoved, .relationshipRemoved: true
+        default: false
+        }
     }
 }
 

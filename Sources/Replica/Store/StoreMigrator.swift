@@ -1,0 +1,158 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A point of a migration stage at which a test interrupts it (as a crash would): after the store file was copied,
+/// after `willMigrate`, after the schema change, after `didMigrate`, after the new version was recorded in the copy,
+/// and after the copy replaced the store. Internal.
+enum MigrationStep: String, Sendable, Hashable, CaseIterable {
+    case copied, willMigrate, schemaChanged, didMigrate, versionRecorded, replaced
+}
+
+/// Runs a ``SchemaMigrationPlan`` on the store file of one configuration before the container opens it. Internal.
+///
+/// The store records its schema version in `replica_metadata['schema_version']`. Each stage from the recorded version
+/// to the plan's last runs on a copy of the store file (`VACUUM INTO <file>.migrating`, a consistent snapshot):
+/// `willMigrate` with a context on the old schema, the schema change (opening the copy at the new schema: new tables
+/// and columns, renames through original names), `didMigrate` with a context on the new schema, then the new version
+/// is recorded in the copy, whose journal is checkpointed, and the copy replaces the store file with `rename(2)`, which
+/// is atomic. So a stage is one transaction: interrupted anywhere (an error thrown by a stage's code, a crash), the
+/// store is still the one before the stage, at its version, and the next open resumes from there (a leftover copy is
+/// deleted first); completed, the store is at the stage's version. Saves made by a stage's contexts are ordinary saves
+/// of the store's configuration: history transactions, and in a synced store new changes with new stamps that
+/// replicate like any other (another device on an older schema version keeps fields it does not know, R9).
+///
+/// A store without a recorded version (created by a container without a plan, or before versions were recorded) is
+/// taken to be at the plan's first schema. Only stores no other process has open may be migrated: another process
+/// would keep the replaced file open.
+enum StoreMigrator {
+    static let versionKey = "schema_version"
+
+    /// Migrates the store of `configuration` to `plan`'s last schema, if it exists and is at an earlier version.
+    /// - Parameters:
+    ///   - entityNames: for a schema of the plan, the names of its entities this configuration holds.
+    ///   - interruption: called after each step of each stage (index into the plan's stages); a test throws from it.
+    /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` for a store at an unknown or newer
+    ///   version, or one that cannot be copied or replaced; whatever a stage's code throws, unchanged.
+    static func migrate(_ configuration: ModelConfiguration, plan: CheckedMigrationPlan, entityNames: (Schema) -> [String],
+                        environment: ReplicaEnvironment, interruption: (@Sendable (Int, MigrationStep) throws -> Void)?) throws {
+        guard let url = configuration.url(in: environment) else { return }
+        func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: configuration.name, reason: reason) }
+        let copy = URL(fileURLWithPath: url.path + ".migrating")
+        if configuration.allowsSave { try removeDatabaseFiles(at: copy) }
+        guard FileManager.default.fileExists(atPath: url.path) else { return }
+        let recorded: Schema.Version?
+        do {
+            recorded = try recordedVersion(Connection(location: .file(url), readOnly: true))
+        } catch let error as SQLiteError {
+            throw loadIssue(error.description)
+        }
+        let current = plan.current.version
+        let start: Int
+        if let recorded {
+            if recorded == current { return }
+            if recorded > current {
+                throw loadIssue("the store is at schema version \(recorded), newer than this app's latest schema version \(current)")
+            }
+            guard let index = plan.schemas.firstIndex(where: { $0.version == recorded }) else {
+                throw loadIssue("the store is at schema version \(recorded), which the migration plan does not list (it lists \(plan.schemas.map(\.version.description).joined(separator: ", ")))")
+            }
+            start = index
+        } else {
+            start = 0
+        }
+        guard start < plan.stages.count else { return }
+        guard configuration.allowsSave else {
+            throw loadIssue("the read-only store is at schema version \(plan.schemas[start].version); migrating it to \(current) needs a writable store")
+        }
+        for index in start..<plan.stages.count {
+            try runStage(index, of: plan, store: url, copy: copy, configuration: configuration, entityNames: entityNames,
+                         environment: environment, interruption: interruption)
+        }
+    }
+
+    /// The version recorded in a store, `nil` when it has none.
+    static func recordedVersion(_ db: Connection) throws -> Schema.Version? {
+        guard try db.scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_metadata')") == .integer(1),
+              case let .text(text)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = ?", [.text(versionKey)]) else { return nil }
+        let parts = text.split(separator: ".").map { Int($0) }
+        guard parts.count == 3, let major = parts[0], let minor = parts[1], let patch = parts[2] else {
+            throw SQLiteError(extendedResultCode: 1, message: "the store's recorded schema version '\(text)' is not a version")
+        }
+        return Schema.Version(major, minor, patch)
+    }
+
+    /// Records `version` as the store's schema version (inside or outside a transaction of the caller).
+    static func record(_ version: Schema.Version, _ db: Connection) throws {
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.text(versionKey), .text(version.description)])
+    }
+
+    private static func runStage(_ index: Int, of plan: CheckedMigrationPlan, store url: URL, copy: URL, configuration: ModelConfiguration,
+                                 entityNames: (Schema) -> [String], environment: ReplicaEnvironment,
+                                 interruption: (@Sendable (Int, MigrationStep) throws -> Void)?) throws {
+        func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: configuration.name, reason: reason) }
+        let stage = plan.stages[index]
+        let old = plan.schemas[index], new = plan.schemas[index + 1]
+        let step: (MigrationStep) throws -> Void = { try interruption?(index, $0) }
+        do {
+            do {
+                let db = try Connection(location: .file(url))
+                try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                try db.run("VACUUM INTO ?", [.text(copy.path)])
+            }
+            try step(.copied)
+            var staged = configuration
+            staged.explicitURL = copy
+            staged.schema = nil
+            func container(_ schema: Schema) throws -> ModelContainer {
+                let names = Set(entityNames(schema))
+                return try ModelContainer(for: Schema(entities: schema.entities.filter { names.contains($0.name) }, version: schema.version),
+                                          configurations: [staged], environment: environment)
+            }
+            if let willMigrate = stage.willMigrate {
+                try willMigrate(ModelContext(try container(old)))
+            }
+            try step(.willMigrate)
+            let migrated = try container(new)
+            try step(.schemaChanged)
+            if let didMigrate = stage.didMigrate {
+                try didMigrate(ModelContext(migrated))
+            }
+            try step(.didMigrate)
+            do {
+                let db = try Connection(location: .file(copy))
+                try record(new.version, db)
+                try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            }
+            try step(.versionRecorded)
+        } catch let error as SQLiteError {
+            try? removeDatabaseFiles(at: copy)
+            throw loadIssue("migration stage \(old.version) → \(new.version): \(error.description)")
+        } catch {
+            try? removeDatabaseFiles(at: copy)
+            throw error
+        }
+        // Every connection to the copy and to the store is closed: their journals are checkpointed and gone. The
+        // rename replaces the store in one step.
+        guard rename(copy.path, url.path) == 0 else {
+            let code = errno
+            try? removeDatabaseFiles(at: copy)
+            throw loadIssue("migration stage \(old.version) → \(new.version): cannot replace the store file (errno \(code))")
+        }
+        try removeDatabaseFiles(at: copy)
+        try step(.replaced)
+    }
+
+    /// Deletes a database file and the files SQLite keeps beside it, where they exist.
+    private static func removeDatabaseFiles(at url: URL) throws {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let path = url.path + suffix
+            guard FileManager.default.fileExists(atPath: path) else { continue }
+            try FileManager.default.removeItem(atPath: path)
+        }
+    }
+}

@@ -1,0 +1,59 @@
+import Foundation
+
+/// Renames of tables and columns declared with original names (``Schema/Entity/originalName``,
+/// ``Schema/Attribute/originalName``), done when a store opens, inside its preparing write transaction. Internal.
+///
+/// A rename applies when the store has the original name and not the new one, so it runs once, and a store already
+/// renamed (or created at the new schema) is left alone. SQLite renames keep the data and update the table's indexes
+/// (`ALTER TABLE … RENAME COLUMN` needs SQLite 3.25). A store file with sync bookkeeping is never renamed: its cloud
+/// records and field stamps carry the original names (synced entities cannot declare original names at all, see
+/// ``SchemaViolation/syncedRename(entity:member:originalName:)``). History transactions recorded before a rename keep
+/// the names they were recorded with.
+enum StoreRenames {
+    /// Renames the table `entity.originalName` to `entity.name` when only the former exists, dropping its indexes named
+    /// after the original entity (the caller creates those of the new name), and moves the recorded attribute types.
+    static func renameTable(of entity: Schema.Entity, _ db: Connection, recordedTypes: inout [String: String]?, tracksSync: Bool) throws {
+        guard let original = entity.originalName, original != entity.name,
+              try tableExists(original, db), try !tableExists(entity.name, db) else { return }
+        guard !tracksSync else {
+            throw StoreLayoutError(reason: "entity \(entity.name) renames \(original), but the store has sync bookkeeping, whose records keep the name \(original)")
+        }
+        let indexes = try db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name LIKE ? ESCAPE '\\'",
+                                  [.text(original), .text("replica\\_" + original.replacingOccurrences(of: "_", with: "\\_") + "\\_%")], cache: false)
+        for row in indexes {
+            guard case let .text(index) = row[0] else { continue }
+            try db.execute("DROP INDEX \(quoted(index))")
+        }
+        try db.execute("ALTER TABLE \(quoted(original)) RENAME TO \(quoted(entity.name))")
+        if var types = recordedTypes {
+            for key in types.keys.sorted() where key.hasPrefix(original + ".") {
+                types[entity.name + key.dropFirst(original.count)] = types.removeValue(forKey: key)
+            }
+            recordedTypes = types
+        }
+    }
+
+    /// Renames the column of each attribute declared with an original name when the table has a column of that name
+    /// and none of the attribute's name; updates `existing` (column name → SQL default text) and the recorded types.
+    static func renameColumns(of entity: Schema.Entity, _ db: Connection, existing: inout [String: String?],
+                              recordedTypes: inout [String: String]?, tracksSync: Bool) throws {
+        for attribute in entity.attributes {
+            guard let original = attribute.originalName, original != attribute.name,
+                  existing[attribute.name] == nil, let column = existing[original] else { continue }
+            // A column of the original name that this schema still declares as another attribute is that attribute's.
+            guard entity.attribute(named: original) == nil, entity.relationship(named: original) == nil else { continue }
+            guard !tracksSync else {
+                throw StoreLayoutError(reason: "\(entity.name).\(attribute.name) renames \(original), but the store has sync bookkeeping, whose field stamps keep the name \(original)")
+            }
+            try db.execute("ALTER TABLE \(quoted(entity.name)) RENAME COLUMN \(quoted(original)) TO \(quoted(attribute.name))")
+            existing[original] = nil
+            existing[attribute.name] = column
+            let from = StoreAttributeTypes.key(entity.name, original), to = StoreAttributeTypes.key(entity.name, attribute.name)
+            if let type = recordedTypes?.removeValue(forKey: from) { recordedTypes?[to] = type }
+        }
+    }
+
+    private static func tableExists(_ name: String, _ db: Connection) throws -> Bool {
+        try db.scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)", [.text(name)]) == .integer(1)
+    }
+}
