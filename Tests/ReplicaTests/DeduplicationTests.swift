@@ -179,8 +179,9 @@ struct DeduplicationTests {
         #expect(persons.map(\.id) == [winner.id])
         #expect(persons.first?.nickname == "edited on C")
         #expect(try context.model(DAddress.self, id: child.id)?.person?.id == winner.id)
-        let log = try a.engine.conflictLog()
-        #expect(log.contains { $0.id.id == loser.id && $0.duplicateOf?.id == winner.id })
+        // The loser was uploaded before it was resolved, and its fields live on in the winner: no device lost a write
+        // the cloud did not hold (R16).
+        for device in [a, b, c] { #expect(try device.engine.conflictLog().isEmpty) }
     }
 
     @Test("random schedules of random key collisions converge with one live record per key on every device")

@@ -67,8 +67,13 @@ extension SyncLedger {
         let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
         changes.deleted.append(DeletedRecord(id: PersistentIdentifier(entityName: entity.name, id: loser.id),
                                              preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }))
-        try logConflict(id: loser.id, entity: entity.name, field: "*", local: loser.created, winning: winner.created,
-                        duplicateOf: winner.id, db)
+        // Logged on the device that created the loser, while the cloud did not hold it yet (R16): the loser's fields
+        // live on in the winner, but the record this device created is gone.
+        if ConflictRecording.isUnsynced(loser.created, replica: store.identity,
+                                        mark: try ConflictRecording.uploadMark(loser.id, storeName: store.configuration.name, db)) {
+            try logConflict(id: loser.id, entity: entity.name, field: "*", local: loser.created, winning: winner.created,
+                            duplicateOf: winner.id, db)
+        }
     }
 
     /// Folds into the winner's registers (by clock) the fields of every tombstone that redirects to `winner`, and of

@@ -47,17 +47,36 @@ public struct LedgerEntry: Hashable, Sendable {
     public let changeTag: String?
 }
 
-/// A merge decision in which a local value lost: a field whose local, not yet uploaded value lost to a newer remote
-/// write, or a duplicate of a unique key resolved into the winner.
+/// A merge decision in which a local write that the cloud did not hold yet lost (R16 in
+/// `Specs/replication-protocol.md`): a field value overwritten by a newer remote write, a record whose unsynced edits
+/// a remote delete (or the cascade of one) removed, or a duplicate of a unique key resolved into the winner.
+/// Entries name fields only; they never hold a value, so nothing encrypted can appear in one.
 public struct ConflictLogEntry: Hashable, Sendable {
+    /// What kind of decision the local write lost.
+    public enum Kind: String, Hashable, Sendable {
+        /// A field's local value lost to a newer remote write of the same field (LWW).
+        case overwritten = "field"
+        /// The record was deleted elsewhere (a higher causal length won), removing this field's local write.
+        case deleted
+        /// A remote delete of a record this one references cascaded to it, removing this field's local write.
+        case cascaded
+        /// The record was a duplicate of a unique key and was merged into the winner (field `"*"`).
+        case duplicate
+    }
+
     /// The record whose value lost (for a duplicate: the loser).
     public let id: PersistentIdentifier
     /// The field (`"*"` for a duplicate).
     public let field: String
-    /// The losing stamp (for a duplicate: the loser's creation stamp).
+    /// The losing stamp: the local write (for a duplicate: the loser's creation stamp).
     public let localStamp: FieldStamp
-    /// The winning stamp (for a duplicate: the winner's creation stamp).
+    /// The winning stamp. For ``Kind/overwritten``: the remote write. For ``Kind/deleted``: the newest stamp the
+    /// deleting version carries (a delete carries no stamp of its own; it happened after this write, on a device that
+    /// had seen it). For ``Kind/cascaded``: this device's clock as it applied the delete. For a duplicate: the winner's
+    /// creation stamp.
     public let winningStamp: FieldStamp
     /// For a resolved duplicate: the record it was merged into.
     public let duplicateOf: PersistentIdentifier?
+    /// What the local write lost to.
+    public let kind: Kind
 }

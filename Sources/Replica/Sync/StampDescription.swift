@@ -58,7 +58,16 @@ extension ConflictLogEntry: CustomStringConvertible {
             return "\(id): a duplicate created \(localStamp.readableDescription), merged into \(winner) created "
                 + winningStamp.readableDescription
         }
-        return "\(id): \(field) written \(localStamp.readableDescription) lost to the write of "
-            + winningStamp.readableDescription
+        switch kind {
+        case .deleted:
+            return "\(id): \(field) written \(localStamp.readableDescription) lost to a delete of the record made after "
+                + winningStamp.readableDescription
+        case .cascaded:
+            return "\(id): \(field) written \(localStamp.readableDescription) lost to the cascade of a remote delete, applied "
+                + winningStamp.readableDescription
+        case .overwritten, .duplicate:
+            return "\(id): \(field) written \(localStamp.readableDescription) lost to the write of "
+                + winningStamp.readableDescription
+        }
     }
 }

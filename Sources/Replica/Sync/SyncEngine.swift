@@ -109,7 +109,7 @@ public final class SyncEngine {
     /// `instanceID` as the lease stores it (parsing the holder back on every request cost more than the query).
     private let instanceText: String
     private var needsFetch = true
-    private var inFlight: (request: SyncRequest, versions: [UUID: Int64])?
+    private var inFlight: (request: SyncRequest, versions: [UUID: Int64], uploaded: [UUID: HLC])?
     private var nextID: UInt64 = 1
     /// The end of the current wait (backoff or another engine's lease), in environment milliseconds.
     private var backoffUntil: Int64 = .min
@@ -214,6 +214,7 @@ public final class SyncEngine {
         guard try acquireLease() else { return nil }
         if !bookkeepingVerified { try verifyBookkeeping() }
         var versions: [UUID: Int64] = [:]
+        var uploaded: [UUID: HLC] = [:]
         let operation: CloudOperation
         if !zoneReady {
             operation = .createZone(zone)
@@ -245,13 +246,16 @@ public final class SyncEngine {
                 guard needsFetch, let fetch = try fetchOperation() else { return nil }
                 operation = fetch
             } else {
-                for entry in outbox { versions[entry.record.recordID] = entry.version }
+                for entry in outbox {
+                    versions[entry.record.recordID] = entry.version
+                    uploaded[entry.record.recordID] = ConflictRecording.newestOwnStamp(entry.record, replica: store.identity)
+                }
                 operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
             }
         }
         let request = SyncRequest(id: nextID, operation: operation)
         nextID += 1
-        inFlight = (request, versions)
+        inFlight = (request, versions, uploaded)
         return request
     }
 
@@ -276,14 +280,14 @@ public final class SyncEngine {
     /// that was abandoned) is ignored, so delivering a response twice changes nothing.
     /// - Throws: ``SQLiteError`` when the store cannot be written (the response then counts as not applied).
     public func handle(_ id: UInt64, _ result: Result<CloudOperationResult, CloudError>) throws {
-        guard let (request, versions) = inFlight, request.id == id else { return }
+        guard let (request, versions, uploaded) = inFlight, request.id == id else { return }
         inFlight = nil
         switch result {
         case let .success(outcome):
-            try apply(try prepareIncoming(outcome, for: request.operation), versions: versions)
+            try apply(try prepareIncoming(outcome, for: request.operation), versions: versions, uploaded: uploaded)
             try didApplyIncoming()
         case let .failure(.partialFailure(results)):
-            try apply(try prepareIncoming(.modified(results), for: request.operation), versions: versions)
+            try apply(try prepareIncoming(.modified(results), for: request.operation), versions: versions, uploaded: uploaded)
             try didApplyIncoming()
         case let .failure(error):
             try fail(error, request: request)
@@ -428,16 +432,24 @@ public final class SyncEngine {
         }
     }
 
-    /// The newest merge decisions in which a local, not yet uploaded value lost (at most `limit`, newest first).
+    /// The newest merge decisions in which a local write the cloud did not hold yet lost (at most `limit`, newest
+    /// first; the store keeps the newest 1,000). Each such decision is logged once, on the device whose write lost,
+    /// and nothing else is (R16 in `Specs/replication-protocol.md`).
+    /// - Parameter limit: the most entries to return.
+    /// - Returns: the entries, newest first; rows whose stamps cannot be read are left out.
+    /// - Throws: ``SQLiteError`` when the store cannot be read.
     public func conflictLog(limit: Int = 100) throws -> [ConflictLogEntry] {
-        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp, winner FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
+        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp, winner, kind FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
                     [.integer(Int64(limit))]).compactMap { row in
             guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .text(field) = row[2],
                   case let .text(local) = row[3], case let .text(winning) = row[4],
                   let localStamp = FieldStamp(local), let winningStamp = FieldStamp(winning) else { return nil }
             let winner = (try? UUID(sqliteValue: row[5])).map { PersistentIdentifier(entityName: entity, id: $0) }
+            let kind: ConflictLogEntry.Kind = if case let .text(kind) = row[6] {
+                ConflictLogEntry.Kind(rawValue: kind) ?? (winner == nil ? .overwritten : .duplicate)
+            } else { winner == nil ? .overwritten : .duplicate }
             return ConflictLogEntry(id: PersistentIdentifier(entityName: entity, id: id), field: field,
-                                    localStamp: localStamp, winningStamp: winningStamp, duplicateOf: winner)
+                                    localStamp: localStamp, winningStamp: winningStamp, duplicateOf: winner, kind: kind)
         }
     }
 
@@ -556,7 +568,7 @@ public final class SyncEngine {
 
     // MARK: Applying
 
-    private func apply(_ outcome: CloudOperationResult, versions: [UUID: Int64]) throws {
+    private func apply(_ outcome: CloudOperationResult, versions: [UUID: Int64], uploaded: [UUID: HLC]) throws {
         switch outcome {
         case .zoneCreated:
             zoneReady = true
@@ -565,7 +577,7 @@ public final class SyncEngine {
             needsFetch = batch.moreComing
             fetchFailing = false
         case let .modified(results):
-            try applySaveResults(results, versions: versions)
+            try applySaveResults(results, versions: versions, uploaded: uploaded)
             return
         case let .metadata(metadata):
             try checkSchema(metadata[Self.schemaKey])
@@ -736,6 +748,7 @@ public final class SyncEngine {
             try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
         let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
+        try ConflictRecording.logCascades(consequences.deleted, applied: hlc, store: store, db: db)
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
         changes.inserted += consequences.inserted
@@ -751,7 +764,7 @@ public final class SyncEngine {
         importedChanges = (token, changes)
     }
 
-    private func applySaveResults(_ results: [RecordSaveResult], versions: [UUID: Int64]) throws {
+    private func applySaveResults(_ results: [RecordSaveResult], versions: [UUID: Int64], uploaded: [UUID: HLC]) throws {
         var transient: CloudError?
         try importing {
             var conflicts: [CloudRecord] = []
@@ -768,6 +781,8 @@ public final class SyncEngine {
                         _ = try SyncLedger.unknownRecordSaved(id, changeTag: changeTag, db)
                         continue
                     }
+                    // The cloud now holds this replica's writes to the record up to the newest one uploaded (R16).
+                    if let mark = uploaded[id] { try ConflictRecording.noteUploaded(id, through: mark, db) }
                     // The cloud's version is now this one: a version of it that could not be applied is superseded.
                     if mayHoldRejected == nil { mayHoldRejected = try db.scalar(SyncLedger.anyRejectedSQL) != .integer(0) }
                     if mayHoldRejected == true { try db.run(SyncLedger.deleteRejectedOfLedgerRecordSQL, [id.sqliteValue]) }

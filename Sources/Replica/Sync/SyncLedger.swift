@@ -48,6 +48,7 @@ enum SyncLedger {
             winning_stamp TEXT NOT NULL,
             kind TEXT NOT NULL DEFAULT 'field',
             winner BLOB);
+        \(ConflictRecording.createSQL)
         CREATE TABLE IF NOT EXISTS replica_sync_ended_redirect (
             id BLOB NOT NULL,
             incarnation INTEGER NOT NULL,
@@ -624,7 +625,14 @@ enum SyncLedger {
         var values: [SQLiteValue] = []
         values.reserveCapacity(fieldNames.count)
         var localNewer = false
-        var conflicts: [(String, FieldStamp, FieldStamp)] = []
+        var conflicts: [ConflictRecording.Loss] = []
+        // A higher causal length from elsewhere ends the local incarnation: its local writes lose to that delete —
+        // unless it ended as a duplicate that lost, whose writes go to the winner (R15, R16).
+        let endsLocalIncarnation = local.map { local in
+            local.isAlive && localPending && causalLength > local.causalLength
+                && !(remote.causalLength == local.causalLength + 1 && remote.redirect != nil)
+                && !remote.endedRedirects.contains { $0.incarnation == local.causalLength }
+        } ?? false
         /// Remote fields this schema knows (when that is all of them, there are no unknown fields to merge).
         var knownRemoteFields = 0
         for (index, name) in fieldNames.enumerated() {
@@ -637,14 +645,17 @@ enum SyncLedger {
             if let remoteField, localStamp == nil || remoteField.stamp >= localStamp! {
                 winnerStamp = remoteField.stamp
                 winnerValue = remoteField.value
-                if let localStamp, localStamp < remoteField.stamp, localPending, localStamp.incarnation == incarnation,
-                   let localValue, localValue != remoteField.value {
-                    conflicts.append((name, localStamp, remoteField.stamp))
+                if !endsLocalIncarnation, let localStamp, localStamp < remoteField.stamp, localPending, localStamp.incarnation == incarnation,
+                   localStamp.clock.replica == store.identity, let localValue, localValue != remoteField.value {
+                    conflicts.append(ConflictRecording.Loss(field: name, local: localStamp, winning: remoteField.stamp, kind: .overwritten))
                 }
             } else if let localStamp {
                 winnerStamp = localStamp
                 winnerValue = localValue ?? local?.tombstone[name]?.value
                 if localStamp.incarnation == incarnation { localNewer = true }
+            }
+            if endsLocalIncarnation, let localStamp, localStamp.incarnation == local!.incarnation, localStamp.clock.replica == store.identity {
+                conflicts.append(ConflictRecording.Loss(field: name, local: localStamp, winning: ConflictRecording.newestStamp(remote), kind: .deleted))
             }
             if let winnerStamp, winnerStamp.incarnation == incarnation, let winnerValue {
                 winners[index] = winnerStamp
@@ -809,9 +820,12 @@ enum SyncLedger {
         batch?.merged(remote.recordID, waitingFor: local.map { $0.storedWaitingFor } ?? .some(nil), plainTombstone: !alive && redirect == nil,
                       canWait: entity.relationships.contains { !$0.isToMany })
         for entry in endedChanges { try storeEndedIncarnation(id: remote.recordID, entity: entity.name, entry, db) }
-        for (field, localStamp, winning) in conflicts {
-            try logConflict(id: remote.recordID, entity: entity.name, field: field, local: localStamp, winning: winning, db)
+        // The cloud holds this replica's writes up to the newest of them this version carries (R16); then the local
+        // writes that lost and that the cloud did not hold are logged.
+        if let mark = ConflictRecording.newestOwnStamp(remote, replica: store.identity) {
+            try ConflictRecording.noteUploaded(remote.recordID, through: mark, db)
         }
+        try ConflictRecording.log(conflicts, id: remote.recordID, entity: entity.name, store: store, db)
 
         // Materialize the data row.
         let id = PersistentIdentifier(entityName: entity.name, id: remote.recordID)
@@ -1035,9 +1049,9 @@ enum SyncLedger {
         "DELETE FROM replica_sync_conflict WHERE seq <= (SELECT max(seq) FROM replica_sync_conflict) - ?")
 
     static func logConflict(id: UUID, entity: String, field: String, local: FieldStamp, winning: FieldStamp,
-                            duplicateOf winner: UUID? = nil, _ db: Connection) throws {
+                            duplicateOf winner: UUID? = nil, kind: ConflictLogEntry.Kind = .overwritten, _ db: Connection) throws {
         try db.run(logConflictSQL, [id.sqliteValue, .text(entity), .text(field), .text(local.description), .text(winning.description),
-                    .text(winner == nil ? "field" : "duplicate"), winner?.sqliteValue ?? .null])
+                    .text(winner == nil ? kind.rawValue : ConflictLogEntry.Kind.duplicate.rawValue), winner?.sqliteValue ?? .null])
         // The entry just logged has the largest `seq` (AUTOINCREMENT, never written explicitly, from 1): while it is
         // within the capacity, the trim below would delete nothing.
         if db.lastInsertRowID <= Int64(conflictLogCapacity) { return }
