@@ -38,6 +38,22 @@ public protocol CloudDatabase: Sendable {
     /// Sets zone metadata `key` to `value` if it is still `expected` (compare-and-swap). Returns the value now stored
     /// (empty when `key` has no value).
     func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data
+
+    /// The names of zones as the database announces changes to them (a push hint: the sync runtime, ``CloudSync``,
+    /// fetches when its zone is named). `nil` (the default) when the database cannot announce changes; the runtime
+    /// then relies on ``changeCounter()`` and its timer. The PostgreSQL cloud returns its LISTEN/NOTIFY sequence.
+    func changeNotifications() -> AsyncStream<String>?
+
+    /// A number that changes whenever the database may have changed, cheap enough to read every few seconds, or
+    /// `nil` (the default) when there is no such number. The sync runtime polls it on its timer and fetches when it
+    /// moved. ``SQLiteCloudDatabase``: `PRAGMA data_version` (other connections' commits) plus this instance's own
+    /// writes; ``InMemoryCloudDatabase``: its count of writes.
+    func changeCounter() -> Int64?
+}
+
+extension CloudDatabase {
+    public func changeNotifications() -> AsyncStream<String>? { nil }
+    public func changeCounter() -> Int64? { nil }
 }
 
 /// One request the sync engine asks its driver to perform.

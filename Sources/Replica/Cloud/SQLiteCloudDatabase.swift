@@ -232,6 +232,19 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         }
     }
 
+    /// A number that changes with every zone's epoch and sequence, whichever process wrote them (each save moves its
+    /// zone's sequence): one read of the small zone table, for the sync runtime's polling
+    /// (``CloudDatabase/changeCounter()``). `nil` when the file cannot be read now.
+    public func changeCounter() -> Int64? {
+        lock.withLock { _ in
+            guard let rows = try? db.rows("SELECT epoch, sequence FROM cloud_zone ORDER BY name") else { return nil }
+            return rows.reduce(Int64(rows.count)) { value, row in
+                guard case let .integer(epoch) = row[0], case let .integer(sequence) = row[1] else { return value &+ 1 }
+                return (value &* 1_000_003) &+ epoch &* 31 &+ sequence
+            }
+        }
+    }
+
     /// Every record of `zone`, in ID order.
     public func records(in zone: String) throws(CloudError) -> [CloudRecord] {
         try write { db in

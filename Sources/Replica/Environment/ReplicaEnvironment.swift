@@ -22,6 +22,15 @@ public struct ReplicaEnvironment: Sendable {
     /// Waits `milliseconds` (used only by observers: polling, and the short re-checks after a file event). Live:
     /// `Task.sleep`; seeded: advances the manual clock and yields, so no wall-clock time passes.
     public var sleep: @Sendable (_ milliseconds: Int64) async throws -> Void
+    /// Waits until ``clock`` reads `deadline` (Unix milliseconds) or later: the timers of the sync runtime
+    /// (``CloudSync``: debounce, periodic sync, retry after a backoff) wait through it. Throws `CancellationError`
+    /// when the waiting task is cancelled.
+    ///
+    /// Live: sleeps on the system's timer and reads the clock again after each sleep (at most 60 s at a time, so a
+    /// clock set forward ends the wait within a minute and a clock set back never stretches one sleep past that).
+    /// Seeded: waits until something moves the ``ManualClock`` (a test's ``ManualClock/advance(by:)``, or a
+    /// ``sleep`` elsewhere, which moves virtual time) to the deadline; no wall-clock time passes and nothing polls.
+    public var sleepUntil: @Sendable (_ deadline: Int64) async throws -> Void
     /// How containers notice what other processes (and other containers of this process) commit to their store files
     /// while something observes them asynchronously (``ModelContainer/changes``, live queries). Default:
     /// ``OtherProcessCommits/fileEvents(fallbackPollingMilliseconds:)`` with 100 ms.
@@ -47,6 +56,17 @@ public struct ReplicaEnvironment: Sendable {
         self.appGroupDirectory = appGroupDirectory
         self.defaultStoreDirectory = defaultStoreDirectory
         self.sleep = { try await Task.sleep(nanoseconds: UInt64(max(0, $0)) * 1_000_000) }
+        if let manual = clock as? ManualClock {
+            self.sleepUntil = { try await manual.sleep(until: $0) }
+        } else {
+            self.sleepUntil = { deadline in
+                while true {
+                    let remaining = deadline &- clock.nowMilliseconds()
+                    if remaining <= 0 { return }
+                    try await Task.sleep(nanoseconds: UInt64(min(remaining, 60_000)) * 1_000_000)
+                }
+            }
+        }
     }
 
     /// The real environment: system clock, libsodium's `randombytes` (the OS CSPRNG), this process's identity,
@@ -206,20 +226,70 @@ public struct SystemClock: WallClock {
     }
 }
 
-/// A clock that moves only when told to: for tests and the simulator (skew and jumps included).
+/// A clock that moves only when told to: for tests and the simulator (skew and jumps included). Tasks can wait for
+/// it to reach a time (``sleep(until:)``); moving it forward wakes them, in deadline order.
 public final class ManualClock: WallClock {
-    private let state: Mutex<Int64>
+    private struct State {
+        var now: Int64
+        var nextWaiter = 0
+        var waiters: [(id: Int, deadline: Int64, continuation: CheckedContinuation<Void, any Error>)] = []
+    }
+    private let state: Mutex<State>
 
     /// - Parameter milliseconds: the starting time, Unix milliseconds.
-    public init(milliseconds: Int64) { state = Mutex(milliseconds) }
+    public init(milliseconds: Int64) { state = Mutex(State(now: milliseconds)) }
 
-    public func nowMilliseconds() -> Int64 { state.withLock { $0 } }
+    public func nowMilliseconds() -> Int64 { state.withLock { $0.now } }
 
     /// Moves the clock by `milliseconds` (negative values move it backwards, like a jump of the device clock).
-    public func advance(by milliseconds: Int64) { state.withLock { $0 += milliseconds } }
+    public func advance(by milliseconds: Int64) { update { $0 &+= milliseconds } }
 
     /// Sets the clock to `milliseconds` since the Unix epoch.
-    public func set(milliseconds: Int64) { state.withLock { $0 = milliseconds } }
+    public func set(milliseconds: Int64) { update { $0 = milliseconds } }
+
+    /// The number of tasks waiting in ``sleep(until:)`` (tests wait for a runtime to settle into its wait).
+    public var waiterCount: Int { state.withLock { $0.waiters.count } }
+
+    /// Waits until the clock reads `deadline` or later (returns at once when it already does).
+    /// - Throws: `CancellationError` when the waiting task is cancelled.
+    public func sleep(until deadline: Int64) async throws {
+        let id = state.withLock { state -> Int in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let resume: Bool? = state.withLock { state in
+                    if Task.isCancelled { return false }
+                    if state.now >= deadline { return true }
+                    state.waiters.append((id, deadline, continuation))
+                    return nil
+                }
+                switch resume {
+                case true?: continuation.resume()
+                case false?: continuation.resume(throwing: CancellationError())
+                case nil: break
+                }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.waiters.remove(at: index).continuation
+            }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+
+    private func update(_ change: (inout Int64) -> Void) {
+        let due = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            change(&state.now)
+            let now = state.now
+            let due = state.waiters.filter { $0.deadline <= now }.sorted { ($0.deadline, $0.id) < ($1.deadline, $1.id) }
+            state.waiters.removeAll { $0.deadline <= now }
+            return due.map(\.continuation)
+        }
+        for continuation in due { continuation.resume() }
+    }
 }
 
 // MARK: - Randomness

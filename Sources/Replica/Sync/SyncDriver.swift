@@ -33,20 +33,47 @@ public enum SyncDriver {
         let environment = engine.container.environment
         let deadline = timeout.map { environment.clock.nowMilliseconds() &+ max(0, $0) }
         engine.setNeedsFetch()
+        try await drive(engine, with: database, maxRequests: maxRequests, deadline: deadline, sleepsThroughBackoff: true)
+        return try engine.status()
+    }
+
+    /// How a run of ``drive(_:with:maxRequests:deadline:sleepsThroughBackoff:isolation:shouldContinue:observe:)`` ended.
+    enum DriveEnd {
+        /// The engine has nothing to do.
+        case idle
+        /// The engine backs off (or waits for another engine's lease) until this time.
+        case waiting(until: Int64)
+        /// The deadline passed, `maxRequests` were performed, or `shouldContinue` said stop.
+        case stopped
+    }
+
+    /// The request loop behind ``syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)`` and the sync
+    /// runtime (``CloudSync``): performs requests until the engine is idle, the deadline passes, `maxRequests` were
+    /// performed or `shouldContinue` returns `false`; through backoffs it sleeps (`sleepsThroughBackoff`) or returns.
+    /// `observe` sees each request and its result after the engine handled it.
+    @discardableResult
+    static func drive(
+        _ engine: SyncEngine, with database: any CloudDatabase, maxRequests: Int, deadline: Int64?, sleepsThroughBackoff: Bool,
+        isolation: isolated (any Actor)? = #isolation, shouldContinue: () -> Bool = { true },
+        observe: (SyncRequest, Result<CloudOperationResult, CloudError>) throws -> Void = { _, _ in }
+    ) async throws -> DriveEnd {
+        let environment = engine.container.environment
         var performed = 0
-        while performed < maxRequests {
+        while performed < maxRequests, shouldContinue() {
             try Task.checkCancellation()
-            if let deadline, environment.clock.nowMilliseconds() >= deadline { break }
+            if let deadline, environment.clock.nowMilliseconds() >= deadline { return .stopped }
             if let request = try engine.nextRequest() {
                 performed += 1
                 let result = await database.perform(request.operation)
                 try engine.handle(request.id, result)
+                try observe(request, result)
                 continue
             }
-            guard let wake = engine.wakeTime else { break }
-            if let deadline, wake >= deadline { break }
+            guard let wake = engine.wakeTime else { return .idle }
+            if !sleepsThroughBackoff { return .waiting(until: wake) }
+            if let deadline, wake >= deadline { return .stopped }
             try await environment.sleep(max(1, wake - environment.clock.nowMilliseconds()))
         }
-        return try engine.status()
+        return .stopped
     }
 }

@@ -127,6 +127,10 @@ public final class SyncEngine {
     private var uploadBeforeFetch = false
     /// Whether ``verifyBookkeeping()`` ran (it does before the first request).
     var bookkeepingVerified = false
+    /// Set by the sync runtime (``CloudSync``), which drains ``importLog`` after each response: what each import
+    /// transaction changed. Off otherwise (nothing accumulates).
+    var recordsImports = false
+    var importLog: [StoreChanges] = []
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameters:
@@ -633,6 +637,7 @@ public final class SyncEngine {
                                           author: HistoryTransaction.syncAuthor)
         }
         ModelContext.postDidSave([imported.changes], object: self)
+        if recordsImports { importLog.append(imported.changes) }
     }
 
     // MARK: Full resync

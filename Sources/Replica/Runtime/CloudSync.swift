@@ -1,0 +1,518 @@
+import Foundation
+import Synchronization
+
+/// The sync runtime of one synced store: an actor that owns the store's ``SyncEngine`` and its ``CloudDatabase`` and
+/// syncs by itself, like CloudKit's `CKSyncEngine`. Safe to hold and call from `@MainActor` objects, from any actor
+/// and from tasks. Start it with ``ModelContainer/startSync(store:cloud:zone:encryption:options:)``; keep one per
+/// synced store for the life of the process.
+///
+/// **When it syncs.** A pass (performing the engine's requests until it is idle or backs off) runs
+/// - at start,
+/// - after local saves — of any context of the container, and commits of other processes to an app-group store
+///   (the container's change stream, ``ModelContainer/changes``), debounced: a pass starts
+///   ``Options/debounceMilliseconds`` after the last save of a burst (but at most 10 debounce intervals after its
+///   first save), so a burst of saves is one upload;
+/// - when the cloud announces a change of the zone (``CloudDatabase/changeNotifications()``: PostgreSQL's
+///   LISTEN/NOTIFY), or when its ``CloudDatabase/changeCounter()`` moved (polled every
+///   ``Options/cloudPollingMilliseconds``: the SQLite-file cloud's zone table);
+/// - every ``Options/timerMilliseconds`` (a full fetch and upload);
+/// - on ``syncNow(timeoutMilliseconds:)``.
+///
+/// It honours the engine's backoff and the upload lease: after a transient failure (network, quota, rate limit, busy
+/// zone) it stays quiet until the engine's retry time, and resumes normal scheduling as soon as a request succeeds.
+///
+/// **Time.** Every wait goes through ``ReplicaEnvironment/sleepUntil`` and every time is read from
+/// ``ReplicaEnvironment/clock``: with a seeded environment nothing happens until the test moves the
+/// ``ManualClock``, and an idle runtime costs no CPU (no polling but the optional cloud counter).
+///
+/// **Ending.** ``stop()`` ends it (waiting for a request in flight, which is handled) and gives up the upload lease;
+/// releasing the last reference ends it too: its tasks hold it weakly and are cancelled when it goes. Nothing is
+/// lost either way: the outbox lives in the store, written with each save.
+///
+/// **Events.** ``events`` reports what happened (``CloudSyncEvent``): changes fetched and sent, records refused,
+/// zone and key problems, conflicts resolved, and state changes — never values or secrets.
+public actor CloudSync {
+    /// Scheduling knobs.
+    public struct Options: Sendable, Hashable {
+        /// The engine's knobs (batch sizes, backoff, lease).
+        public var engine = SyncEngine.Options()
+        /// How long after a local save the pass starts, in milliseconds (each further save of a burst moves it,
+        /// up to 10 intervals after the first). Default 300 ms.
+        public var debounceMilliseconds: Int64 = 300
+        /// The interval of periodic full syncs, in milliseconds; `nil` turns the timer off. Default 5 minutes.
+        public var timerMilliseconds: Int64? = 300_000
+        /// How often the cloud's ``CloudDatabase/changeCounter()`` is read, in milliseconds, for a cloud that has
+        /// one; `nil` turns polling off. Default 2 s.
+        public var cloudPollingMilliseconds: Int64? = 2_000
+        /// A safety bound on the requests of one pass.
+        public var maxRequestsPerPass = 10_000
+        /// Events buffered per ``CloudSync/events`` subscriber before the oldest are dropped.
+        public var eventBufferLimit = 1_000
+        public init() {}
+    }
+
+    /// The store's configuration name.
+    public nonisolated let storeName: String
+    /// The cloud zone the store syncs with.
+    public nonisolated let zone: String
+    /// The scheduling options.
+    public nonisolated let options: Options
+    private nonisolated let container: ModelContainer
+    private nonisolated let cloud: any CloudDatabase
+    private nonisolated let broadcaster: CloudSyncEventBroadcaster
+    private nonisolated let wakeup = CloudSyncWakeup()
+    private nonisolated let tasks = CloudSyncTasks()
+    private let engine: SyncEngine
+
+    /// The current state (as last reported by ``CloudSyncEvent/stateChanged(_:)``).
+    public private(set) var state: CloudSyncState = .idle
+    /// When the last pass ended with the store up to date with the cloud (the engine idle, no error), from the
+    /// environment's clock; `nil` before the first in this process.
+    public private(set) var lastSyncDate: Date?
+    /// `true` while automatic syncing is paused.
+    public private(set) var isPaused = false
+    private var stopped = false
+    private var passRequested = true
+    private var fetchRequested = true
+    private var firstLocalChange: Int64?
+    private var lastLocalChange: Int64?
+    private var nextTimer: Int64?
+    private var nextPoll: Int64?
+    private var cloudCounter: Int64?
+    /// When the engine wants to be woken (its backoff or lease wait), after a pass that left work.
+    private var retryAt: Int64?
+    private var running = false
+    private var runWaiters: [CheckedContinuation<Void, Never>] = []
+    private var conflictPosition: Int64 = 0
+    private var keyVersions: [UInt32] = []
+    private var reportedKeyProblem: FieldEncryptionError?
+
+    private var now: Int64 { container.environment.clock.nowMilliseconds() }
+
+    /// Creates the runtime of synced store `storeName` and starts it (use
+    /// ``ModelContainer/startSync(store:cloud:zone:encryption:options:)``).
+    /// - Throws: as ``SyncEngine/init(container:storeName:zone:options:encryption:)``; ``ReplicaError`` when the
+    ///   container's change stream cannot be read.
+    public init(container: ModelContainer, storeName: String, cloud: any CloudDatabase, zone: String? = nil,
+                encryption: FieldEncryption? = nil, options: Options = Options()) throws {
+        let engine = try SyncEngine(container: container, storeName: storeName, zone: zone, options: options.engine, encryption: encryption)
+        engine.recordsImports = true
+        self.engine = engine
+        self.storeName = storeName
+        self.zone = engine.zone
+        self.options = options
+        self.container = container
+        self.cloud = cloud
+        self.broadcaster = CloudSyncEventBroadcaster(bufferLimit: max(1, options.eventBufferLimit))
+        self.conflictPosition = try engine.conflictLogPosition()
+        self.keyVersions = engine.encryptionKeyVersions
+        // The subscription starts now, so that no save after this initializer returns is missed.
+        let iterator = try container.changes(in: [storeName]).makeAsyncIterator()
+        let wakeup = self.wakeup
+        let environment = container.environment
+        tasks.add(Task { [weak self] in
+            while !Task.isCancelled {
+                guard let next = await self?.runDueWork() else { return }
+                await wakeup.wait(until: next, environment: environment)
+            }
+        })
+        tasks.add(Task { [weak self] in
+            var localChanges = iterator
+            do {
+                while let event = try await localChanges.next() {
+                    var savedAt: Int64?
+                    if case let .committed(change) = event {
+                        if change.origin == .syncImport || change.isSyncImport { continue }
+                        savedAt = Int64((change.timestamp.timeIntervalSince1970 * 1000).rounded())
+                    }
+                    guard let self else { return }
+                    await self.noteLocalChange(savedAt: savedAt)
+                }
+            } catch {
+                await self?.noteObservationFailure()
+            }
+        })
+        let zoneName = self.zone
+        if let notifications = cloud.changeNotifications() {
+            tasks.add(Task { [weak self] in
+                for await changed in notifications where changed == zoneName {
+                    guard let self else { return }
+                    await self.noteCloudChange()
+                }
+            })
+        }
+    }
+
+    deinit {
+        tasks.cancelAll()
+        broadcaster.finish()
+    }
+
+    // MARK: Public API
+
+    /// The runtime's events from now on (each access is a new subscription; it ends when the runtime stops or goes).
+    /// Buffers ``Options/eventBufferLimit`` events for a slow consumer, then drops the oldest.
+    public nonisolated var events: AsyncStream<CloudSyncEvent> { broadcaster.subscribe() }
+
+    /// Syncs now: fetches the zone's changes and uploads the outbox, within `timeout` milliseconds of the
+    /// environment's clock. Returns when the work is done, the time is up, or the only remaining problem is
+    /// transient and its retry lies past the bound (the status then shows it in ``SyncStatus/lastError``) — never
+    /// hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs nothing.
+    /// Waits for a pass under way to end first (that wait counts toward the bound only as long as its request).
+    /// - Parameter timeout: the bound in milliseconds (default 30 s).
+    /// - Returns: the engine's status at the end.
+    /// - Throws: as ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``.
+    @discardableResult
+    public func syncNow(timeoutMilliseconds timeout: Int64 = 30_000) async throws -> SyncStatus {
+        let deadline = now &+ max(0, timeout)
+        guard !stopped else { return try engine.status() }
+        await acquireRun()
+        defer { releaseRun() }
+        engine.setNeedsFetch()
+        let status = try await pass(deadline: deadline, sleeps: true, automatic: false)
+        // The scheduler looks again: a retry time may have been set, or the work it was waiting for is done.
+        wakeup.signal()
+        return status
+    }
+
+    /// The engine's view of the store (pending, rejected and held records, errors).
+    /// - Throws: ``SQLiteError`` when the store cannot be read.
+    public func status() throws -> SyncStatus { try engine.status() }
+
+    /// The server change token the store holds (see ``SyncEngine/serverChangeToken()``).
+    /// - Throws: ``SQLiteError`` when the store cannot be read.
+    public func serverChangeToken() throws -> ServerChangeToken? { try engine.serverChangeToken() }
+
+    /// The newest conflict log entries (see ``SyncEngine/conflictLog(limit:)``).
+    /// - Throws: ``SQLiteError`` when the store cannot be read.
+    public func conflictLog(limit: Int = 100) throws -> [ConflictLogEntry] { try engine.conflictLog(limit: limit) }
+
+    /// Reads the whole zone again at the next pass (which starts at once unless paused) and compares it with the
+    /// store — non-destructive, see ``SyncEngine/requestFullRefetch()``. Waits for a request under way.
+    /// - Throws: ``SQLiteError`` when the store cannot be written.
+    public func requestFullRefetch() async throws {
+        await acquireRun()
+        defer { releaseRun() }
+        try engine.requestFullRefetch()
+        passRequested = true
+        fetchRequested = true
+        wakeup.signal()
+    }
+
+    /// Pauses automatic syncing: a pass under way stops after its current request; nothing is scheduled until
+    /// ``resume()``. Local saves are still recorded (the outbox is durable) and upload after resuming.
+    public func pause() {
+        guard !stopped, !isPaused else { return }
+        isPaused = true
+        setState(.paused)
+        wakeup.signal()
+    }
+
+    /// Resumes automatic syncing with a pass at once.
+    public func resume() {
+        guard !stopped, isPaused else { return }
+        isPaused = false
+        passRequested = true
+        fetchRequested = true
+        setState(.idle)
+        wakeup.signal()
+    }
+
+    /// Stops the runtime for good: waits for a request in flight (its response is applied), gives up the upload
+    /// lease (another process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the
+    /// outbox for the next runtime.
+    public func stop() async {
+        guard !stopped else { return }
+        stopped = true
+        tasks.cancelAll()
+        wakeup.signal()
+        await acquireRun()
+        engine.releaseLease()
+        setState(.stopped)
+        broadcaster.finish()
+        releaseRun()
+    }
+
+    // MARK: Triggers
+
+    /// A local save (or another process's commit) at `savedAt` (its clock, milliseconds; never later than now here).
+    private func noteLocalChange(savedAt: Int64?) {
+        let time = min(savedAt ?? now, now)
+        if firstLocalChange == nil { firstLocalChange = time }
+        lastLocalChange = time
+        wakeup.signal()
+    }
+
+    private func noteCloudChange() {
+        passRequested = true
+        fetchRequested = true
+        wakeup.signal()
+    }
+
+    private func noteObservationFailure() {
+        // The store's history could not be read: saves are still uploaded by the timer and by syncNow.
+        broadcaster.emit(.stateChanged(.blocked))
+    }
+
+    // MARK: Scheduling
+
+    /// Runs the pass that is due, if any, and returns when to look again (`nil`: only when signalled). `nil` result
+    /// of the optional: the runtime stopped.
+    private func runDueWork() async -> Int64?? {
+        if stopped { return nil }
+        if isPaused { return .some(nil) }
+        let time = now
+        if nextTimer == nil, let interval = options.timerMilliseconds { nextTimer = time &+ max(1, interval) }
+        if let interval = options.cloudPollingMilliseconds {
+            if let poll = nextPoll {
+                if time >= poll {
+                    if let counter = cloud.changeCounter(), counter != cloudCounter {
+                        if cloudCounter != nil { passRequested = true; fetchRequested = true }
+                        cloudCounter = counter
+                    }
+                    nextPoll = time &+ max(1, interval)
+                }
+            } else if cloud.changeCounter() != nil {
+                nextPoll = time &+ max(1, interval)
+            }
+        }
+        var due = passRequested
+        if let timer = nextTimer, time >= timer { due = true; fetchRequested = true }
+        if let localDeadline, time >= localDeadline { due = true }
+        if let retryAt, time >= retryAt { due = true }
+        if due && !running {
+            await acquireRun()
+            if !stopped && !isPaused {
+                do {
+                    _ = try await pass(deadline: nil, sleeps: false, automatic: true)
+                } catch is CancellationError {
+                } catch {
+                    setState(.blocked)
+                    retryAt = nil
+                }
+            }
+            releaseRun()
+        }
+        if stopped { return nil }
+        if isPaused { return .some(nil) }
+        let candidates = [localDeadline, nextTimer, nextPoll, retryAt].compactMap { $0 }
+        return .some(candidates.min())
+    }
+
+    /// ``localDeadline``, for tests that wait until the runtime noticed a save.
+    var localDeadlineForTesting: Int64? { localDeadline }
+
+    /// When the debounced pass for local saves is due.
+    private var localDeadline: Int64? {
+        guard let first = firstLocalChange, let last = lastLocalChange else { return nil }
+        let debounce = max(0, options.debounceMilliseconds)
+        return min(last &+ debounce, first &+ debounce &* 10)
+    }
+
+    private func acquireRun() async {
+        while running { await withCheckedContinuation { runWaiters.append($0) } }
+        running = true
+    }
+
+    private func releaseRun() {
+        running = false
+        if !runWaiters.isEmpty { runWaiters.removeFirst().resume() }
+    }
+
+    /// One pass (the caller holds the run): performs requests until the engine is idle, backs off, or the deadline.
+    private func pass(deadline: Int64?, sleeps: Bool, automatic: Bool) async throws -> SyncStatus {
+        let started = now
+        let fetches = !automatic || fetchRequested
+        if fetches { engine.setNeedsFetch() }
+        passRequested = false
+        fetchRequested = false
+        firstLocalChange = nil
+        lastLocalChange = nil
+        retryAt = nil
+        if let interval = options.timerMilliseconds, fetches { nextTimer = started &+ max(1, interval) }
+        if engine.wakeTime == nil { setState(.syncing) }
+        let end: SyncDriver.DriveEnd
+        do {
+            end = try await SyncDriver.drive(
+                engine, with: cloud, maxRequests: max(1, options.maxRequestsPerPass), deadline: deadline,
+                sleepsThroughBackoff: sleeps,
+                shouldContinue: { !automatic || (!self.isPaused && !self.stopped) },
+                observe: { request, result in try self.report(request, result) })
+        } catch {
+            if error is CancellationError { throw error }
+            setState(.blocked)
+            throw error
+        }
+        let status = try engine.status()
+        switch end {
+        case let .waiting(until): retryAt = until
+        case .stopped: if automatic && !isPaused && !stopped && deadline == nil { retryAt = now }
+        case .idle: break
+        }
+        if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
+        if case .idle = end, status.lastError == nil, status.blockedBy == nil, engine.blockingEncryptionError == nil {
+            lastSyncDate = container.environment.now()
+        }
+        if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = cloud.changeCounter() }
+        settleState(status)
+        return status
+    }
+
+    private func settleState(_ status: SyncStatus) {
+        if stopped { return setState(.stopped) }
+        if isPaused { return setState(.paused) }
+        if status.blockedBy != nil || engine.blockingEncryptionError != nil { return setState(.blocked) }
+        if engine.wakeTime != nil, let error = status.lastError {
+            return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
+        }
+        if engine.wakeTime != nil { return setState(.waitingToRetry) }
+        setState(.idle)
+    }
+
+    private func setState(_ new: CloudSyncState) {
+        guard new != state else { return }
+        state = new
+        broadcaster.emit(.stateChanged(new))
+    }
+
+    // MARK: Events
+
+    /// Turns one handled request into events.
+    private func report(_ request: SyncRequest, _ result: Result<CloudOperationResult, CloudError>) throws {
+        let imports = engine.importLog
+        engine.importLog.removeAll()
+        for changes in imports {
+            let fetched = CloudSyncChanges(
+                inserted: changes.inserted.map(\.persistentModelID),
+                updated: changes.updated.map(\.0.persistentModelID),
+                deleted: changes.deleted.map(\.id))
+            if !fetched.isEmpty { broadcaster.emit(.fetchedChanges(fetched)) }
+        }
+        switch result {
+        case let .success(.modified(results)), let .failure(.partialFailure(results)):
+            reportSaves(results, of: request)
+        case let .failure(error):
+            broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
+            if error == .zoneNotFound { broadcaster.emit(.zoneDeleted(zone: zone)) }
+            if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
+        case .success:
+            break
+        }
+        let (entries, position) = try engine.conflictLogEntries(after: conflictPosition)
+        conflictPosition = position
+        if !entries.isEmpty { broadcaster.emit(.conflictsResolved(entries)) }
+        let versions = engine.encryptionKeyVersions
+        if versions != keyVersions {
+            if !keyVersions.isEmpty || !versions.isEmpty { broadcaster.emit(.encryptionKeyChanged(zone: zone)) }
+            keyVersions = versions
+        }
+        let problem = engine.blockingEncryptionError
+        if problem != reportedKeyProblem {
+            reportedKeyProblem = problem
+            if let problem { broadcaster.emit(.encryptionKeyNeeded(problem)) }
+        }
+    }
+
+    private func reportSaves(_ results: [RecordSaveResult], of request: SyncRequest) {
+        guard case let .modifyRecords(records, _) = request.operation else { return }
+        var types: [UUID: String] = [:]
+        for record in records { types[record.recordID] = record.recordType }
+        var saved: [PersistentIdentifier] = []
+        var failed: [CloudSyncRecordFailure] = []
+        for result in results {
+            let id = PersistentIdentifier(entityName: types[result.recordID] ?? "", id: result.recordID)
+            switch result {
+            case .saved: saved.append(id)
+            case let .failed(_, error) where !error.isTransient: failed.append(CloudSyncRecordFailure(id: id, error: error))
+            case .failed, .conflict: break
+            }
+        }
+        if !saved.isEmpty { broadcaster.emit(.sentChanges(saved)) }
+        if !failed.isEmpty { broadcaster.emit(.failedRecords(failed)) }
+    }
+}
+
+extension ModelContainer {
+    /// Starts the sync runtime of synced store `store` against `cloud` (see ``CloudSync``): it syncs at once and then
+    /// by itself. Keep the returned runtime for as long as the store should sync; call ``CloudSync/stop()`` or release
+    /// it to end it.
+    /// - Parameters:
+    ///   - store: the configuration name of a synced store.
+    ///   - cloud: the cloud database.
+    ///   - zone: the zone name; defaults to the configuration name.
+    ///   - encryption: how attributes marked for cloud encryption are sealed (required when the store has any).
+    ///   - options: scheduling and engine options.
+    /// - Throws: as ``CloudSync/init(container:storeName:cloud:zone:encryption:options:)``.
+    public func startSync(store: String, cloud: any CloudDatabase, zone: String? = nil, encryption: FieldEncryption? = nil,
+                          options: CloudSync.Options = CloudSync.Options()) throws -> CloudSync {
+        try CloudSync(container: self, storeName: store, cloud: cloud, zone: zone, encryption: encryption, options: options)
+    }
+}
+
+/// Wakes a runtime's scheduling task: a signal (a trigger) or the environment's clock reaching a deadline. Internal.
+final class CloudSyncWakeup: Sendable {
+    private struct State {
+        var pending = false
+        var waiter: CheckedContinuation<Void, Never>?
+    }
+    private let state = Mutex(State())
+
+    func signal() {
+        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            if let waiter = state.waiter {
+                state.waiter = nil
+                return waiter
+            }
+            state.pending = true
+            return nil
+        }
+        waiter?.resume()
+    }
+
+    /// Waits for a signal, or until `deadline` (environment milliseconds; `nil`: no deadline), or cancellation.
+    func wait(until deadline: Int64?, environment: ReplicaEnvironment) async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.waitForSignal() }
+            if let deadline { group.addTask { try? await environment.sleepUntil(deadline) } }
+            _ = await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private func waitForSignal() async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resume = state.withLock { state -> Bool in
+                    if state.pending || Task.isCancelled {
+                        state.pending = false
+                        return true
+                    }
+                    state.waiter = continuation
+                    return false
+                }
+                if resume { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume()
+        }
+    }
+}
+
+/// The tasks of a runtime, cancelled together when it stops or goes. Internal.
+final class CloudSyncTasks: Sendable {
+    private let tasks = Mutex<[Task<Void, Never>]>([])
+
+    func add(_ task: Task<Void, Never>) { tasks.withLock { $0.append(task) } }
+
+    func cancelAll() {
+        let all = tasks.withLock { tasks -> [Task<Void, Never>] in
+            defer { tasks = [] }
+            return tasks
+        }
+        for task in all { task.cancel() }
+    }
+}
