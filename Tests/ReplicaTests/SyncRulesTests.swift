@@ -104,7 +104,7 @@ struct SyncRulesTests {
     func olderSchemaRoundTrip() throws {
         let cloud = InMemoryCloudDatabase()
         let v1 = try Device("v1", seed: 1, models: [SyncNote.self])
-        let v2 = try Device("v2", seed: 2, models: [SyncNoteV2.self])
+        let v2 = try Device("v2", seed: 2, models: [SyncNoteV2.self], version: Schema.Version(1, 1, 0))
         // A record created by the old version: v2 reads the declared default for the field v1 does not know.
         let old = v1.context.insert(SyncNote(title: "from v1"))
         try v1.context.save()
