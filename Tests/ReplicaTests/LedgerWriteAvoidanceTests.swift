@@ -268,11 +268,14 @@ struct LedgerWriteAvoidanceTests {
         try device.sync(cloud)
         #expect(try device.engine.replicationState(of: old.id)?.causalLength == 2)
         let existing = device.context.insert(DPerson(email: "taken@example.com", name: "first"))
+        var duplicate = device.context.insert(DPerson(email: "draft@example.com", name: "second"))
         try device.context.save()
-        // One save: a new record, the tombstoned ID again, and a duplicate of a unique key (fails the whole save).
+        // One save: a new record, the tombstoned ID again, and an update onto a taken unique key (an insert of a taken
+        // key is an upsert; an update onto one fails the whole save).
         let fresh = device.context.insert(DPerson(email: "fresh@example.com", name: "fresh"))
         device.context.insert(DPerson(id: old.id, email: "again@example.com", name: "again"))
-        var duplicate = device.context.insert(DPerson(email: "taken@example.com", name: "second"))
+        duplicate.email = "taken@example.com"
+        device.context.update(duplicate)
         #expect(throws: (any Error).self) { try device.context.save() }
         #expect(try device.engine.replicationState(of: fresh.id) == nil)
         #expect(try device.engine.replicationState(of: old.id)?.causalLength == 2)

@@ -18,9 +18,11 @@ enum ConflictRecording {
             through TEXT NOT NULL);
         """
 
+    // Writes only when the mark grows (fixed-width hex orders as the stamps do), so merging a version again writes
+    // nothing (LedgerWriteAvoidanceTests).
     private static let noteSQL = StatementKey("""
         INSERT INTO replica_sync_uploaded (id, through) VALUES (?, ?)
-        ON CONFLICT (id) DO UPDATE SET through = max(through, excluded.through)
+        ON CONFLICT (id) DO UPDATE SET through = excluded.through WHERE excluded.through > through
         """)
     private static let readSQL = StatementKey("SELECT through FROM replica_sync_uploaded WHERE id = ?")
 
