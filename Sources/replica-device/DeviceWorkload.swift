@@ -127,7 +127,10 @@ final class DeviceWorkload {
         var fields: [String: SoakValue] = [:]
         let id: UUID
         if roll < 35 || notes.isEmpty {
-            let slug = draw(10) == 0 ? "shared.\(draw(20))" : text("s")
+            var slug = draw(10) == 0 ? "shared.\(draw(20))" : text("s")
+            // A slug this device already holds would make the insert an upsert of its record (R15), whose new ID never
+            // exists: the journal records inserts, so take a fresh slug. Cross-device duplicates stay contested.
+            if try context.fetchCount(FetchDescriptor<Note>(predicate: #Predicate { $0.slug == slug })) > 0 { slug = text("s") }
             let folder = anyFolder()
             var note = Note(title: text("t"), body: secret(), rating: 2 + draw(1_000_000), slug: slug, folder: folder.map { Reference($0) })
             note = context.insert(note)
