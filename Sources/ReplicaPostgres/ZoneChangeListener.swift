@@ -27,7 +27,7 @@ extension PostgresCloudDatabase {
     /// Source: <https://www.postgresql.org/docs/current/libpq-notify.html>, <https://www.postgresql.org/docs/current/sql-notify.html>
     public func zoneChanges() -> AsyncStream<String> { zoneChanges(onListening: nil) }
 
-    /// ``zoneChanges()``: the sync runtime (``CloudSync``) fetches when its zone is announced.
+    /// ``zoneChanges()``: the sync runtime (`CloudSync` in `Replica`) fetches when its zone is announced.
     public func changeNotifications() -> AsyncStream<String>? { zoneChanges() }
 
     /// ``zoneChanges()``, calling `onListening` each time its connection starts listening: first, and after each

@@ -207,7 +207,7 @@ extension ModelContext {
     /// record's identifier. Models are values, so the copy ``insert(_:)`` returned keeps the ID it was given; read,
     /// update or reference the record through the identifier this returns.
     ///
-    /// Remembers the most recent ``upsertMemory`` upserts of this context's saves; ``model(for:)`` follows them too.
+    /// Remembers the most recent ``upsertMemory`` upserts of this context's saves; ``model(for:as:)`` follows them too.
     /// - Complexity: O(1).
     public func resolvedIdentifier(for id: PersistentIdentifier) -> PersistentIdentifier {
         upsertRedirects[id] ?? id

@@ -118,7 +118,7 @@ public final class ModelContainer: Sendable {
     }
 
     /// Opens a container for the given model types.
-    /// - Throws: as ``init(for:configurations:environment:)``.
+    /// - Throws: as ``init(for:configurations:environment:)-(Schema,_,_)``.
     public convenience init(for models: any PersistentModel.Type..., configurations: ModelConfiguration..., environment: ReplicaEnvironment = .live) throws {
         try self.init(for: Schema(models), configurations: configurations, environment: environment)
     }

@@ -13,11 +13,11 @@ extension ModelContainer {
     ///
     /// - Parameters:
     ///   - schema: the current schema; it must have the entities of the plan's last schema (its version is the
-    ///     plan's). With `migrationPlan` `nil`, the container opens as ``init(for:configurations:environment:)``.
+    ///     plan's). With `migrationPlan` `nil`, the container opens as ``init(for:configurations:environment:)-(Schema,_,_)``.
     ///   - migrationPlan: the versions and stages.
     ///   - configurations: the stores; with none, one default configuration holds every entity.
     ///   - environment: the sources of time, randomness and identity.
-    /// - Throws: what ``init(for:configurations:environment:)`` throws; ``ReplicaError/loadIssueModelContainer(configuration:reason:)``
+    /// - Throws: what ``init(for:configurations:environment:)-(Schema,_,_)`` throws; ``ReplicaError/loadIssueModelContainer(configuration:reason:)``
     ///   for a plan whose versions do not increase or whose stages do not chain, a store at a version newer than the
     ///   plan's last or one the plan does not list, a read-only store that needs migrating; and whatever a stage's
     ///   `willMigrate` or `didMigrate` throws, unchanged (the store stays at the version before that stage).
