@@ -80,7 +80,10 @@ struct PostgresFaultTests {
                                          owner: "disconnected-\(UUID().uuidString.prefix(8))", devices: 3, seconds: 7, seed: 12,
                                          faults: faults)
         expectPassed(report)
-        #expect(report.faults["disconnect", default: 0] >= 4)
+        // The faults are drawn every 0.15–0.5 s of wall time, each a `replica-device terminate` process; on a loaded
+        // machine few fit in 7 s, so the test asks for two and that a device felt one mid-request.
+        #expect(report.faults["disconnect", default: 0] >= 2)
+        #expect(Self.felt(report, ["network unavailable"]), "no request was caught by a terminated session")
     }
 
     @Test("device processes are killed with SIGKILL mid-write and mid-sync and restarted: devices converge, nothing acknowledged is lost")
