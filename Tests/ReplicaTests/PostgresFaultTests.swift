@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 @testable import Replica
 @testable import ReplicaPostgres
@@ -72,18 +73,33 @@ struct PostgresFaultTests {
     @Test("every session of a device is terminated (pg_terminate_backend) again and again mid-sync: devices converge, nothing is lost")
     func connectionsTerminated() async throws {
         let server = try PostgresTestServer.get()
+        // The sessions are ended from this process (milliseconds), each fault the next device in turn: a
+        // `replica-device terminate` process per fault takes seconds on a loaded machine, and then too few faults
+        // land inside the soak, or only after it.
+        let terminator = Mutex((next: 0, terminated: 0))
         var faults = SoakRun.Faults.none
-        faults.connectionKills = 1
         faults.minimumInterval = 0.15
         faults.maximumInterval = 0.5
+        faults.extra = [(name: "terminate", weight: 1, perform: { @Sendable in
+            try terminator.withLock { state in
+                let device = "device-\(state.next % 3)"
+                state.next += 1
+                let count = try server.rawConnection(role: PostgresTestServer.appRole).integer("""
+                    SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity
+                    WHERE application_name = $1 AND pid <> pg_catalog.pg_backend_pid()
+                    """, [.text("replica-device-\(device)")]) ?? 0
+                state.terminated += Int(count)
+                return "terminated \(count) session(s) of \(device)"
+            }
+        })]
         let report = try await Self.soak("disconnects", url: server.connectionString(role: PostgresTestServer.appRole),
                                          owner: "disconnected-\(UUID().uuidString.prefix(8))", devices: 3, seconds: 7, seed: 12,
                                          faults: faults)
         expectPassed(report)
-        // The faults are drawn every 0.15–0.5 s of wall time, each a `replica-device terminate` process; on a loaded
-        // machine few fit in 7 s, so the test asks for two and that a device felt one mid-request.
-        #expect(report.faults["disconnect", default: 0] >= 2)
-        #expect(Self.felt(report, ["network unavailable"]), "no request was caught by a terminated session")
+        let terminated = terminator.withLock { $0.terminated }
+        // Sessions really ended (the pool reconnects a session dropped while idle without an error, so a device
+        // feels only those ended mid-request; the invariants above are what must hold either way).
+        #expect(terminated >= 4, "\(report.log.filter { $0.contains("terminate") }.prefix(4))")
     }
 
     @Test("device processes are killed with SIGKILL mid-write and mid-sync and restarted: devices converge, nothing acknowledged is lost")
