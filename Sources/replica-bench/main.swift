@@ -143,6 +143,11 @@ let workloads: [Workload] = [
              count: { $0.scaled(100) },
              replica: { size in try otherProcessLatencyTrial(count: size.scaled(100), interval: 20) }, raw: nil,
              repetitions: (full: 3, quick: 1)),
+    // The sync runtime (RuntimeWorkloads.swift): the "≤ 5 ms plus the debounce" and "no CPU while idle".
+    Workload(id: "B17", title: "CloudSync, in-memory cloud: save → sent, beyond a 20 ms debounce", target: .atMostMilliseconds(5),
+             count: { $0.scaled(200) },
+             replica: { size in try runtimeLatencyTrial(saves: size.scaled(200), debounce: 20, idleSeconds: size.quick ? 5 : 60) }, raw: nil,
+             repetitions: (full: 1, quick: 1)),
 ]
 
 let selected = workloads.filter { options.only?.contains($0.id.uppercased()) ?? true }
