@@ -351,7 +351,7 @@ final class Store: Sendable {
         for entity in entities {
             for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
         }
-        return SyncLedger.encodeStampless(defaults)
+        return ReplicaJSON.stamplessString(defaults)
     }
 
     /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
@@ -493,7 +493,7 @@ final class StoreLayout: @unchecked Sendable {
         freshSchemaSQL = Store.freshSchemaSQL(entities, synced: synced)
         statements = entities.map(EntityStatements.init)
         defaultsFingerprint = Store.defaultsFingerprint(entities)
-        fieldUnion = SyncLedger.encodeStampless(StoreFieldUnion(entities: []).adding(entities))
+        fieldUnion = ReplicaJSON.stamplessString(StoreFieldUnion(entities: []).adding(entities))
         attributeTypes = StoreAttributeTypes.encode(StoreAttributeTypes.types(of: entities))
         outboxSQL = SyncLedger.outboxSQL(entities: entities.map(\.name))
     }
