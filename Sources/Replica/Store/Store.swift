@@ -636,13 +636,6 @@ struct StoreLayoutError: Error {
     let reason: String
 }
 
-/// Quotes an SQL identifier. Names are validated identifiers, so this never needs escaping, but it is done anyway.
-func quoted(_ identifier: String) -> String {
-    // Identifiers rarely contain a quote: skip Foundation's search-and-replace (it dominated building query text).
-    guard identifier.utf8.contains(UInt8(ascii: "\"")) else { return "\"" + identifier + "\"" }
-    return "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
-}
-
 /// The SQL text Replica uses for one entity's table, built once per store. A class, so that handing it around per
 /// record retains one reference rather than each of its fields.
 final class EntityStatements: Sendable {
