@@ -339,7 +339,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     /// An explicit `default:` wins; optional attributes keep "no default" (a record without the field reads `nil`).
     /// - Parameters:
     ///   - defaults: a model whose attribute values are the defaults (read once, when the entity is built).
-    ///   - members, uniquenessConstraints, originalName: as ``init(_:uniquenessConstraints:originalName:)``.
+    ///   - members: attributes and relationships, in declaration order.
+    ///   - uniquenessConstraints: compound unique keys, as ``init(_:uniquenessConstraints:originalName:)``.
+    ///   - originalName: the entity's name in an earlier schema version, as ``init(_:uniquenessConstraints:originalName:)``.
     public init(defaults: Model, _ members: [Member], uniquenessConstraints: [[String]] = [], originalName: String? = nil) {
         self.init(members: members.map { $0.takingDefault(from: defaults) }, uniquenessConstraints: uniquenessConstraints,
                   originalName: originalName)
