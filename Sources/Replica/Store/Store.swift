@@ -1,4 +1,3 @@
-import CSQLite
 import Foundation
 import Synchronization
 
@@ -588,13 +587,7 @@ final class StoreLayout: @unchecked Sendable {
                 source = try TemplateDatabase(connection)
                 state = .made(source)
             }
-            guard let backup = sqlite3_backup_init(db.handle, "main", source.connection.handle, "main") else { return false }
-            let stepped = sqlite3_backup_step(backup, -1)
-            let finished = sqlite3_backup_finish(backup)
-            if stepped != SQLITE_DONE || finished != SQLITE_OK {
-                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
-            }
-            return true
+            return try source.connection.copy(into: db)
         }
     }
 }
