@@ -250,6 +250,10 @@ struct ModelTests {
             init(row: ModelRow) throws {
                 id = row.id
                 name = try row.decode(at: 0)
+                // Every field is read: a field left out would be overwritten when the model is saved back (the
+                // container's declaration check reports it).
+                destinationPlaceholder = try row.decode(named: "destination")
+                rating = try row.decode(named: "rating")
                 items = row.references("items")
             }
         }

@@ -173,7 +173,7 @@ public struct ServerChangeToken: Hashable, Sendable, Codable {
         self.sequence = sequence
     }
 
-    /// What `SyncLedger.encode(self)` writes (JSONEncoder, sorted keys), written directly: stored after every fetch.
+    /// What `ReplicaJSON.string(self)` writes (JSONEncoder, sorted keys), written directly: stored after every fetch.
     var ledgerJSON: String { "{\"epoch\":\(epoch),\"sequence\":\(sequence)}" }
 }
 

@@ -137,7 +137,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                 if let row = try db.rows("SELECT change_tag, record FROM cloud_record WHERE zone = ? AND id = ?",
                                          [.text(zone), record.recordID.sqliteValue]).first,
                    case let .text(tag) = row[0], tag != record.changeTag {
-                    guard case let .text(json) = row[1], let server = SyncLedger.decode(CloudRecord.self, json) else {
+                    guard case let .text(json) = row[1], let server = ReplicaJSON.decode(CloudRecord.self, json) else {
                         results.append(.failed(recordID: record.recordID, error: .invalidRecord(
                             reason: Self.unreadable(record.recordID.sqliteValue, zone: zone))))
                         continue
@@ -153,7 +153,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                     ON CONFLICT (zone, id) DO UPDATE SET sequence = excluded.sequence, change_tag = excluded.change_tag,
                         record = excluded.record
                     """, [.text(zone), record.recordID.sqliteValue, .integer(z.sequence), .text(stored.changeTag!),
-                          .text(try SyncLedger.encode(stored))])
+                          .text(try ReplicaJSON.string(stored))])
                 results.append(.saved(recordID: record.recordID, changeTag: stored.changeTag!))
             }
             try db.run("UPDATE cloud_zone SET sequence = ? WHERE name = ?", [.integer(z.sequence), .text(zone)])
@@ -176,7 +176,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
             var records: [CloudRecord] = []
             var unreadable: [UnreadableCloudRecord] = []
             for row in page {
-                if case let .text(json) = row[1], let record = SyncLedger.decode(CloudRecord.self, json) {
+                if case let .text(json) = row[1], let record = ReplicaJSON.decode(CloudRecord.self, json) {
                     records.append(record)
                     continue
                 }
@@ -249,7 +249,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     public func records(in zone: String) throws(CloudError) -> [CloudRecord] {
         try write { db in
             try db.rows("SELECT record FROM cloud_record WHERE zone = ? ORDER BY id", [.text(zone)]).compactMap { row in
-                if case let .text(json) = row[0] { return SyncLedger.decode(CloudRecord.self, json) } else { return nil }
+                if case let .text(json) = row[0] { return ReplicaJSON.decode(CloudRecord.self, json) } else { return nil }
             }
         }
     }

@@ -38,7 +38,7 @@ struct ZoneEncryptionMetadata: Codable, Hashable {
     /// Ascending by version.
     var keys: [WrappedKey]
 
-    var encoded: Data { Data(SyncLedger.encodeStampless(self).utf8) }
+    var encoded: Data { Data(ReplicaJSON.stamplessString(self).utf8) }
 
     /// Parses and checks the shape of `data`.
     static func decode(_ data: Data, zone: String) throws(FieldEncryptionError) -> ZoneEncryptionMetadata {

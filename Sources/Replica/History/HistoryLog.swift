@@ -441,7 +441,3 @@ enum HistoryLog {
         (try? ReplicaJSON.decoder().decode(HistoryTombstone.self, from: Data(json.utf8))) ?? HistoryTombstone()
     }
 }
-
-extension StoreChanges {
-    var isEmpty: Bool { inserted.isEmpty && updated.isEmpty && deleted.isEmpty }
-}

@@ -18,12 +18,12 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
             case toOne(Schema.Relationship, encode: (Model) -> SQLiteValue)
             case toMany(Schema.Relationship, assign: (inout Model, [UUID], ReferenceLoader?) -> Void, members: (Model) -> [UUID])
         }
-        let kind: Kind
+        var kind: Kind
         let keyPath: PartialKeyPath<Model>
         /// The same member reached through a reference: `\Reference<Model>.[dynamicMember: keyPath]`.
         let referenceKeyPath: AnyKeyPath
         /// What predicates and sort descriptors may do with the member.
-        let query: QueryMember
+        var query: QueryMember
         /// For relationships: resolves the references of a batch of models.
         let prefetch: Prefetch?
         /// For to-one relationships: lets the model's unresolved reference load its target through a loader.
@@ -33,6 +33,24 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var sameTargets: ((Model, Model) -> Bool)?
         /// For an attribute that is a stored property of a common type: where and how to load it directly.
         var load: FieldLoad?
+        /// For an attribute: a stored value of its type that reads back as itself, distinct per seed where the type
+        /// allows (what the declaration check of ``ModelEntity/declarationMismatches()`` reads the model from), or
+        /// `nil` when none can be made.
+        var sample: ((_ seed: Int, _ declaredDefault: SQLiteValue?) -> SQLiteValue?)?
+
+        /// This member with, for a non-optional attribute that declares no default, the value `model` holds at its
+        /// key path as the default (what ``ModelEntity/init(defaults:_:uniquenessConstraints:originalName:)`` does).
+        func takingDefault(from model: Model) -> Member {
+            guard case let .attribute(attribute, encode) = kind, attribute.defaultValue == nil, !attribute.isOptional else {
+                return self
+            }
+            var updated = attribute
+            updated.defaultValue = encode(model)
+            var member = self
+            member.kind = .attribute(updated, encode: encode)
+            if case let .attribute(_, composite) = query { member.query = .attribute(updated, composite: composite) }
+            return member
+        }
 
         /// For a member whose value is optional: the same member reached through a reference's flattening
         /// subscript (`\Reference<Model>.[dynamicMember:]` over `KeyPath<Model, Wrapped?>`), which is what
@@ -47,7 +65,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         ///   - name: the attribute name; equal to the property name for `Decodable` models.
         ///   - keyPath: the property.
         ///   - defaultValue: the declared default, used for records created without this field (older app versions).
-        ///     Synced entities need one for every non-optional attribute.
+        ///     Synced entities need one for every non-optional attribute. Without one, an entity made with
+        ///     ``ModelEntity/init(defaults:_:uniquenessConstraints:originalName:)`` takes the property's initial value.
         ///   - options: ``Schema/Attribute/Options``.
         ///   - originalName: the attribute's name in an earlier schema version (``Schema/Attribute/originalName``):
         ///     a local store renames its column. Local entities only.
@@ -62,6 +81,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                                 referenceKeyPath: \Reference<Model>.[dynamicMember: keyPath],
                                 query: .attribute(attribute, composite: CompositeTypeInfo.of(Value.self)), prefetch: nil)
             member.load = FieldLoad.stored(keyPath)
+            member.sample = { seed, declaredDefault in sampleValue(Value.self, seed: seed, declaredDefault: declaredDefault) }
             return member
         }
 
@@ -224,6 +244,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let targetComparers: [(Model, Model) -> Bool]
         let query: EntityQueryInfo
         let codableEncoder: ((Model) -> [SQLiteValue])?
+        /// Every member as the declaration check compares it with the type: fields in ``fieldNames`` order, then the
+        /// to-many relationships.
+        let declaredMembers: [DeclaredMember]
         /// The entity's stored table as a query source (quoted name), and the one-ID lookup that
         /// ``QueryEngine/loadModels(_:ids:prefetch:)`` runs on it when the entity has no pending changes (every
         /// field, `WHERE "id" = ?`): built once, its prepared statement cached by key (no SQL text to build or
@@ -236,8 +259,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
              fieldIndexByKeyPath: [PartialKeyPath<Model>: Int], toManyMembers: [ToManyMember],
              prefetchByName: [String: Prefetch], loaderAttachers: [(inout Model, ReferenceLoader) -> Void],
-             targetComparers: [(Model, Model) -> Bool], query: EntityQueryInfo) {
+             targetComparers: [(Model, Model) -> Bool], query: EntityQueryInfo, declaredMembers: [DeclaredMember]) {
             self.schemaEntity = schemaEntity
+            self.declaredMembers = declaredMembers
             self.fieldNames = schemaEntity.fieldNames
             self.fieldEncoders = fieldEncoders
             self.fieldLoads = fieldLoads
@@ -293,6 +317,37 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
     ///   - originalName: the entity's name in an earlier schema version (``Schema/Entity/originalName``): a local
     ///     store renames its table. Local entities only.
     public init(_ members: [Member], uniquenessConstraints: [[String]] = [], originalName: String? = nil) {
+        self.init(members: members, uniquenessConstraints: uniquenessConstraints, originalName: originalName)
+    }
+
+    /// Describes the entity of `Model`, taking the default of every non-optional attribute that declares none from
+    /// `defaults`: the value `defaults` holds at the attribute's key path. Pass `Model()` to use the initial values the
+    /// type already declares (`var name = ""`), instead of repeating them in `.attribute(…, default:)`:
+    ///
+    /// ```swift
+    /// struct Trip: PersistentModel, Codable {
+    ///     var id = UUID.unassigned
+    ///     var name = ""
+    ///     var rating = 3
+    ///     static let entity = ModelEntity<Trip>(defaults: Trip(), [
+    ///         .attribute("name", \.name),      // default ""
+    ///         .attribute("rating", \.rating),  // default 3
+    ///     ])
+    /// }
+    /// ```
+    ///
+    /// An explicit `default:` wins; optional attributes keep "no default" (a record without the field reads `nil`).
+    /// - Parameters:
+    ///   - defaults: a model whose attribute values are the defaults (read once, when the entity is built).
+    ///   - members: attributes and relationships, in declaration order.
+    ///   - uniquenessConstraints: compound unique keys, as ``init(_:uniquenessConstraints:originalName:)``.
+    ///   - originalName: the entity's name in an earlier schema version, as ``init(_:uniquenessConstraints:originalName:)``.
+    public init(defaults: Model, _ members: [Member], uniquenessConstraints: [[String]] = [], originalName: String? = nil) {
+        self.init(members: members.map { $0.takingDefault(from: defaults) }, uniquenessConstraints: uniquenessConstraints,
+                  originalName: originalName)
+    }
+
+    private init(members: [Member], uniquenessConstraints: [[String]], originalName: String?) {
         var attributes: [Schema.Attribute] = []
         var relationships: [Schema.Relationship] = []
         var attributeEncoders: [(Model) -> SQLiteValue] = []
@@ -304,6 +359,9 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var prefetch: [String: Prefetch] = [:]
         var attachers: [(inout Model, ReferenceLoader) -> Void] = []
         var comparers: [(Model, Model) -> Bool] = []
+        var declaredAttributes: [DeclaredMember] = []
+        var declaredToOne: [DeclaredMember] = []
+        var declaredToMany: [DeclaredMember] = []
         var queryMembers: [AnyKeyPath: QueryMember] = [
             \Model.persistentModelID: .persistentModelID,
             \Reference<Model>.id: .id,
@@ -316,6 +374,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 attributeEncoders.append(encode)
                 attributeLoads.append(member.load)
                 attributeKeyPaths.append(member.keyPath)
+                declaredAttributes.append(DeclaredMember(kind: .attribute(attribute), keyPath: member.keyPath, sample: member.sample))
                 // `\Model.composite.member` key paths (as sort descriptors spell them) reach into composite attributes.
                 if case let .attribute(_, composite?) = member.query, !attribute.isOptional {
                     for (keyPath, path, leaf) in composite.flattenedMembers() {
@@ -328,9 +387,11 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                 relationships.append(relationship)
                 referenceEncoders.append(encode)
                 referenceKeyPaths.append(member.keyPath)
+                declaredToOne.append(DeclaredMember(kind: .toOne(relationship), keyPath: member.keyPath, sample: nil))
             case let .toMany(relationship, assign, read):
                 relationships.append(relationship)
                 toMany.append((relationship, assign, read))
+                declaredToMany.append(DeclaredMember(kind: .toMany(relationship), keyPath: member.keyPath, sample: nil))
             }
             if let attach = member.attachLoader { attachers.append(attach) }
             if let compare = member.sameTargets { comparers.append(compare) }
@@ -349,7 +410,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                           fieldIndexByKeyPath: byKeyPath, toManyMembers: toMany, prefetchByName: prefetch,
                           loaderAttachers: attachers, targetComparers: comparers,
                           query: EntityQueryInfo(name: Model.entityName, modelType: Model.self, schemaEntity: entity,
-                                                 members: queryMembers))
+                                                 members: queryMembers),
+                          declaredMembers: declaredAttributes + declaredToOne + declaredToMany)
     }
 
     /// The snapshot of `model`: its ID, every field's stored value and the members of its to-many relationships,

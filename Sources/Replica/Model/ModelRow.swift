@@ -129,6 +129,8 @@ final class RowLayout {
     let toMany: [String: [UUID]]
     /// Advanced for every statement row, so that rows cannot be read after their turn.
     @exclusivity(unchecked) var generation = 0
+    /// Set only for the sample row of the declaration check: records what the model's `Decodable` path reads.
+    var probe: DeclarationProbe?
 
     init(entityName: String, fieldIndexByName: [String: Int], toManyNames: [String], statement: Statement?, columns: [Int32],
          defaults: [SQLiteValue], toMany: [String: [UUID]] = [:]) {
@@ -267,7 +269,10 @@ struct ModelRowDecoder: Decoder {
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
-        KeyedDecodingContainer(RowKeyedContainer<Key>(row: row))
+        if let probe = row.layout.probe {
+            return KeyedDecodingContainer(ProbeKeyedContainer(base: RowKeyedContainer<Key>(row: row), probe: probe))
+        }
+        return KeyedDecodingContainer(RowKeyedContainer<Key>(row: row))
     }
 
     func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
@@ -279,7 +284,7 @@ struct ModelRowDecoder: Decoder {
     }
 }
 
-private struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
+struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
     let row: ModelRow
     var codingPath: [any CodingKey] { [] }
     var allKeys: [Key] {

@@ -20,7 +20,12 @@ import Foundation
 /// }
 /// ```
 ///
-/// Property names must equal attribute names when the default (`Decodable`) row decoding is used.
+/// Property names must equal attribute names when the default (`Decodable`) row decoding is used. A container opened
+/// with `Schema([Trip.self, …])` checks each entity description against its type and throws
+/// ``ReplicaError/invalidModelDeclaration(_:)`` for a mismatch (a property with no attribute, an attribute no property
+/// reads, another type, a default the property cannot read, a relationship declared as an attribute or the reverse,
+/// an optional attribute on a required property, a field bound to the wrong key path). ``ModelEntity/init(defaults:_:uniquenessConstraints:originalName:)``
+/// takes attribute defaults from the type's initial values.
 /// A type can instead implement ``init(row:)`` by hand for the fastest reads. Writes read the entity's key paths;
 /// a model that adopts ``CodablePersistentModel`` is written through its `Encodable` conformance instead.
 public protocol PersistentModel: Sendable, Identifiable where ID == UUID {

@@ -169,6 +169,21 @@ final class Connection {
         }
     }
 
+    /// Copies this connection's main database into `destination`'s main database, replacing its content, with
+    /// SQLite's online backup API in one step (https://www.sqlite.org/backup.html).
+    /// - Returns: `false` (nothing copied) when SQLite cannot start the backup (`sqlite3_backup_init` fails, e.g.
+    ///   while `destination` has a read transaction open).
+    /// - Throws: ``SQLiteError`` when a started copy fails.
+    func copy(into destination: Connection) throws -> Bool {
+        guard let backup = sqlite3_backup_init(destination.handle, "main", handle, "main") else { return false }
+        let stepped = sqlite3_backup_step(backup, -1)
+        let finished = sqlite3_backup_finish(backup)
+        if stepped != SQLITE_DONE || finished != SQLITE_OK {
+            throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: destination.handle, sql: "backup of the store schema")
+        }
+        return true
+    }
+
     // MARK: Statements
 
     /// Runs one or more SQL statements that take no parameters and return no rows of interest.

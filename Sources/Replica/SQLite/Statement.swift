@@ -152,13 +152,14 @@ final class Statement {
         }
     }
 
-    /// Binds the 64-digit text form of `stamp` to the parameter at 0-based `index` from a stack buffer, and runs
-    /// `body` (see ``withStaticText(_:at:_:)``).
+    /// Binds `count` bytes of text, written by `writing` into a stack buffer, to the parameter at 0-based `index`
+    /// without a copy, and runs `body` (see ``withStaticText(_:at:_:)``): text of a fixed length bound without
+    /// allocating a `String`. `writing` must initialize all `count` bytes (UTF-8).
     @inline(__always)
-    func withStaticStamp<R>(_ stamp: FieldStamp, at index: Int32, _ body: () throws -> R) throws -> R {
-        guard stamp.fitsHex else { return try withStaticText(stamp.description, at: index, body) }
-        return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { buffer in
-            stamp.writeHex(into: buffer, at: 0)
+    func withStaticText<R>(count: Int, writing: (UnsafeMutableBufferPointer<UInt8>) -> Void, at index: Int32,
+                           _ body: () throws -> R) throws -> R {
+        try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count) { buffer in
+            writing(buffer)
             try check(bindText(UnsafeRawBufferPointer(buffer), at: index, copying: false), parameter: index)
             return try body()
         }

@@ -29,16 +29,26 @@ public struct Schema: Sendable, Hashable, Codable {
     public var version: Version
     /// The entities, in declaration order.
     public private(set) var entities: [Entity]
+    /// Where the entity descriptions of the model types this schema was built from disagree with the types
+    /// (``ModelDeclarationMismatch``); empty for a schema of explicit entity descriptions or a decoded one. Found when
+    /// the schema is built from model types, reported when a container opens. Not part of equality or coding.
+    var declarationMismatches: [ModelDeclarationMismatch] = []
+
+    private enum CodingKeys: String, CodingKey { case version, entities }
+
+    public static func == (lhs: Schema, rhs: Schema) -> Bool {
+        lhs.version == rhs.version && lhs.entities == rhs.entities
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(version)
+        hasher.combine(entities)
+    }
 
     /// A schema of explicit entity descriptions.
     public init(entities: [Entity], version: Version = Version(1, 0, 0)) {
         self.entities = entities
         self.version = version
-    }
-
-    /// A schema of the entities of the given model types, in the given order.
-    public init(_ models: [any PersistentModel.Type], version: Version = Version(1, 0, 0)) {
-        self.init(entities: models.map { $0.schemaEntity }, version: version)
     }
 
     /// The entity named `name`, if the schema has one. Complexity: O(n) in the number of entities.

@@ -25,12 +25,15 @@ public final class ModelContainer: Sendable {
     ///   - schema: every entity the app uses.
     ///   - configurations: the stores; with none, one default configuration holds every entity.
     ///   - environment: the sources of time, randomness and identity (``ReplicaEnvironment/live`` in production).
-    /// - Throws: ``ReplicaError``: `.invalidSchema` (every violation at once, including the synced-store rules),
+    /// - Throws: ``ReplicaError``: `.invalidModelDeclaration` (a schema built from model types whose entity
+    ///   descriptions disagree with the types, every mismatch at once), `.invalidSchema` (every violation at once,
+    ///   including the synced-store rules),
     ///   `.duplicateConfiguration`, `.configurationFileNameContainsInvalidCharacters`,
     ///   `.configurationSchemaNotFoundInContainerSchema`, `.entityNotRoutable`, `.crossStoreRelationship`,
     ///   `.loadIssueModelContainer`.
     public init(for schema: Schema, configurations: [ModelConfiguration] = [], environment: ReplicaEnvironment = .live) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
+        if !schema.declarationMismatches.isEmpty { throw ReplicaError.invalidModelDeclaration(schema.declarationMismatches) }
         let structural = SchemaValidator(schema: schema).violations()
         if !structural.isEmpty {
             let synced = Self.syncedViolations(of: schema, configurations)

@@ -18,6 +18,10 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case crossStoreRelationship(entity: String, relationship: String)
     /// The schema, or a configuration's use of it, is invalid.
     case invalidSchema(SchemaValidationError)
+    /// The entity descriptions of the model types the schema was built from (`Schema([Trip.self, …])`) disagree
+    /// with the types: every mismatch found, each naming the entity's member and the Swift property. Found when the
+    /// container opens, so that no store is opened and no read fails later.
+    case invalidModelDeclaration([ModelDeclarationMismatch])
     /// A store could not be opened or prepared (missing read-only file, unreadable file, not a database, ...).
     case loadIssueModelContainer(configuration: String, reason: String)
     /// A save was refused because models failed validation. Nothing was written.
@@ -73,6 +77,8 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
                 : "entity '\(entity)' is in several configurations: \(configurations.joined(separator: ", "))"
         case let .crossStoreRelationship(entity, relationship): return "\(entity).\(relationship) points into another store"
         case let .invalidSchema(error): return error.description
+        case let .invalidModelDeclaration(mismatches):
+            return "model declarations do not match their types: " + mismatches.map(\.description).joined(separator: "; ")
         case let .loadIssueModelContainer(configuration, reason): return "cannot load store '\(configuration)': \(reason)"
         case let .modelValidationFailure(failures): return "validation failed: " + failures.map(\.description).joined(separator: "; ")
         case let .readOnlyStore(configuration): return "store '\(configuration)' is read-only"

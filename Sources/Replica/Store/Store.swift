@@ -1,4 +1,3 @@
-import CSQLite
 import Foundation
 import Synchronization
 
@@ -351,7 +350,7 @@ final class Store: Sendable {
         for entity in entities {
             for attribute in entity.attributes { defaults["\(entity.name).\(attribute.name)"] = attribute.defaultValue ?? .null }
         }
-        return SyncLedger.encodeStampless(defaults)
+        return ReplicaJSON.stamplessString(defaults)
     }
 
     /// R8: a synced field with no write in its record's current incarnation shows its declared default. Rows keep the
@@ -493,7 +492,7 @@ final class StoreLayout: @unchecked Sendable {
         freshSchemaSQL = Store.freshSchemaSQL(entities, synced: synced)
         statements = entities.map(EntityStatements.init)
         defaultsFingerprint = Store.defaultsFingerprint(entities)
-        fieldUnion = SyncLedger.encodeStampless(StoreFieldUnion(entities: []).adding(entities))
+        fieldUnion = ReplicaJSON.stamplessString(StoreFieldUnion(entities: []).adding(entities))
         attributeTypes = StoreAttributeTypes.encode(StoreAttributeTypes.types(of: entities))
         outboxSQL = SyncLedger.outboxSQL(entities: entities.map(\.name))
     }
@@ -588,13 +587,7 @@ final class StoreLayout: @unchecked Sendable {
                 source = try TemplateDatabase(connection)
                 state = .made(source)
             }
-            guard let backup = sqlite3_backup_init(db.handle, "main", source.connection.handle, "main") else { return false }
-            let stepped = sqlite3_backup_step(backup, -1)
-            let finished = sqlite3_backup_finish(backup)
-            if stepped != SQLITE_DONE || finished != SQLITE_OK {
-                throw SQLiteError(code: stepped != SQLITE_DONE ? stepped : finished, connection: db.handle, sql: "backup of the store schema")
-            }
-            return true
+            return try source.connection.copy(into: db)
         }
     }
 }
@@ -634,13 +627,6 @@ private struct IdleConnection: @unchecked Sendable {
 /// ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
 struct StoreLayoutError: Error {
     let reason: String
-}
-
-/// Quotes an SQL identifier. Names are validated identifiers, so this never needs escaping, but it is done anyway.
-func quoted(_ identifier: String) -> String {
-    // Identifiers rarely contain a quote: skip Foundation's search-and-replace (it dominated building query text).
-    guard identifier.utf8.contains(UInt8(ascii: "\"")) else { return "\"" + identifier + "\"" }
-    return "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
 }
 
 /// The SQL text Replica uses for one entity's table, built once per store. A class, so that handing it around per

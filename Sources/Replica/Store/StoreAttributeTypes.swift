@@ -27,13 +27,13 @@ enum StoreAttributeTypes {
     static func key(_ entity: String, _ attribute: String) -> String { entity + "." + attribute }
 
     /// The stored form of `types` (sorted keys, so equal maps have equal text).
-    static func encode(_ types: [String: String]) -> String { SyncLedger.encodeStampless(types) }
+    static func encode(_ types: [String: String]) -> String { ReplicaJSON.stamplessString(types) }
 
     /// The recorded types, or `nil` when the store has none (written before they were recorded) or they do not decode
     /// (damaged metadata: then, as for an old store, the current declaration is recorded, after the column check).
     static func read(_ db: Connection) throws -> [String: String]? {
         guard case let .text(json)? = try db.scalar(readSQL) else { return nil }
-        return SyncLedger.decode([String: String].self, json)
+        return ReplicaJSON.decode([String: String].self, json)
     }
 
     /// Records the types of `entities` (inside the caller's write transaction) over `recorded` (the stored map with

@@ -45,7 +45,7 @@ struct StoreFieldUnion: Codable, Equatable {
         // then an older process keeps the fields it does not know as unknown fields (R9) — and the bytes that did not
         // decode are replaced, not read as an empty union.
         let current: StoreFieldUnion
-        if case let .text(json)? = stored, let decoded = SyncLedger.decode(StoreFieldUnion.self, json) {
+        if case let .text(json)? = stored, let decoded = ReplicaJSON.decode(StoreFieldUnion.self, json) {
             current = decoded
         } else {
             current = StoreFieldUnion(entities: [])
@@ -53,7 +53,7 @@ struct StoreFieldUnion: Codable, Equatable {
         let union = current.adding(entities)
         guard union != current || stored == nil else { return }
         try db.run("INSERT INTO replica_metadata (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   [.text(metadataKey), .text(SyncLedger.encode(union))])
+                   [.text(metadataKey), .text(ReplicaJSON.string(union))])
     }
 }
 
@@ -90,7 +90,7 @@ final class StoreColumnFieldsCache: Sendable {
             return Array(repeating: [], count: store.entities.count)
         }
         if let known = state.withLock({ $0 }), known.text == text { return known.fields }
-        guard let union = SyncLedger.decode(StoreFieldUnion.self, text) else {
+        guard let union = ReplicaJSON.decode(StoreFieldUnion.self, text) else {
             // Damaged after this process opened the store: never read as "no other version's fields" (a merge would
             // then keep their values aside, and a save could drop them); the next open records the union again.
             throw ReplicaError.corruptBookkeeping(BookkeepingCorruption(store: store.configuration.name, recordID: nil,
