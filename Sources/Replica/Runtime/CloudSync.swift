@@ -48,6 +48,13 @@ public actor CloudSync {
         public var maxRequestsPerPass = 10_000
         /// Events buffered per ``CloudSync/events`` subscriber before the oldest are dropped.
         public var eventBufferLimit = 1_000
+        /// What the store does when the cloud reports its zone deleted (the engine's
+        /// ``SyncEngine/Options/zoneDeletionPolicy``): keep and upload again (the default), erase, or ask — then
+        /// answer with ``CloudSync/resolveZoneDeletion(_:)`` after ``CloudSyncEvent/zoneDeleted(zone:reason:)``.
+        public var zoneDeletionPolicy: ZoneDeletionPolicy {
+            get { engine.zoneDeletionPolicy }
+            set { engine.zoneDeletionPolicy = newValue }
+        }
         public init() {}
     }
 
@@ -218,6 +225,27 @@ public actor CloudSync {
         wakeup.signal()
     }
 
+    /// Answers the zone deletion the store waits on (policy ``ZoneDeletionPolicy/ask``; see
+    /// ``SyncEngine/resolveZoneDeletion(_:)``), then syncs at once (unless paused). Waits for a request under way.
+    /// - Parameter response: keep the local data and upload it again, or erase it.
+    /// - Returns: `false` when no deletion was waiting for an answer.
+    /// - Throws: ``SQLiteError`` when the store cannot be written.
+    @discardableResult
+    public func resolveZoneDeletion(_ response: ZoneDeletionResponse) async throws -> Bool {
+        await acquireRun()
+        defer { releaseRun() }
+        guard try engine.resolveZoneDeletion(response) else { return false }
+        // What an erase deleted is reported as fetched changes (sync-authored deletions).
+        try report(nil, nil)
+        passRequested = true
+        fetchRequested = true
+        wakeup.signal()
+        return true
+    }
+
+    /// The zone deletion waiting for an answer (``ZoneDeletionPolicy/ask``), or `nil`.
+    public var pendingZoneDeletion: ZoneDeletion? { engine.pendingZoneDeletion }
+
     /// Stops the runtime for good: waits for a request in flight (its response is applied), gives up the upload
     /// lease (another process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the
     /// outbox for the next runtime.
@@ -361,7 +389,7 @@ public actor CloudSync {
     private func settleState(_ status: SyncStatus) {
         if stopped { return setState(.stopped) }
         if isPaused { return setState(.paused) }
-        if status.blockedBy != nil || engine.blockingEncryptionError != nil { return setState(.blocked) }
+        if status.blockedBy != nil || engine.blockingEncryptionError != nil || status.zoneDeletion != nil { return setState(.blocked) }
         if engine.wakeTime != nil, let error = status.lastError {
             return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
         }
@@ -377,8 +405,13 @@ public actor CloudSync {
 
     // MARK: Events
 
-    /// Turns one handled request into events.
-    private func report(_ request: SyncRequest, _ result: Result<CloudOperationResult, CloudError>) throws {
+    /// Turns one handled request into events (`nil`: the engine changed the store outside a request, e.g. an erase
+    /// answering a zone deletion).
+    private func report(_ request: SyncRequest?, _ result: Result<CloudOperationResult, CloudError>?) throws {
+        // The deletion first: an erase it led to is among the imports below.
+        if case let .failure(error)? = result, error.isZoneMissing {
+            broadcaster.emit(.zoneDeleted(zone: zone, reason: error.zoneDeletionReason))
+        }
         let imports = engine.importLog
         engine.importLog.removeAll()
         for changes in imports {
@@ -388,15 +421,16 @@ public actor CloudSync {
                 deleted: changes.deleted.map(\.id))
             if !fetched.isEmpty { broadcaster.emit(.fetchedChanges(fetched)) }
         }
-        switch result {
-        case let .success(.modified(results)), let .failure(.partialFailure(results)):
-            reportSaves(results, of: request)
-        case let .failure(error):
-            broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
-            if error == .zoneNotFound { broadcaster.emit(.zoneDeleted(zone: zone)) }
-            if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
-        case .success:
-            break
+        if let request, let result {
+            switch result {
+            case let .success(.modified(results)), let .failure(.partialFailure(results)):
+                reportSaves(results, of: request)
+            case let .failure(error):
+                broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
+                if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
+            case .success:
+                break
+            }
         }
         let (entries, position) = try engine.conflictLogEntries(after: conflictPosition)
         conflictPosition = position
