@@ -225,6 +225,42 @@ public actor CloudSync {
         wakeup.signal()
     }
 
+    /// Replaces the store's key provider — e.g. after ``CloudSyncEvent/encryptionKeyNeeded(_:)`` with
+    /// ``FieldEncryptionError/wrongKey(zone:)``, with the right passphrase — or turns field encryption on (see
+    /// ``SyncEngine/setEncryptionKeyProvider(_:)``), then syncs at once (unless paused). Waits for a request under way.
+    /// - Parameter provider: the key provider.
+    /// - Throws: ``FieldEncryptionError/outOfGuardedMemory``.
+    public func setEncryptionKeyProvider(_ provider: any FieldKeyProvider) async throws {
+        try await changingKeys { try $0.setEncryptionKeyProvider(provider) }
+    }
+
+    /// Rotates the zone's field key at the next pass, which starts at once unless paused (see
+    /// ``SyncEngine/rotateEncryptionKey()``); ``CloudSyncEvent/encryptionKeyChanged(zone:)`` follows.
+    /// - Throws: ``FieldEncryptionError/noKey(zone:)`` when the store has no field encryption.
+    public func rotateEncryptionKey() async throws {
+        try await changingKeys { try $0.rotateEncryptionKey() }
+    }
+
+    /// Resets the zone's encryption after a lost key (see ``SyncEngine/resetEncryption(keyProvider:)``): the zone is
+    /// deleted (reason ``ZoneDeletionReason/encryptedDataReset``) and created again with keys from `keyProvider`, and
+    /// every local record is uploaded under them. Local data is never deleted. Starts at once unless paused.
+    /// - Parameter keyProvider: the new key's provider.
+    /// - Throws: ``FieldEncryptionError/outOfGuardedMemory``.
+    public func resetEncryption(keyProvider: any FieldKeyProvider) async throws {
+        try await changingKeys { try $0.resetEncryption(keyProvider: keyProvider) }
+    }
+
+    /// Runs `change` on the engine between requests, then asks for a pass with a fetch.
+    private func changingKeys(_ change: (SyncEngine) throws -> Void) async throws {
+        await acquireRun()
+        defer { releaseRun() }
+        guard !stopped else { return }
+        try change(engine)
+        passRequested = true
+        fetchRequested = true
+        wakeup.signal()
+    }
+
     /// Answers the zone deletion the store waits on (policy ``ZoneDeletionPolicy/ask``; see
     /// ``SyncEngine/resolveZoneDeletion(_:)``), then syncs at once (unless paused). Waits for a request under way.
     /// - Parameter response: keep the local data and upload it again, or erase it.
