@@ -74,7 +74,9 @@ public actor CloudSync {
     /// The current state (as last reported by ``CloudSyncEvent/stateChanged(_:)``).
     public private(set) var state: CloudSyncState = .idle
     /// When the last pass ended with the store up to date with the cloud (the engine idle, no error), from the
-    /// environment's clock; `nil` before the first in this process.
+    /// environment's clock, at millisecond precision. Kept in the store (``SyncEngine/lastSyncDate()``): a runtime
+    /// started after a restart — or in another process of an app group — starts with the last one recorded; `nil`
+    /// before the store's first.
     public private(set) var lastSyncDate: Date?
     /// `true` while automatic syncing is paused.
     public private(set) var isPaused = false
@@ -113,6 +115,7 @@ public actor CloudSync {
         self.broadcaster = CloudSyncEventBroadcaster(bufferLimit: max(1, options.eventBufferLimit))
         self.conflictPosition = try engine.conflictLogPosition()
         self.keyVersions = engine.encryptionKeyVersions
+        self.lastSyncDate = try engine.lastSyncDate()
         // The subscription starts now, so that no save after this initializer returns is missed.
         let iterator = try container.changes(in: [storeName]).makeAsyncIterator()
         let wakeup = self.wakeup
@@ -414,8 +417,8 @@ public actor CloudSync {
         case .idle: break
         }
         if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
-        if case .idle = end, status.lastError == nil, status.blockedBy == nil, engine.blockingEncryptionError == nil {
-            lastSyncDate = container.environment.now()
+        if case .idle = end, engine.completedSync(status) {
+            lastSyncDate = try engine.recordSync(at: container.environment.now())
         }
         if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = cloud.changeCounter() }
         settleState(status)
