@@ -106,7 +106,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
             let reason = try? await pool.run { connection throws(PGFailure) -> String? in
                 try connection.query(SQL.zoneDeletionReason, parameters, prepare: prepare).string(0, 0)
             }
-            guard case let text?? = reason, let known = ZoneDeletionReason(rawValue: text) else { throw .zoneNotFound }
+            guard let text = reason, let known = ZoneDeletionReason(rawValue: text) else { throw .zoneNotFound }
             throw .zoneDeleted(reason: known)
         }
     }
