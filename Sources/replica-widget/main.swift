@@ -11,7 +11,7 @@
 //                                           "ready", then block on stdin (the test kills it while it holds the lease)
 //   replica-widget runtime DIR CLOUD EXPECT TEXT...
 //                                           open the app-group *synced* store with a sync runtime (CloudSync: 50 ms
-//                                           debounce, 500 ms timer, 3 s lease) against CLOUD, insert one note per
+//                                           debounce, 500 ms timer, 10 s lease) against CLOUD, insert one note per
 //                                           TEXT, wait (at most 60 s) until the store holds EXPECT notes, then print
 //                                           {"texts": [sorted], "requests": [{"name", "start", "end"}]} (wall-clock
 //                                           milliseconds of every request this process performed) and stop
@@ -132,7 +132,7 @@ if arguments.count >= 5, arguments[1] == "runtime" {
         options.debounceMilliseconds = 50
         options.timerMilliseconds = 500
         options.cloudPollingMilliseconds = 200
-        options.engine.leaseDurationMilliseconds = 3_000
+        options.engine.leaseDurationMilliseconds = 10_000
         let sync = try device.startSync(store: "shared-synced", cloud: cloud, options: options)
         let context = ModelContext(device)
         context.author = "widget"
