@@ -79,10 +79,35 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
     }
 
     public func deleteZone(_ zone: String) async throws(CloudError) {
-        let parameters = [PGParameter.text(owner), .text(zone)]
+        try await deleteZone(zone, reason: .deleted)
+    }
+
+    /// Deletes `zone` for `reason` (`replica.delete_zone` with a reason, schema step 4), kept until the zone is created
+    /// again: operations on it fail with ``CloudError/zoneDeleted(reason:)`` meanwhile.
+    public func deleteZone(_ zone: String, reason: ZoneDeletionReason) async throws(CloudError) {
+        let parameters = [PGParameter.text(owner), .text(zone), .text(reason.rawValue)]
         let prepare = preparesStatements
-        _ = try await pool.run { connection throws(PGFailure) in
-            _ = try connection.query(SQL.deleteZone, parameters, prepare: prepare)
+        try await explainingMissingZone(zone) { () async throws(CloudError) in
+            _ = try await pool.run { connection throws(PGFailure) in
+                _ = try connection.query(SQL.deleteZoneForReason, parameters, prepare: prepare)
+            }
+        }
+    }
+
+    /// Runs `body`; when it finds the zone missing (RZ001), asks the server why (`replica.zone_deletion_reason`): a
+    /// known reason makes the error ``CloudError/zoneDeleted(reason:)``. Only failing requests pay for the question;
+    /// when it cannot be answered (the server is gone again), the error stays ``CloudError/zoneNotFound``.
+    private func explainingMissingZone<T>(_ zone: String, _ body: () async throws(CloudError) -> T) async throws(CloudError) -> T {
+        do {
+            return try await body()
+        } catch .zoneNotFound {
+            let parameters = [PGParameter.text(owner), .text(zone)]
+            let prepare = preparesStatements
+            let reason = try? await pool.run { connection throws(PGFailure) -> String? in
+                try connection.query(SQL.zoneDeletionReason, parameters, prepare: prepare).string(0, 0)
+            }
+            guard let text = reason, let known = ZoneDeletionReason(rawValue: text) else { throw .zoneNotFound }
+            throw .zoneDeleted(reason: known)
         }
     }
 
@@ -111,7 +136,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                                          .byteaArray(bodies)]
         let prepare = preparesStatements
         let count = sent.count
-        let rows = try await pool.run { connection throws(PGFailure) -> [(saved: Bool, tag: String, body: Data?)] in
+        let rows = try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> [(saved: Bool, tag: String, body: Data?)] in
             let result = try connection.query(SQL.modifyRecords, parameters, prepare: prepare)
             guard result.count == count else {
                 throw PGFailure(origin: .unexpectedResult, message: "modify_records returned \(result.count) results for \(count) records")
@@ -122,7 +147,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                 }
                 return (saved, tag, result.data(row, 2))
             }
-        }
+        } }
         var answers = zip(sent, rows).makeIterator()
         return records.indices.map { index in
             if let failure = refused[index] { return failure }
@@ -142,7 +167,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                                          token.map { .int8($0.sequence) } ?? .null(.int8), .int4(limit)]
         let prepare = preparesStatements
         typealias Row = (sequence: Int64, id: UUID, tag: String, body: Data)
-        let (epoch, zoneSequence, rows) = try await pool.run { connection throws(PGFailure) -> (Int64, Int64, [Row]) in
+        let (epoch, zoneSequence, rows) = try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> (Int64, Int64, [Row]) in
             let result = try connection.query(SQL.fetchChanges, parameters, prepare: prepare)
             guard result.count >= 1, let epoch = result.int64(0, 0), let zoneSequence = result.int64(0, 1) else {
                 throw PGFailure(origin: .unexpectedResult, message: "fetch_changes returned no zone header")
@@ -157,7 +182,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                 rows.append((sequence, id, tag, body))
             }
             return (epoch, zoneSequence, rows)
-        }
+        } }
         let more = rows.count > Int(limit)
         let page = rows.prefix(Int(limit))
         var records: [CloudRecord] = []
@@ -182,7 +207,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
     public func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] {
         let parameters = [PGParameter.text(owner), .text(zone)]
         let prepare = preparesStatements
-        return try await pool.run { connection throws(PGFailure) -> [String: Data] in
+        return try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> [String: Data] in
             let result = try connection.query(SQL.zoneMetadata, parameters, prepare: prepare)
             var metadata: [String: Data] = [:]
             for row in 0..<result.count {
@@ -192,20 +217,20 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
                 metadata[key] = value
             }
             return metadata
-        }
+        } }
     }
 
     public func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
         let parameters: [PGParameter] = [.text(owner), .text(zone), .text(key), .bytea(value),
                                          expected.map { .bytea($0) } ?? .null(.bytea)]
         let prepare = preparesStatements
-        return try await pool.run { connection throws(PGFailure) -> Data in
+        return try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> Data in
             let result = try connection.query(SQL.setZoneMetadata, parameters, prepare: prepare)
             guard result.count == 1, let stored = result.data(0, 0) else {
                 throw PGFailure(origin: .unexpectedResult, message: "set_zone_metadata returned no value")
             }
             return stored
-        }
+        } }
     }
 
     /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
@@ -221,7 +246,8 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
     /// The statements: calls of the schema's functions, parameters bound (`Specs/cloud-postgres.md`).
     enum SQL {
         static let createZone = "SELECT replica.create_zone($1, $2)"
-        static let deleteZone = "SELECT replica.delete_zone($1, $2)"
+        static let deleteZoneForReason = "SELECT replica.delete_zone($1, $2, $3)"
+        static let zoneDeletionReason = "SELECT replica.zone_deletion_reason($1, $2)"
         static let modifyRecords = "SELECT out_saved, out_change_tag, out_body FROM replica.modify_records($1, $2, $3, $4, $5, $6)"
         static let fetchChanges = """
             SELECT out_epoch, out_zone_sequence, out_sequence, out_id, out_change_tag, out_body

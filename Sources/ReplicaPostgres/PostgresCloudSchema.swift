@@ -440,5 +440,6 @@ enum PostgresCloudSchema {
             REVOKE EXECUTE ON FUNCTION replica.create_login(text, text, text) FROM replica_user, replica_app;
             """),
         lineageAndShards,
+        zoneDeletionReasons,
     ]
 }

@@ -9,7 +9,7 @@ import Replica
 /// | 40001 serialization failure, 40P01 deadlock, 55P03 lock timeout | ``CloudError/zoneBusy(retryAfterMilliseconds:)`` (100 ms) |
 /// | 28P01 / 28000 authentication, 42501 privilege, a refused login, an unknown role or database (3D000) | ``CloudError/permissionFailure(reason:)`` naming the role |
 /// | 53100 disk full | ``CloudError/quotaExceeded`` |
-/// | RZ001 (the schema's "zone not found") | ``CloudError/zoneNotFound`` |
+/// | RZ001 (the schema's "zone not found") | ``CloudError/zoneNotFound``, or ``CloudError/zoneDeleted(reason:)`` when `replica.zone_deletion_reason` names why (asked by ``PostgresCloudDatabase`` after the failure) |
 /// | RZ002 (the schema's "change token expired") | ``CloudError/changeTokenExpired`` |
 /// | class 22 (data exception), 54000 (program limit: a record too large) | ``CloudError/invalidRecord(reason:)`` |
 /// | 42P01, 42883, 3F000 (no such table, function or schema) | ``CloudError/serviceUnavailable(reason:)`` saying to run `replica-cloud init` |

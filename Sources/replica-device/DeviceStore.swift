@@ -106,6 +106,11 @@ final class CountingCloud: CloudDatabase, @unchecked Sendable {
         try await base.deleteZone(zone)
     }
 
+    func deleteZone(_ zone: String, reason: ZoneDeletionReason) async throws(CloudError) {
+        requests += 1
+        try await base.deleteZone(zone, reason: reason)
+    }
+
     func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
         requests += 1
         let results = try await base.modifyRecords(records, in: zone)

@@ -9,6 +9,12 @@
 //   replica-widget lease-hold DIR CLOUD MS    open the app-group *synced* store, insert a note, take the upload lease
 //                                           (duration MS) by performing one sync request against CLOUD, print
 //                                           "ready", then block on stdin (the test kills it while it holds the lease)
+//   replica-widget runtime DIR CLOUD EXPECT TEXT...
+//                                           open the app-group *synced* store with a sync runtime (CloudSync: 50 ms
+//                                           debounce, 500 ms timer, 10 s lease) against CLOUD, insert one note per
+//                                           TEXT, wait (at most 60 s) until the store holds EXPECT notes, then print
+//                                           {"texts": [sorted], "requests": [{"name", "start", "end"}]} (wall-clock
+//                                           milliseconds of every request this process performed) and stop
 //   replica-widget hold DIR COUNT           insert COUNT notes inside one open transaction, print "ready", then block
 //                                           on stdin (the test kills the process with SIGKILL mid-transaction)
 //
@@ -71,6 +77,76 @@ if arguments.count >= 5, arguments[1] == "lease-hold" {
         print("ready")
         fflush(nil)
         _ = readLine()
+    } catch {
+        FileHandle.standardError.write(Data("replica-widget: \(error)\n".utf8))
+        exit(1)
+    }
+    exit(0)
+}
+/// A cloud that logs when each request of this process ran (wall-clock milliseconds).
+final class LoggingCloud: CloudDatabase, @unchecked Sendable {
+    let base: SQLiteCloudDatabase
+    private let lock = NSLock()
+    private var entries: [[String: Any]] = []
+    init(_ base: SQLiteCloudDatabase) { self.base = base }
+
+    var log: [[String: Any]] { lock.withLock { entries } }
+    private func logged<T>(_ name: String, _ body: () throws(CloudError) -> T) throws(CloudError) -> T {
+        let start = Int64(Date().timeIntervalSince1970 * 1000)
+        defer {
+            let end = Int64(Date().timeIntervalSince1970 * 1000)
+            lock.withLock { entries.append(["name": name, "start": start, "end": end]) }
+        }
+        return try body()
+    }
+    func createZone(_ zone: String) async throws(CloudError) { try logged("createZone") { () throws(CloudError) in try base.createZone(zone) } }
+    func deleteZone(_ zone: String) async throws(CloudError) { try logged("deleteZone") { () throws(CloudError) in try base.deleteZone(zone) } }
+    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
+        try logged("modifyRecords") { () throws(CloudError) in try base.modifyRecords(records, in: zone) }
+    }
+    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
+        try logged("fetchZoneChanges") { () throws(CloudError) in try base.fetchZoneChanges(zone, since: token, limit: limit) }
+    }
+    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] {
+        try logged("fetchZoneMetadata") { () throws(CloudError) in try base.zoneMetadata(zone) }
+    }
+    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
+        try logged("setZoneMetadata") { () throws(CloudError) in try base.setZoneMetadata(zone, key: key, value: value, ifCurrent: expected) }
+    }
+    func changeCounter() -> Int64? { base.changeCounter() }
+}
+
+if arguments.count >= 5, arguments[1] == "runtime" {
+    do {
+        var environment = ReplicaEnvironment.live
+        let groups = URL(fileURLWithPath: arguments[2], isDirectory: true)
+        environment.appGroupDirectory = { groups.appendingPathComponent($0, isDirectory: true) }
+        environment.processIdentity = ProcessIdentity(bundleIdentifier: "com.example.trips.widget", processName: "widget",
+                                                      processID: ProcessInfo.processInfo.processIdentifier)
+        let device = try ModelContainer(for: Schema([Note.self]), configurations: [
+            ModelConfiguration("shared-synced", groupContainer: .identifier("group.replica.tests"), cloudKitDatabase: .private("iCloud.replica.tests")),
+        ], environment: environment)
+        let cloud = LoggingCloud(try SQLiteCloudDatabase(url: URL(fileURLWithPath: arguments[3])))
+        let expected = Int(arguments[4])!
+        var options = CloudSync.Options()
+        options.debounceMilliseconds = 50
+        options.timerMilliseconds = 500
+        options.cloudPollingMilliseconds = 200
+        options.engine.leaseDurationMilliseconds = 10_000
+        let sync = try device.startSync(store: "shared-synced", cloud: cloud, options: options)
+        let context = ModelContext(device)
+        context.author = "widget"
+        for text in arguments.dropFirst(5) { context.insert(Note(text: text)) }
+        try context.save()
+        var texts: [String] = []
+        for _ in 0..<1_200 {
+            texts = try ModelContext(device).fetch(Note.self).map(\.text).sorted()
+            if texts.count >= expected { break }
+            try await Task.sleep(nanoseconds: 50_000_000)
+        }
+        await sync.stop()
+        let output: [String: Any] = ["texts": texts, "requests": cloud.log]
+        print(String(decoding: try JSONSerialization.data(withJSONObject: output, options: [.sortedKeys]), as: UTF8.self))
     } catch {
         FileHandle.standardError.write(Data("replica-widget: \(error)\n".utf8))
         exit(1)

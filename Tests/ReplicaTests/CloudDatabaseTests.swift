@@ -80,7 +80,7 @@ struct CloudDatabaseTests {
 
         // After a reset, old tokens are expired even once the zone exists again.
         try await db.deleteZone("z")
-        await #expect(throws: CloudError.zoneNotFound) { try await db.fetchZoneChanges("z", since: nil, limit: 10) }
+        await #expect(throws: CloudError.zoneDeleted(reason: .deleted)) { try await db.fetchZoneChanges("z", since: nil, limit: 10) }
         try await db.createZone("z")
         await #expect(throws: CloudError.changeTokenExpired) { try await db.fetchZoneChanges("z", since: after.token, limit: 10) }
         #expect(try await db.fetchZoneChanges("z", since: nil, limit: 10).records.isEmpty)

@@ -4,7 +4,7 @@ import Testing
 @testable import Replica
 
 /// A container with one synced in-memory store "notes" on a seeded environment (manual clock), and its runtime.
-private final class RuntimeDevice: Sendable {
+final class RuntimeDevice: Sendable {
     let container: ModelContainer
     let clock: ManualClock
 
@@ -31,7 +31,7 @@ private final class RuntimeDevice: Sendable {
 }
 
 /// Collects a runtime's events as they arrive.
-private final class EventLog: Sendable {
+final class EventLog: Sendable {
     private final class Buffer: Sendable {
         let events = Mutex<[CloudSyncEvent]>([])
     }
@@ -58,7 +58,7 @@ private final class EventLog: Sendable {
 }
 
 /// Yields until `condition` holds (other tasks run meanwhile; the manual clock does not move).
-private func eventually(_ condition: () async -> Bool) async -> Bool {
+func eventually(_ condition: () async -> Bool) async -> Bool {
     for _ in 0..<200_000 {
         if await condition() { return true }
         await Task.yield()
@@ -66,8 +66,8 @@ private func eventually(_ condition: () async -> Bool) async -> Bool {
     return await condition()
 }
 
-private func isSent(_ event: CloudSyncEvent) -> Bool { if case .sentChanges = event { true } else { false } }
-private func isIdle(_ event: CloudSyncEvent) -> Bool { event == .stateChanged(.idle) }
+func isSent(_ event: CloudSyncEvent) -> Bool { if case .sentChanges = event { true } else { false } }
+func isIdle(_ event: CloudSyncEvent) -> Bool { event == .stateChanged(.idle) }
 
 /// A cloud that announces changes through a stream the test feeds, as the PostgreSQL cloud does, and whose network
 /// the test can take down.
@@ -383,7 +383,7 @@ struct CloudSyncTests {
         #expect(await log.waitFor { $0 == .changeTokenExpired(zone: "notes") })
         cloud.resetZone("notes")
         let status = try await sync.syncNow()
-        #expect(await log.waitFor { $0 == .zoneDeleted(zone: "notes") })
+        #expect(await log.waitFor { $0 == .zoneDeleted(zone: "notes", reason: nil) })
         #expect(status.isUpToDate)
         #expect(cloud.records(in: "notes").count == 1)
         #expect(try device.titles() == ["kept"])

@@ -48,6 +48,7 @@ extension SQLiteCloudDatabase: ImmediateCloud {
             switch operation {
             case let .createZone(zone): try createZone(zone); return .success(.zoneCreated)
             case let .deleteZone(zone): try deleteZone(zone); return .success(.zoneDeleted)
+            case let .resetZone(zone, reason): try deleteZone(zone, reason: reason); return .success(.zoneDeleted)
             case let .modifyRecords(records, zone): return .success(.modified(try modifyRecords(records, in: zone)))
             case let .fetchZoneChanges(zone, token, limit): return .success(.changes(try fetchZoneChanges(zone, since: token, limit: limit)))
             case let .fetchZoneMetadata(zone): return .success(.metadata(try zoneMetadata(zone)))
@@ -72,7 +73,8 @@ final class CryptoDevice {
     var sent: [String] = []
 
     init(_ name: String, seed: UInt64, encryption: FieldEncryption?, models: [any PersistentModel.Type] = [Diary.self],
-         version: Schema.Version = Schema.Version(1, 0, 0), zone: String? = nil, directory: URL? = nil) throws {
+         version: Schema.Version = Schema.Version(1, 0, 0), zone: String? = nil, directory: URL? = nil,
+         options: SyncEngine.Options = SyncEngine.Options()) throws {
         let directory = directory ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-crypto-\(UUID().uuidString)")
         let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
         self.name = name
@@ -81,7 +83,7 @@ final class CryptoDevice {
         self.container = try ModelContainer(for: Schema(models, version: version), configurations: [
             ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test")),
         ], environment: environment)
-        self.engine = try SyncEngine(container: container, storeName: "notes", zone: zone, encryption: encryption)
+        self.engine = try SyncEngine(container: container, storeName: "notes", zone: zone, options: options, encryption: encryption)
         self.context = ModelContext(container)
     }
 
@@ -551,7 +553,7 @@ struct EncryptedSyncTests {
         try a.engine.resetEncryption(keyProvider: PassphraseKeyProvider(passphrase: "new", limits: .minimum))
         let status = try a.sync(cloud)
         #expect(status.isUpToDate)
-        #expect(a.sent.contains("deleteZone"))
+        #expect(a.sent.contains("resetZone"))
         expectSame(try a.diaries(), aBefore)
         let records = cloud.records(in: "notes")
         #expect(Set(records.map(\.recordID)) == [kept.id, deleted.id, damaged.id])

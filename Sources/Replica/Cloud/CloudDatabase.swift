@@ -15,10 +15,18 @@ public protocol CloudDatabase: Sendable {
     /// Creates `zone` if it does not exist. Idempotent.
     func createZone(_ zone: String) async throws(CloudError)
 
-    /// Deletes `zone` with every record and all metadata in it (CloudKit's zone deletion). Its change tokens never
-    /// work again; creating it again starts a new epoch.
-    /// - Throws: `zoneNotFound` when the zone does not exist, or a whole-request error.
+    /// Deletes `zone` with every record and all metadata in it (CloudKit's zone deletion), for reason
+    /// ``ZoneDeletionReason/deleted``. Its change tokens never work again; creating it again starts a new epoch.
+    /// Until then, operations on it fail with ``CloudError/zoneDeleted(reason:)`` where the database remembers the
+    /// reason (all three built-in ones do), else with ``CloudError/zoneNotFound``.
+    /// - Throws: `zoneNotFound` (or `zoneDeleted`) when the zone does not exist, or a whole-request error.
     func deleteZone(_ zone: String) async throws(CloudError)
+
+    /// Deletes `zone` as ``deleteZone(_:)`` does, remembering `reason` so that devices learn why
+    /// (``CloudError/zoneDeleted(reason:)``) until the zone is created again. The default implementation calls
+    /// ``deleteZone(_:)`` (the reason is not kept).
+    /// - Throws: as ``deleteZone(_:)``.
+    func deleteZone(_ zone: String, reason: ZoneDeletionReason) async throws(CloudError)
 
     /// Saves records with the if-server-record-unchanged policy: a record whose ``CloudRecord/changeTag`` differs
     /// from the server's current one is not saved and comes back as ``RecordSaveResult/conflict(serverRecord:)``.
@@ -52,6 +60,7 @@ public protocol CloudDatabase: Sendable {
 }
 
 extension CloudDatabase {
+    public func deleteZone(_ zone: String, reason: ZoneDeletionReason) async throws(CloudError) { try await deleteZone(zone) }
     public func changeNotifications() -> AsyncStream<String>? { nil }
     public func changeCounter() -> Int64? { nil }
 }
@@ -60,6 +69,9 @@ extension CloudDatabase {
 public enum CloudOperation: Hashable, Sendable {
     case createZone(String)
     case deleteZone(String)
+    /// Deletes the zone for `reason` (``CloudDatabase/deleteZone(_:reason:)``): the engine's own zone reset for new
+    /// encryption keys (``ZoneDeletionReason/encryptedDataReset``).
+    case resetZone(String, reason: ZoneDeletionReason)
     case modifyRecords([CloudRecord], zone: String)
     case fetchZoneChanges(zone: String, since: ServerChangeToken?, limit: Int)
     case fetchZoneMetadata(zone: String)
@@ -70,6 +82,7 @@ public enum CloudOperation: Hashable, Sendable {
         switch self {
         case .createZone: return "createZone"
         case .deleteZone: return "deleteZone"
+        case .resetZone: return "resetZone"
         case .modifyRecords: return "modifyRecords"
         case .fetchZoneChanges: return "fetchZoneChanges"
         case .fetchZoneMetadata: return "fetchZoneMetadata"
@@ -98,6 +111,9 @@ extension CloudDatabase {
                 return .success(.zoneCreated)
             case let .deleteZone(zone):
                 try await deleteZone(zone)
+                return .success(.zoneDeleted)
+            case let .resetZone(zone, reason):
+                try await deleteZone(zone, reason: reason)
                 return .success(.zoneDeleted)
             case let .modifyRecords(records, zone):
                 return .success(.modified(try await modifyRecords(records, in: zone)))

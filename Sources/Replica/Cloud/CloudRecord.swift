@@ -245,8 +245,13 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
     case quotaExceeded
     /// The zone is busy with other writes: retry after `retryAfterMilliseconds`.
     case zoneBusy(retryAfterMilliseconds: Int64)
-    /// The zone does not exist (never created, or deleted): create it and upload everything again.
+    /// The zone does not exist (never created, or gone for a reason the cloud does not know): create it and upload
+    /// everything again. A zone the cloud knows was deleted is ``zoneDeleted(reason:)`` instead.
     case zoneNotFound
+    /// The zone existed and was deleted, for `reason` (CloudKit's zone deletion reasons). The engine asks its
+    /// ``ZoneDeletionPolicy`` — before anything changes locally — whether to keep the local data and upload it again
+    /// (the default) or erase it. Not transient. Reported until the zone is created again.
+    case zoneDeleted(reason: ZoneDeletionReason)
     /// Some records of a batch failed; the per-record results say which.
     case partialFailure([RecordSaveResult])
     /// The request did not reach the server or its answer was lost.
@@ -274,6 +279,20 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
         }
     }
 
+    /// `true` for ``zoneNotFound`` and ``zoneDeleted(reason:)``: the zone is not there.
+    public var isZoneMissing: Bool {
+        switch self {
+        case .zoneNotFound, .zoneDeleted: return true
+        default: return false
+        }
+    }
+
+    /// The reason the zone was deleted, for ``zoneDeleted(reason:)``; `nil` otherwise.
+    public var zoneDeletionReason: ZoneDeletionReason? {
+        if case let .zoneDeleted(reason) = self { return reason }
+        return nil
+    }
+
     /// How long the server asked the client to wait, if it said.
     public var retryAfterMilliseconds: Int64? {
         switch self {
@@ -289,6 +308,7 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
         case .quotaExceeded: return "quota exceeded"
         case let .zoneBusy(ms): return "zone busy (retry after \(ms) ms)"
         case .zoneNotFound: return "zone not found"
+        case let .zoneDeleted(reason): return "zone deleted (\(reason))"
         case let .partialFailure(results): return "partial failure (\(results.count) results)"
         case .networkUnavailable: return "network unavailable"
         case let .invalidRecord(reason): return "invalid record: \(reason)"

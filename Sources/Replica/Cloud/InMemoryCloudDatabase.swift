@@ -33,6 +33,8 @@ public final class InMemoryCloudDatabase: CloudDatabase {
         var zones: [String: Zone] = [:]
         /// Epochs survive a zone's deletion, so a re-created zone never accepts an old token.
         var epochs: [String: Int64] = [:]
+        /// Why each deleted zone (not created again since) was deleted, where it was said.
+        var deletions: [String: ZoneDeletionReason] = [:]
         var injected: [(kind: OperationKind, error: CloudError)] = []
         var operationCount = 0
     }
@@ -66,11 +68,19 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     /// Deletes `zone` with every record in it (a "zone reset"). Later operations on it fail with `zoneNotFound`
-    /// until it is created again; tokens from before never work again.
-    public func resetZone(_ zone: String) {
+    /// — or, when `reason` is given, ``CloudError/zoneDeleted(reason:)`` — until it is created again; tokens from
+    /// before never work again.
+    /// - Parameter reason: why the zone is gone, as devices will be told; `nil` (the default): not said.
+    public func resetZone(_ zone: String, reason: ZoneDeletionReason? = nil) {
         state.withLock { state in
             state.zones[zone] = nil
+            state.deletions[zone] = reason
         }
+    }
+
+    /// The error for an operation on `zone`, which does not exist.
+    private static func missing(_ zone: String, _ state: State) -> CloudError {
+        state.deletions[zone].map { .zoneDeleted(reason: $0) } ?? .zoneNotFound
     }
 
     /// Every record of `zone`, in ID order (for tests and invariants).
@@ -120,6 +130,9 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             case let .deleteZone(zone):
                 try deleteZone(zone)
                 return .success(.zoneDeleted)
+            case let .resetZone(zone, reason):
+                try deleteZone(zone, reason: reason)
+                return .success(.zoneDeleted)
             case let .modifyRecords(records, zone):
                 return .success(.modified(try modifyRecords(records, in: zone)))
             case let .fetchZoneChanges(zone, token, limit):
@@ -143,22 +156,28 @@ public final class InMemoryCloudDatabase: CloudDatabase {
                 let epoch = (state.epochs[zone] ?? 0) + 1
                 state.epochs[zone] = epoch
                 state.zones[zone] = Zone(epoch: epoch, tokenEpoch: epoch)
+                state.deletions[zone] = nil
             }
         }
     }
 
     public func deleteZone(_ zone: String) throws(CloudError) {
+        try deleteZone(zone, reason: .deleted)
+    }
+
+    public func deleteZone(_ zone: String, reason: ZoneDeletionReason) throws(CloudError) {
         try state.withLock { (state) throws(CloudError) in
             if let error = Self.takeInjected(&state, .modify) { throw error }
-            guard state.zones[zone] != nil else { throw CloudError.zoneNotFound }
+            guard state.zones[zone] != nil else { throw Self.missing(zone, state) }
             state.zones[zone] = nil
+            state.deletions[zone] = reason
         }
     }
 
     public func modifyRecords(_ records: [CloudRecord], in zone: String) throws(CloudError) -> [RecordSaveResult] {
         try state.withLock { (state) throws(CloudError) -> [RecordSaveResult] in
             if let error = Self.takeInjected(&state, .modify) { throw error }
-            guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            guard var z = state.zones[zone] else { throw Self.missing(zone, state) }
             var results: [RecordSaveResult] = []
             for record in records {
                 // As ``SQLiteCloudDatabase``: a record whose stamps the text form cannot hold is refused, not stored.
@@ -186,7 +205,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) throws(CloudError) -> ZoneChangeBatch {
         try state.withLock { (state) throws(CloudError) -> ZoneChangeBatch in
             if let error = Self.takeInjected(&state, .fetch) { throw error }
-            guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            guard let z = state.zones[zone] else { throw Self.missing(zone, state) }
             let after = token?.sequence ?? 0
             if let token, token.epoch != z.tokenEpoch || token.sequence > z.sequence {
                 throw CloudError.changeTokenExpired  // from before an expiry or reset, or from the future
@@ -203,7 +222,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     public func zoneMetadata(_ zone: String) throws(CloudError) -> [String: Data] {
         try state.withLock { (state) throws(CloudError) -> [String: Data] in
             if let error = Self.takeInjected(&state, .fetch) { throw error }
-            guard let z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            guard let z = state.zones[zone] else { throw Self.missing(zone, state) }
             return z.metadata
         }
     }
@@ -211,7 +230,7 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     public func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) throws(CloudError) -> Data {
         try state.withLock { (state) throws(CloudError) -> Data in
             if let error = Self.takeInjected(&state, .modify) { throw error }
-            guard var z = state.zones[zone] else { throw CloudError.zoneNotFound }
+            guard var z = state.zones[zone] else { throw Self.missing(zone, state) }
             if z.metadata[key] == expected { z.metadata[key] = value }
             state.zones[zone] = z
             return z.metadata[key] ?? Data()

@@ -6,8 +6,9 @@ import Synchronization
 /// by processes) on one machine can share. Same semantics as ``InMemoryCloudDatabase``; every operation is one
 /// SQLite write transaction, so concurrent processes see a linear history of saves.
 ///
-/// Layout: `cloud_zone(name, epoch, sequence, oldest_valid)`, `cloud_epoch(name, epoch)` (epochs outlive deleted
-/// zones), `cloud_record(zone, id, sequence, change_tag, record)` with the record as JSON, and
+/// Layout: `cloud_zone(name, epoch, sequence, oldest_valid)`, `cloud_epoch(name, epoch, deletion_reason)` (epochs
+/// and the reason of a zone's deletion outlive deleted zones; files made before reasons existed gain the column when
+/// opened), `cloud_record(zone, id, sequence, change_tag, record)` with the record as JSON, and
 /// `cloud_zone_metadata(zone, key, value)`.
 public final class SQLiteCloudDatabase: CloudDatabase {
     /// Guards `db`: the connection is only touched while holding this lock.
@@ -43,6 +44,10 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                 CREATE TABLE IF NOT EXISTS cloud_zone_metadata (zone TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
                     PRIMARY KEY (zone, key));
                 """)
+            // Files made before zone deletion reasons existed: the column is added (NULL: no reason known).
+            if try db.scalar("SELECT count(*) FROM pragma_table_info('cloud_epoch') WHERE name = 'deletion_reason'") == .integer(0) {
+                try db.execute("ALTER TABLE cloud_epoch ADD COLUMN deletion_reason TEXT")
+            }
         }
         return db
     }
@@ -94,6 +99,14 @@ public final class SQLiteCloudDatabase: CloudDatabase {
             + "(\(String(cString: sqlite3_errstr(error.extendedResultCode)))): \(error.message)")
     }
 
+    /// The error for an operation on zone `name`, which does not exist: ``CloudError/zoneDeleted(reason:)`` when its
+    /// deletion left a reason this version knows, else ``CloudError/zoneNotFound``.
+    private static func missing(_ name: String, _ db: Connection) throws -> CloudError {
+        guard case let .text(text)? = try db.scalar("SELECT deletion_reason FROM cloud_epoch WHERE name = ?", [.text(name)]),
+              let reason = ZoneDeletionReason(rawValue: text) else { return .zoneNotFound }
+        return .zoneDeleted(reason: reason)
+    }
+
     private static func zone(_ name: String, _ db: Connection) throws -> (epoch: Int64, sequence: Int64, oldestValid: Int64)? {
         guard let row = try db.rows("SELECT epoch, sequence, oldest_valid FROM cloud_zone WHERE name = ?", [.text(name)]).first,
               case let .integer(epoch) = row[0], case let .integer(sequence) = row[1], case let .integer(oldest) = row[2] else { return nil }
@@ -110,23 +123,34 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                 epoch = Int64(environment.random.next() >> 17)
             } while try db.scalar("SELECT 1 FROM cloud_epoch WHERE name = ? AND epoch = ?", [.text(zone), .integer(epoch)]) != nil || epoch == 0
             try db.run("INSERT INTO cloud_zone (name, epoch) VALUES (?, ?)", [.text(zone), .integer(epoch)])
-            try db.run("INSERT INTO cloud_epoch (name, epoch) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET epoch = excluded.epoch",
-                       [.text(zone), .integer(epoch)])
+            try db.run("""
+                INSERT INTO cloud_epoch (name, epoch) VALUES (?, ?)
+                ON CONFLICT (name) DO UPDATE SET epoch = excluded.epoch, deletion_reason = NULL
+                """, [.text(zone), .integer(epoch)])
         }
     }
 
     public func deleteZone(_ zone: String) throws(CloudError) {
+        try deleteZone(zone, reason: .deleted)
+    }
+
+    public func deleteZone(_ zone: String, reason: ZoneDeletionReason) throws(CloudError) {
         try write { db in
-            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
-            try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
-            try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
-            try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
+            guard try Self.zone(zone, db) != nil else { throw try Self.missing(zone, db) }
+            try Self.remove(zone, reason: reason, db)
         }
+    }
+
+    private static func remove(_ zone: String, reason: ZoneDeletionReason?, _ db: Connection) throws {
+        try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
+        try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
+        try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
+        try db.run("UPDATE cloud_epoch SET deletion_reason = ? WHERE name = ?", [reason.map { .text($0.rawValue) } ?? .null, .text(zone)])
     }
 
     public func modifyRecords(_ records: [CloudRecord], in zone: String) throws(CloudError) -> [RecordSaveResult] {
         try write { db in
-            guard var z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
+            guard var z = try Self.zone(zone, db) else { throw try Self.missing(zone, db) }
             var results: [RecordSaveResult] = []
             for record in records {
                 // A record whose stamps the text form cannot hold could never be read back: refused, not stored.
@@ -163,7 +187,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
 
     public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) throws(CloudError) -> ZoneChangeBatch {
         try write { db in
-            guard let z = try Self.zone(zone, db) else { throw CloudError.zoneNotFound }
+            guard let z = try Self.zone(zone, db) else { throw try Self.missing(zone, db) }
             if let token, token.epoch != z.epoch || token.sequence < z.oldestValid || token.sequence > z.sequence {
                 throw CloudError.changeTokenExpired
             }
@@ -202,7 +226,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
 
     public func zoneMetadata(_ zone: String) throws(CloudError) -> [String: Data] {
         try write { db in
-            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            guard try Self.zone(zone, db) != nil else { throw try Self.missing(zone, db) }
             var result: [String: Data] = [:]
             for row in try db.rows("SELECT key, value FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)]) {
                 if case let .text(key) = row[0], case let .blob(value) = row[1] { result[key] = value }
@@ -213,7 +237,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
 
     public func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) throws(CloudError) -> Data {
         try write { db in
-            guard try Self.zone(zone, db) != nil else { throw CloudError.zoneNotFound }
+            guard try Self.zone(zone, db) != nil else { throw try Self.missing(zone, db) }
             let current: Data? = if case let .blob(v)? = try db.scalar("SELECT value FROM cloud_zone_metadata WHERE zone = ? AND key = ?",
                                                                       [.text(zone), .text(key)]) { v } else { nil }
             guard current == expected else { return current ?? Data() }
@@ -223,13 +247,11 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         }
     }
 
-    /// Deletes `zone` and its records (a zone reset). Tokens from before never work again.
-    public func resetZone(_ zone: String) throws(CloudError) {
-        try write { db in
-            try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
-            try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
-            try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
-        }
+    /// Deletes `zone` and its records (a zone reset), whether or not it exists. Tokens from before never work again.
+    /// - Parameter reason: why the zone is gone, as devices will be told (``CloudError/zoneDeleted(reason:)``);
+    ///   `nil` (the default): not said (``CloudError/zoneNotFound``).
+    public func resetZone(_ zone: String, reason: ZoneDeletionReason? = nil) throws(CloudError) {
+        try write { db in try Self.remove(zone, reason: reason, db) }
     }
 
     /// A number that changes with every zone's epoch and sequence, whichever process wrote them (each save moves its

@@ -48,6 +48,13 @@ public actor CloudSync {
         public var maxRequestsPerPass = 10_000
         /// Events buffered per ``CloudSync/events`` subscriber before the oldest are dropped.
         public var eventBufferLimit = 1_000
+        /// What the store does when the cloud reports its zone deleted (the engine's
+        /// ``SyncEngine/Options/zoneDeletionPolicy``): keep and upload again (the default), erase, or ask — then
+        /// answer with ``CloudSync/resolveZoneDeletion(_:)`` after ``CloudSyncEvent/zoneDeleted(zone:reason:)``.
+        public var zoneDeletionPolicy: ZoneDeletionPolicy {
+            get { engine.zoneDeletionPolicy }
+            set { engine.zoneDeletionPolicy = newValue }
+        }
         public init() {}
     }
 
@@ -67,7 +74,9 @@ public actor CloudSync {
     /// The current state (as last reported by ``CloudSyncEvent/stateChanged(_:)``).
     public private(set) var state: CloudSyncState = .idle
     /// When the last pass ended with the store up to date with the cloud (the engine idle, no error), from the
-    /// environment's clock; `nil` before the first in this process.
+    /// environment's clock, at millisecond precision. Kept in the store (``SyncEngine/lastSyncDate()``): a runtime
+    /// started after a restart — or in another process of an app group — starts with the last one recorded; `nil`
+    /// before the store's first.
     public private(set) var lastSyncDate: Date?
     /// `true` while automatic syncing is paused.
     public private(set) var isPaused = false
@@ -106,6 +115,7 @@ public actor CloudSync {
         self.broadcaster = CloudSyncEventBroadcaster(bufferLimit: max(1, options.eventBufferLimit))
         self.conflictPosition = try engine.conflictLogPosition()
         self.keyVersions = engine.encryptionKeyVersions
+        self.lastSyncDate = try engine.lastSyncDate()
         // The subscription starts now, so that no save after this initializer returns is missed.
         let iterator = try container.changes(in: [storeName]).makeAsyncIterator()
         let wakeup = self.wakeup
@@ -217,6 +227,63 @@ public actor CloudSync {
         setState(.idle)
         wakeup.signal()
     }
+
+    /// Replaces the store's key provider — e.g. after ``CloudSyncEvent/encryptionKeyNeeded(_:)`` with
+    /// ``FieldEncryptionError/wrongKey(zone:)``, with the right passphrase — or turns field encryption on (see
+    /// ``SyncEngine/setEncryptionKeyProvider(_:)``), then syncs at once (unless paused). Waits for a request under way.
+    /// - Parameter provider: the key provider.
+    /// - Throws: ``FieldEncryptionError/outOfGuardedMemory``.
+    public func setEncryptionKeyProvider(_ provider: any FieldKeyProvider) async throws {
+        try await changingKeys { try $0.setEncryptionKeyProvider(provider) }
+    }
+
+    /// Rotates the zone's field key at the next pass, which starts at once unless paused (see
+    /// ``SyncEngine/rotateEncryptionKey()``); ``CloudSyncEvent/encryptionKeyChanged(zone:)`` follows.
+    /// - Throws: ``FieldEncryptionError/noKey(zone:)`` when the store has no field encryption.
+    public func rotateEncryptionKey() async throws {
+        try await changingKeys { try $0.rotateEncryptionKey() }
+    }
+
+    /// Resets the zone's encryption after a lost key (see ``SyncEngine/resetEncryption(keyProvider:)``): the zone is
+    /// deleted (reason ``ZoneDeletionReason/encryptedDataReset``) and created again with keys from `keyProvider`, and
+    /// every local record is uploaded under them. Local data is never deleted. Starts at once unless paused.
+    /// - Parameter keyProvider: the new key's provider.
+    /// - Throws: ``FieldEncryptionError/outOfGuardedMemory``.
+    public func resetEncryption(keyProvider: any FieldKeyProvider) async throws {
+        try await changingKeys { try $0.resetEncryption(keyProvider: keyProvider) }
+    }
+
+    /// Runs `change` on the engine between requests, then asks for a pass with a fetch.
+    private func changingKeys(_ change: (SyncEngine) throws -> Void) async throws {
+        await acquireRun()
+        defer { releaseRun() }
+        guard !stopped else { return }
+        try change(engine)
+        passRequested = true
+        fetchRequested = true
+        wakeup.signal()
+    }
+
+    /// Answers the zone deletion the store waits on (policy ``ZoneDeletionPolicy/ask``; see
+    /// ``SyncEngine/resolveZoneDeletion(_:)``), then syncs at once (unless paused). Waits for a request under way.
+    /// - Parameter response: keep the local data and upload it again, or erase it.
+    /// - Returns: `false` when no deletion was waiting for an answer.
+    /// - Throws: ``SQLiteError`` when the store cannot be written.
+    @discardableResult
+    public func resolveZoneDeletion(_ response: ZoneDeletionResponse) async throws -> Bool {
+        await acquireRun()
+        defer { releaseRun() }
+        guard try engine.resolveZoneDeletion(response) else { return false }
+        // What an erase deleted is reported as fetched changes (sync-authored deletions).
+        try report(nil, nil)
+        passRequested = true
+        fetchRequested = true
+        wakeup.signal()
+        return true
+    }
+
+    /// The zone deletion waiting for an answer (``ZoneDeletionPolicy/ask``), or `nil`.
+    public var pendingZoneDeletion: ZoneDeletion? { engine.pendingZoneDeletion }
 
     /// Stops the runtime for good: waits for a request in flight (its response is applied), gives up the upload
     /// lease (another process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the
@@ -350,8 +417,8 @@ public actor CloudSync {
         case .idle: break
         }
         if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
-        if case .idle = end, status.lastError == nil, status.blockedBy == nil, engine.blockingEncryptionError == nil {
-            lastSyncDate = container.environment.now()
+        if case .idle = end, engine.completedSync(status) {
+            lastSyncDate = try engine.recordSync(at: container.environment.now())
         }
         if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = cloud.changeCounter() }
         settleState(status)
@@ -361,7 +428,7 @@ public actor CloudSync {
     private func settleState(_ status: SyncStatus) {
         if stopped { return setState(.stopped) }
         if isPaused { return setState(.paused) }
-        if status.blockedBy != nil || engine.blockingEncryptionError != nil { return setState(.blocked) }
+        if status.blockedBy != nil || engine.blockingEncryptionError != nil || status.zoneDeletion != nil { return setState(.blocked) }
         if engine.wakeTime != nil, let error = status.lastError {
             return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
         }
@@ -377,8 +444,13 @@ public actor CloudSync {
 
     // MARK: Events
 
-    /// Turns one handled request into events.
-    private func report(_ request: SyncRequest, _ result: Result<CloudOperationResult, CloudError>) throws {
+    /// Turns one handled request into events (`nil`: the engine changed the store outside a request, e.g. an erase
+    /// answering a zone deletion).
+    private func report(_ request: SyncRequest?, _ result: Result<CloudOperationResult, CloudError>?) throws {
+        // The deletion first: an erase it led to is among the imports below.
+        if case let .failure(error)? = result, error.isZoneMissing {
+            broadcaster.emit(.zoneDeleted(zone: zone, reason: error.zoneDeletionReason))
+        }
         let imports = engine.importLog
         engine.importLog.removeAll()
         for changes in imports {
@@ -388,15 +460,16 @@ public actor CloudSync {
                 deleted: changes.deleted.map(\.id))
             if !fetched.isEmpty { broadcaster.emit(.fetchedChanges(fetched)) }
         }
-        switch result {
-        case let .success(.modified(results)), let .failure(.partialFailure(results)):
-            reportSaves(results, of: request)
-        case let .failure(error):
-            broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
-            if error == .zoneNotFound { broadcaster.emit(.zoneDeleted(zone: zone)) }
-            if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
-        case .success:
-            break
+        if let request, let result {
+            switch result {
+            case let .success(.modified(results)), let .failure(.partialFailure(results)):
+                reportSaves(results, of: request)
+            case let .failure(error):
+                broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
+                if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
+            case .success:
+                break
+            }
         }
         let (entries, position) = try engine.conflictLogEntries(after: conflictPosition)
         conflictPosition = position

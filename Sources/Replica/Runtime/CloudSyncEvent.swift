@@ -16,7 +16,8 @@ public enum CloudSyncState: Sendable, Hashable {
     /// Automatic syncing is paused (``CloudSync/pause()``).
     case paused
     /// The engine refuses to sync until something changes: an incompatible schema (``SyncStatus/blockedBy``), an
-    /// encryption key that is missing or wrong (``SyncStatus/encryptionError``), or a store that cannot be read.
+    /// encryption key that is missing or wrong (``SyncStatus/encryptionError``), a zone deletion waiting for the
+    /// app's answer (``SyncStatus/zoneDeletion``), or a store that cannot be read.
     case blocked
     /// ``CloudSync/stop()`` was called.
     case stopped
@@ -68,9 +69,13 @@ public enum CloudSyncEvent: Sendable, Hashable {
     /// A whole request failed; `operation` names it (``CloudOperation/name``). Transient errors are retried after the
     /// engine's backoff.
     case requestFailed(operation: String, error: CloudError)
-    /// The zone was not found (deleted or reset in the cloud): the engine creates it again and uploads everything
-    /// the store holds, tombstones included. Nothing local is deleted.
-    case zoneDeleted(zone: String)
+    /// The zone was not found (deleted or reset in the cloud). `reason` is the cloud's reason
+    /// (``CloudError/zoneDeleted(reason:)``), `nil` when it named none (``CloudError/zoneNotFound``). Emitted when the
+    /// deletion is noticed, before any local change it leads to: by the ``CloudSync/Options/zoneDeletionPolicy``
+    /// (the default: keep, create the zone again and upload everything the store holds, tombstones included; or
+    /// erase the store's synced data, reported next as ``fetchedChanges(_:)`` deletions; or wait for
+    /// ``CloudSync/resolveZoneDeletion(_:)``, the state then ``CloudSyncState/blocked``).
+    case zoneDeleted(zone: String, reason: ZoneDeletionReason?)
     /// The server no longer accepts the store's change token: a full, idempotent refetch of the zone follows.
     case changeTokenExpired(zone: String)
     /// Field encryption cannot go on without a (different) key: the error names the zone, never the key.

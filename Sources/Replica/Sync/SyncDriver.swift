@@ -33,8 +33,10 @@ public enum SyncDriver {
         let environment = engine.container.environment
         let deadline = timeout.map { environment.clock.nowMilliseconds() &+ max(0, $0) }
         engine.setNeedsFetch()
-        try await drive(engine, with: database, maxRequests: maxRequests, deadline: deadline, sleepsThroughBackoff: true)
-        return try engine.status()
+        let end = try await drive(engine, with: database, maxRequests: maxRequests, deadline: deadline, sleepsThroughBackoff: true)
+        let status = try engine.status()
+        if case .idle = end, engine.completedSync(status) { try engine.recordSync(at: environment.now()) }
+        return status
     }
 
     /// How a run of ``drive(_:with:maxRequests:deadline:sleepsThroughBackoff:isolation:shouldContinue:observe:)`` ended.

@@ -31,6 +31,34 @@ extension SyncEngine {
         setNeedsFetch()
     }
 
+    /// When a sync of the store last ended with the engine idle and nothing failing (no cloud error, no block, no key
+    /// problem), by the environment's clock: recorded in the store by ``CloudSync`` and
+    /// ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``, so it survives a restart of
+    /// the process and is shared by the processes of an app group. `nil` before the first.
+    /// - Throws: ``SQLiteError`` when the store cannot be read; ``ReplicaError/corruptBookkeeping(_:)`` (column
+    ///   `replica_metadata.last_sync`) when the stored value is not a time.
+    public func lastSyncDate() throws -> Date? {
+        switch try db.scalar("SELECT value FROM replica_metadata WHERE key = 'last_sync'") {
+        case nil: return nil
+        case let .integer(milliseconds)?: return Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+        default: throw ReplicaError.corruptBookkeeping(BookkeepingCorruption(store: storeName, recordID: nil, column: "replica_metadata.last_sync"))
+        }
+    }
+
+    /// Records `date` as the store's last sync (``lastSyncDate()``), at millisecond precision; returns it as read back.
+    @discardableResult
+    func recordSync(at date: Date) throws -> Date {
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded())
+        try db.run("INSERT INTO replica_metadata (key, value) VALUES ('last_sync', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   [.integer(milliseconds)])
+        return Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+    }
+
+    /// Whether `status`, at the end of a run that left the engine idle, counts as a completed sync.
+    func completedSync(_ status: SyncStatus) -> Bool {
+        status.lastError == nil && status.blockedBy == nil && blockingEncryptionError == nil && status.zoneDeletion == nil
+    }
+
     /// The sequence number of the newest conflict log entry (0 without any): entries after it are new.
     func conflictLogPosition() throws -> Int64 {
         if case let .integer(seq)? = try db.scalar("SELECT coalesce(max(seq), 0) FROM replica_sync_conflict") { return seq }

@@ -232,7 +232,7 @@ extension SyncEngine {
         encryption.lastNeedsFetch = needsFetch
         switch encryption.phase {
         case .deletingZone:
-            return .request(.deleteZone(zone))
+            return .request(.resetZone(zone, reason: .encryptedDataReset))
         case .blocked:
             return .blocked
         case let .proposing(value, current):

@@ -29,6 +29,9 @@ public struct SyncStatus: Hashable, Sendable {
     public var corruptRecords = 0
     /// Set when the engine refuses to sync (e.g. an incompatible schema).
     public var blockedBy: ReplicaError?
+    /// A zone deletion waiting for the app's answer (``ZoneDeletionPolicy/ask``): nothing syncs, and nothing local
+    /// changes, until ``SyncEngine/resolveZoneDeletion(_:)``.
+    public var zoneDeletion: ZoneDeletion?
     /// `true` while the engine still has to read the zone's changes.
     public var needsFetch: Bool
     /// The last error of the last failed operation, cleared by the next success.
@@ -40,7 +43,7 @@ public struct SyncStatus: Hashable, Sendable {
     public var isUpToDate: Bool {
         pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && heldRecords == 0
             && corruptRecords == 0 && !needsFetch
-            && lastError == nil && blockedBy == nil && encryptionError == nil
+            && lastError == nil && blockedBy == nil && encryptionError == nil && zoneDeletion == nil
     }
 }
 
@@ -81,6 +84,10 @@ public final class SyncEngine {
         /// ``SyncStatus/heldRecords``, and merged at the first fetch once the clock has caught up. Negative values
         /// count as 0; `Int64.max` turns the bound off.
         public var maxClockDriftMilliseconds: Int64 = ReplicationBounds.defaultMaxClockDriftMilliseconds
+        /// What the store does when the cloud reports its zone deleted (``CloudError/zoneDeleted(reason:)``), decided
+        /// before anything changes locally: keep the data and upload it again (the default), erase it, or ask the app
+        /// (``ZoneDeletionPolicy``).
+        public var zoneDeletionPolicy: ZoneDeletionPolicy = .keepAndReupload
         public init() {}
     }
 
@@ -100,15 +107,19 @@ public final class SyncEngine {
     /// Cloud field encryption (`Crypto/SyncEngine+Encryption.swift`); `nil` without.
     var encryption: FieldEncryptionController?
 
-    private var zoneReady = false
-    private var schemaChecked = false
-    private var proposedSchema: (value: Data, expected: Data?)?
+    var zoneReady = false
+    var schemaChecked = false
+    var proposedSchema: (value: Data, expected: Data?)?
+    /// A zone deletion waiting for the app's answer (``ZoneDeletionPolicy/ask``; `SyncEngine+ZoneDeletion.swift`).
+    var pendingDeletion: ZoneDeletion?
+    /// The last zone deletion was this engine's own (a key reset): the zone found missing next is no news.
+    var deletedZoneItself = false
     private var blocked: ReplicaError?
     /// Identifies this engine instance as the holder of the store's upload lease.
     private let instanceID: UUID
     /// `instanceID` as the lease stores it (parsing the holder back on every request cost more than the query).
     private let instanceText: String
-    private var needsFetch = true
+    var needsFetch = true
     private var inFlight: (request: SyncRequest, versions: [UUID: Int64], uploaded: [UUID: HLC])?
     private var nextID: UInt64 = 1
     /// The end of the current wait (backoff or another engine's lease), in environment milliseconds.
@@ -120,7 +131,7 @@ public final class SyncEngine {
     /// The current wait is for another engine's upload lease (rather than a backoff).
     private var waitingForLease = false
     private var consecutiveFailures = 0
-    private var lastError: CloudError?
+    var lastError: CloudError?
     /// The last fetch was refused for good (invalidRecord): the zone cannot be read for now.
     private var fetchFailing = false
     /// While the zone cannot be read: upload (if anything is pending) before the next fetch attempt.
@@ -215,6 +226,8 @@ public final class SyncEngine {
     public func nextRequest() throws -> SyncRequest? {
         if let blocked { throw blocked }
         guard inFlight == nil, now >= backoffDeadline() else { return nil }
+        // A zone deletion the app has not answered yet (here, after a restart or in another process): nothing syncs.
+        if !zoneReady, try loadPendingZoneDeletion() { return nil }
         guard try acquireLease() else { return nil }
         if !bookkeepingVerified { try verifyBookkeeping() }
         var versions: [UUID: Int64] = [:]
@@ -365,6 +378,7 @@ public final class SyncEngine {
         var status = SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
                                 undecryptableRecords: count(3), heldRecords: count(4), corruptRecords: count(5),
                                 blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
+        status.zoneDeletion = pendingDeletion
         reportEncryption(into: &status)
         return status
     }
@@ -576,6 +590,7 @@ public final class SyncEngine {
         switch outcome {
         case .zoneCreated:
             zoneReady = true
+            deletedZoneItself = false
         case let .changes(batch):
             try importBatch(batch)
             needsFetch = batch.moreComing
@@ -589,7 +604,7 @@ public final class SyncEngine {
             if value == proposedSchema?.value { schemaChecked = true }
             proposedSchema = nil
         case .zoneDeleted:
-            break
+            deletedZoneItself = true
         }
         consecutiveFailures = 0
         lastError = nil
@@ -616,12 +631,12 @@ public final class SyncEngine {
     }
 
     /// What the merges of the current import transaction changed, and the history token they recorded.
-    private var importedChanges: (token: Int64?, changes: StoreChanges)?
+    var importedChanges: (token: Int64?, changes: StoreChanges)?
 
     /// Runs `body` (which merges) in one write transaction, then announces what it imported: to the container's
     /// change stream (the hub reads the history transaction back, on this connection) and as ``ModelContext/didSave``
     /// with this engine as the object. A transaction that rolls back announces nothing.
-    private func importing(_ body: () throws -> Void) throws {
+    func importing(_ body: () throws -> Void) throws {
         importedChanges = nil
         do {
             try db.transaction(.immediate, body)
@@ -823,6 +838,27 @@ public final class SyncEngine {
         }
     }
 
+    /// The zone is gone and the store keeps its data: the zone is created again and everything uploaded again,
+    /// tombstones included. Its metadata went with it, so the union schema is checked (and written) again before
+    /// anything else.
+    func reuploadAfterZoneLoss() throws {
+        zoneReady = false
+        schemaChecked = false
+        proposedSchema = nil
+        needsFetch = true
+        try db.transaction(.immediate) {
+            try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
+            try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
+            try encryptionZoneWasReset()
+            try db.run("""
+                UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
+                    state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END,
+                    reason = CASE WHEN state = 'corrupt' THEN NULL ELSE reason END
+                """)
+            try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
+        }
+    }
+
     private func fail(_ error: CloudError, request: SyncRequest) throws {
         lastError = error
         switch error {
@@ -840,22 +876,11 @@ public final class SyncEngine {
             proposedSchema = nil
         case .zoneNotFound:
             // The zone is gone (reset, or never created): create it and upload everything again, tombstones included.
-            // Its metadata went with it, so the union schema is checked (and written) again before anything else.
-            zoneReady = false
-            schemaChecked = false
-            proposedSchema = nil
-            needsFetch = true
-            try db.transaction(.immediate) {
-                try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
-                try db.run("DELETE FROM replica_metadata WHERE key = 'resync_active'")
-                try encryptionZoneWasReset()
-                try db.run("""
-                    UPDATE replica_sync_record SET pending = 1, change_tag = NULL, local_version = local_version + 1,
-                        state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END,
-                        reason = CASE WHEN state = 'corrupt' THEN NULL ELSE reason END
-                    """)
-                try db.run("UPDATE replica_sync_unknown_record SET pending = 1")
-            }
+            try zoneWasLost(reason: nil)
+        case let .zoneDeleted(reason):
+            // Deleted for a reason the cloud names: the policy decides (before anything changes locally) whether the
+            // store keeps its data and uploads it again or erases it (`SyncEngine+ZoneDeletion.swift`).
+            try zoneWasLost(reason: reason)
         case .invalidRecord:
             if case let .modifyRecords(records, _) = request.operation {
                 for record in records {
