@@ -68,6 +68,8 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
     case notARecordID(reference: String, value: String)
     /// The cloud could not read its own stored copy of the record (the reason it gave).
     case unreadable(String)
+    /// A many-to-many link field (`replica_links_<relationship>`, R17) that does not hold a link set.
+    case malformedLinkSet(field: String)
     /// A stamp is further ahead of this device's wall clock than ``SyncEngine/Options/maxClockDriftMilliseconds``
     /// (`limit`): not merged yet, kept until the clock has caught up (not a rejection for good).
     case clockAhead(StampSite, aheadBy: Int64, limit: Int64)
@@ -92,6 +94,7 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
             return "field '\(field)' holds \(value), which is not a\(optional ? "n optional" : "") \(type)"
         case let .notARecordID(reference, value): return "reference '\(reference)' holds \(value), not a record ID"
         case let .unreadable(reason): return reason
+        case let .malformedLinkSet(field): return "field '\(field)' does not hold a set of many-to-many links"
         case let .clockAhead(site, ahead, limit):
             return "\(site) is stamped \(ahead) ms ahead of this device's clock (more than \(limit) ms): kept until the clock catches up"
         }
@@ -122,6 +125,9 @@ extension SyncLedger {
         }
         guard fits(remote.created) else { return false }
         for field in remote.fields.values where !fits(field.stamp) { return false }
+        if remote.fields.count > remoteFields.count - remoteFields.lazy.filter({ $0 == nil }).count {
+            for (name, field) in remote.fields where LinkReplication.isLinkField(name) && LinkSet(value: field.value) == nil { return false }
+        }
         for (index, field) in remoteFields.enumerated() {
             guard let field else { continue }
             if let attribute = statements.attributes[index] {
@@ -146,6 +152,9 @@ extension SyncLedger {
         let names = remote.fields.keys.sorted()
         for name in names {
             if let problem = stampProblem(remote.fields[name]!.stamp, of: remote, .field(name)) { return problem }
+        }
+        for name in names where LinkReplication.isLinkField(name) && LinkSet(value: remote.fields[name]!.value) == nil {
+            return .malformedLinkSet(field: name)
         }
         guard let entity = store.entity(named: remote.recordType) else { return nil }
         if case let .text(owner)? = try db.scalar(StoreWriter.ledgerEntity, [remote.recordID.sqliteValue]),

@@ -353,7 +353,7 @@ public final class SyncEngine {
             SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable'))
                        + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
                    count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
-                   count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
+                   count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1) + \(LinkReplication.waitingOwnersSQL),
                    count(*) FILTER (WHERE state = 'undecryptable'),
                    (SELECT count(*) FROM replica_sync_held),
                    count(*) FILTER (WHERE state = 'corrupt' OR typeof(entity) != 'text' OR entity = ''
@@ -752,8 +752,17 @@ public final class SyncEngine {
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
             try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
-        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
+        var consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try ConflictRecording.logCascades(consequences.deleted, applied: hlc, store: store, db: db)
+        // Many-to-many links: the merged link sets into the link tables; owners of links to records that died
+        // remove them, as local changes (R17).
+        let linkTables = LinkReplication.tables(of: store)
+        if !linkTables.isEmpty {
+            let followers = try LinkReplication.materializeAfterMerge(
+                merged: records, tombstoned: tombstoned + consequences.deleted.map(\.id), changes: &changes,
+                tables: linkTables, store: store, db: db)
+            consequences.updated += followers.updated
+        }
         try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
         if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
         changes.inserted += consequences.inserted
