@@ -383,6 +383,65 @@ struct ManyToManySyncTests {
         #expect(try upgraded.sync(cloud).isUpToDate)
     }
 
+    @Test("every version of a history of link edits, deletes and duplicates, delivered to a new device in any order, grouping and duplication, gives the devices' state")
+    func anyDeliveryOrderConverges() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try device("A", seed: 1), b = try device("B", seed: 2)
+        var versions: [CloudRecord] = []
+        func syncAndCapture(_ devices: [Device]) throws {
+            for _ in 0..<2 {
+                for device in devices {
+                    try device.sync(cloud)
+                    versions += cloud.records(in: "notes")
+                }
+            }
+        }
+        var trips: [LinkTrip] = []
+        var beach = LinkTag(label: "beach"), food = LinkTag(label: "food")
+        try a.save { context in
+            trips = (0..<4).map { context.insert(LinkTrip(name: "trip\($0)")) }
+            beach = context.insert(LinkTag(label: "beach", trips: [Reference(trips[0]), Reference(trips[1])]))
+            food = context.insert(LinkTag(label: "food", trips: [Reference(trips[2])]))
+        }
+        try syncAndCapture([a, b])
+        // B links trip0 to food from the trip's side and deletes trip1; A moves beach from trip0 to trip2 and adds a
+        // tag for trip1; both create a "city" tag (a duplicate) for different trips.
+        try b.save { context in
+            var trip = try #require(try context.model(LinkTrip.self, id: trips[0].id))
+            trip.tags = [Reference(beach), Reference(food)]
+            context.update(trip)
+            context.delete(PersistentIdentifier(entityName: "LinkTrip", id: trips[1].id))
+            context.insert(LinkTag(label: "city", trips: [Reference(trips[3])]))
+        }
+        try a.save { context in
+            var tag = try #require(try context.model(LinkTag.self, id: beach.id))
+            tag.trips = [Reference(trips[1]), Reference(trips[2])]
+            context.update(tag)
+            context.insert(LinkTag(label: "sea", trips: [Reference(trips[1])]))
+            context.insert(LinkTag(label: "city", trips: [Reference(trips[0])]))
+        }
+        try syncAndCapture([a, b])
+        let expected = try a.tagLinks()
+        #expect(try b.tagLinks() == expected)
+        #expect(expected == ["beach": [trips[2].id], "food": sorted([trips[0].id, trips[2].id]), "sea": [],
+                             "city": sorted([trips[0].id, trips[3].id])])
+        var rng = MergeLawTests.Rng(state: 5)
+        for round in 0..<6 {
+            var order = versions
+            for index in order.indices.reversed() { order.swapAt(index, rng.next(index + 1)) }
+            order += (0..<5).map { _ in versions[rng.next(versions.count)] }
+            let fresh = try device("N\(round)", seed: UInt64(100 + round))
+            var position = 0
+            while position < order.count {
+                let size = 1 + rng.next(4)
+                #expect(try fresh.deliver(Array(order[position..<min(order.count, position + size)]), cloud: cloud))
+                position += size
+            }
+            #expect(try fresh.tagLinks() == expected, "round \(round)")
+            #expect(try fresh.tripLinks() == a.tripLinks(), "round \(round)")
+        }
+    }
+
     @Test("a record whose link field does not hold a link set is rejected with a reason naming the field")
     func malformedLinkSetIsRejected() throws {
         let cloud = InMemoryCloudDatabase()

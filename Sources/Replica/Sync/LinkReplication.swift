@@ -148,8 +148,12 @@ enum LinkReplication {
             for table in tables where table.ownerEntity == entity { note(id, table) }
         }
         // Links waiting for a record that arrived (or died, or lost as a duplicate: then they follow it).
-        var arrivedOrDied: [UUID] = changes.inserted.map(\.id) + tombstoned.map(\.id)
-        arrivedOrDied += merged.filter(\.isAlive).map(\.recordID)
+        // (Only records of a member entity can be waited for.)
+        let members = Set(tables.map(\.memberEntity))
+        var arrivedOrDied: [UUID] = changes.inserted.filter { members.contains($0.entityName) }.map(\.id)
+        arrivedOrDied += tombstoned.filter { members.contains($0.entityName) }.map(\.id)
+        arrivedOrDied += merged.filter { $0.isAlive && members.contains($0.recordType) }.map(\.recordID)
+        if try db.scalar(anyWaiterSQL) == .integer(0) { arrivedOrDied = [] }
         for target in arrivedOrDied {
             for row in try db.rows(waitersSQL, [target.sqliteValue]) {
                 guard let owner = try? UUID(sqliteValue: row[0]), case let .text(link) = row[1],
@@ -180,6 +184,7 @@ enum LinkReplication {
         return consequences
     }
 
+    static let anyWaiterSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_link_waiting)")
     static let waitersSQL = StatementKey("SELECT owner, link FROM replica_sync_link_waiting WHERE target = ? ORDER BY owner, link")
 
     /// Writes the link table rows of `owner` that its link set says (see the type's documentation), and its waits.
