@@ -47,6 +47,27 @@ struct LinkTagV1: PersistentModel, Codable, Equatable {
     ])
 }
 
+/// An album whose photos are deleted with it (a cascade over a many-to-many relationship).
+struct LinkAlbum: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var title: String = ""
+    var photos: [Reference<LinkPhoto>] = []
+    static let entity = ModelEntity<LinkAlbum>([
+        .attribute("title", \.title, default: ""),
+        .toMany("photos", \.photos, inverse: "albums", deleteRule: .cascade),
+    ])
+}
+
+struct LinkPhoto: PersistentModel, Codable, Equatable {
+    var id = UUID.unassigned
+    var caption: String = ""
+    var albums: [Reference<LinkAlbum>] = []
+    static let entity = ModelEntity<LinkPhoto>([
+        .attribute("caption", \.caption, default: ""),
+        .toMany("albums", \.albums, inverse: "photos"),
+    ])
+}
+
 private let linkModels: [any PersistentModel.Type] = [LinkTrip.self, LinkTag.self]
 private let linkField = "replica_links_trips"
 
@@ -274,6 +295,28 @@ struct ManyToManySyncTests {
         for device in [a, b] {
             #expect(try device.tagLinks().isEmpty)
             #expect(try device.tripLinks() == ["Lisbon": [], "Rome": []], "\(device.name)")
+            #expect(try device.sync(cloud).isUpToDate)
+        }
+    }
+
+    @Test("a cascade over a many-to-many relationship also deletes, on merge, a member another device linked meanwhile")
+    func cascadeFollowsTheLinksOnMerge() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Device("A", seed: 1, models: [LinkAlbum.self, LinkPhoto.self])
+        let b = try Device("B", seed: 2, models: [LinkAlbum.self, LinkPhoto.self])
+        var album = LinkAlbum(title: "summer")
+        try a.save { context in
+            let first = context.insert(LinkPhoto(caption: "one"))
+            let second = context.insert(LinkPhoto(caption: "two"))
+            album = context.insert(LinkAlbum(title: "summer", photos: [Reference(first), Reference(second)]))
+        }
+        try settle([a, b], cloud)
+        try a.save { context in context.delete(PersistentIdentifier(entityName: "LinkAlbum", id: album.id)) }
+        try b.save { context in context.insert(LinkPhoto(caption: "three", albums: [Reference(album)])) }
+        try settle([a, b], cloud)
+        for device in [a, b] {
+            #expect(try ModelContext(device.container).fetch(LinkAlbum.self).isEmpty, "\(device.name)")
+            #expect(try ModelContext(device.container).fetch(LinkPhoto.self).isEmpty, "\(device.name)")
             #expect(try device.sync(cloud).isUpToDate)
         }
     }

@@ -125,17 +125,20 @@ extension SyncLedger {
         }
         guard fits(remote.created) else { return false }
         for field in remote.fields.values where !fits(field.stamp) { return false }
-        if remote.fields.count > remoteFields.count - remoteFields.lazy.filter({ $0 == nil }).count {
-            for (name, field) in remote.fields where LinkReplication.isLinkField(name) && LinkSet(value: field.value) == nil { return false }
-        }
+        var known = 0
         for (index, field) in remoteFields.enumerated() {
             guard let field else { continue }
+            known += 1
             if let attribute = statements.attributes[index] {
                 if case let .real(v) = field.value, v.isNaN { return false }
                 if !SchemaValidator.value(field.value, fits: attribute) { return false }
             } else if !field.value.isNull {
                 guard case let .blob(bytes) = field.value, bytes.count == 16 else { return false }
             }
+        }
+        // Fields this schema does not store: a many-to-many link field must hold a link set (R17).
+        if remote.fields.count > known {
+            for (name, field) in remote.fields where LinkReplication.isLinkField(name) && LinkSet(value: field.value) == nil { return false }
         }
         return true
     }
