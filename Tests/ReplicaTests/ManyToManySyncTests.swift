@@ -230,6 +230,8 @@ struct ManyToManySyncTests {
         #expect(try b.tagLinks() == ["beach": []])
         #expect(try b.engine.status().waitingForParent == 1)
         #expect(try b.engine.status().isUpToDate == false)
+        let tagID = PersistentIdentifier(entityName: "LinkTag", id: tagRecord.recordID)
+        #expect(try b.engine.ledgerEntry(for: tagID)?.state == .waitingForParent(trip.id))
         // A local edit of the tag meanwhile keeps the waiting link.
         try b.save { context in
             var copy = try #require(try context.model(LinkTag.self, id: tagRecord.recordID))
@@ -241,6 +243,7 @@ struct ManyToManySyncTests {
         #expect(try b.tagLinks() == ["sea": [trip.id]])
         #expect(try b.tripLinks() == ["Lisbon": [tagRecord.recordID]])
         #expect(try b.engine.status().waitingForParent == 0)
+        #expect(try b.engine.ledgerEntry(for: tagID)?.state.kind != .waitingForParent)
     }
 
     @Test("deleting the linked record removes its links everywhere, also one another device added meanwhile")

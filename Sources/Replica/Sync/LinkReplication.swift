@@ -246,8 +246,12 @@ enum LinkReplication {
         return try db.scalar(statements.selectByIDKey, [id.sqliteValue]) != nil
     }
 
-    /// Owners with links waiting for a record not here yet (counted as waiting in the status).
-    static let waitingOwnersSQL = "(SELECT count(DISTINCT owner) FROM replica_sync_link_waiting)"
+    /// SQL true for a `replica_sync_record` row whose links wait for a record not here yet (it counts as waiting for
+    /// a parent in the status).
+    static let waitsForLinkSQL = "id IN (SELECT owner FROM replica_sync_link_waiting)"
+    /// SQL for the first record a `replica_sync_record` row's links wait for (`NULL`: none): its ledger entry is
+    /// `waitingForParent` of it.
+    static let linkWaitedForSQL = "(SELECT target FROM replica_sync_link_waiting WHERE owner = replica_sync_record.id ORDER BY target LIMIT 1)"
 }
 
 extension LinkTable {

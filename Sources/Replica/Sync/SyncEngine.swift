@@ -353,7 +353,7 @@ public final class SyncEngine {
             SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable'))
                        + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
                    count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
-                   count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1) + \(LinkReplication.waitingOwnersSQL),
+                   count(*) FILTER (WHERE (waiting_for IS NOT NULL OR \(LinkReplication.waitsForLinkSQL)) AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable'),
                    (SELECT count(*) FROM replica_sync_held),
                    count(*) FILTER (WHERE state = 'corrupt' OR typeof(entity) != 'text' OR entity = ''
@@ -415,7 +415,8 @@ public final class SyncEngine {
 
     private func localLedgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
         try db.rows("""
-            SELECT id, entity, causal_length, pending, state, reason, waiting_for, change_tag FROM replica_sync_record
+            SELECT id, entity, causal_length, pending, state, reason, coalesce(waiting_for, \(LinkReplication.linkWaitedForSQL)), change_tag
+            FROM replica_sync_record
             WHERE \(condition) ORDER BY id
             """, values).compactMap { row in
             guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .integer(cl) = row[2],
