@@ -488,6 +488,29 @@ struct ManyToManySyncTests {
         }
     }
 
+    @Test("links saved while the store was local-only upload when it is first opened synced")
+    func linksOfALocalStoreUploadWhenSynced() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-m2m-adopt-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var trip = LinkTrip(name: "Lisbon")
+        do {
+            let container = try ModelContainer(for: Schema(linkModels, version: Schema.Version(1, 1, 0)), configurations: [
+                ModelConfiguration("notes"),
+            ], environment: .seeded(seed: 9, directory: directory))
+            let context = ModelContext(container)
+            trip = context.insert(trip)
+            context.insert(LinkTag(label: "beach", trips: [Reference(trip)]))
+            try context.save()
+        }
+        let cloud = InMemoryCloudDatabase()
+        let synced = try Device("A", seed: 3, models: linkModels, version: Schema.Version(1, 1, 0), directory: directory)
+        try synced.sync(cloud)
+        let other = try device("B", seed: 4)
+        try other.sync(cloud)
+        #expect(try other.tagLinks() == ["beach": [trip.id]])
+        #expect(try synced.sync(cloud).isUpToDate)
+    }
+
     @Test("a record whose link field does not hold a link set is rejected with a reason naming the field")
     func malformedLinkSetIsRejected() throws {
         let cloud = InMemoryCloudDatabase()
