@@ -95,12 +95,18 @@ enum LinkReplication {
               state.entity == table.ownerEntity else { return }
         let name = fieldName(table)
         let existing = try linkSet(of: state, field: name, store: store)
-        var set = existing
+        // The links of duplicates that lost to this record (R15) join its own; those they add are added here.
+        var set = existing.joined(with: try redirectedLinks(to: owner, table: table, store: store, db: db))
+        let absorbed = Set(set.members).subtracting(existing.members)
+        if !absorbed.isEmpty {
+            var ignored = StoreChanges()
+            try materialize(owner: owner, table: table, store: store, db: db, changes: &ignored, set: set)
+        }
         let present = try rows(of: owner, table: table, db)
         let presentSet = Set(present)
         var exhausted = false
         for target in present where !set.contains(target) { exhausted = !set.add(target) || exhausted }
-        for target in set.members where !presentSet.contains(target) {
+        for target in set.members where !presentSet.contains(target) && !absorbed.contains(target) {
             if try rowExists(target, entity: table.memberEntity, store: store, db) {
                 exhausted = !set.remove(target) || exhausted
             } else if let target = try SyncLedger.load(target, store: store, db), !target.isAlive {
@@ -114,6 +120,29 @@ enum LinkReplication {
         state.pending = true
         try SyncLedger.storeLocalChange(state, db)
     }
+
+    /// The join of the link sets that the tombstones redirecting to `owner` (losing duplicates, and theirs in turn)
+    /// carry for `table`.
+    static func redirectedLinks(to owner: UUID, table: LinkTable, store: Store, db: Connection) throws -> LinkSet {
+        var result = LinkSet()
+        var visited: Set<UUID> = [owner]
+        var frontier = [owner]
+        while !frontier.isEmpty {  // ends: `visited` admits each record once
+            var next: [UUID] = []
+            for target in frontier {
+                for row in try db.rows(redirectedSQL, [target.sqliteValue, .text(table.ownerEntity)]) {
+                    guard let loserID = try? UUID(sqliteValue: row[0]), visited.insert(loserID).inserted,
+                          let loser = try SyncLedger.load(loserID, store: store, db, entity: table.ownerEntity), !loser.isAlive else { continue }
+                    next.append(loserID)
+                    if let field = loser.tombstone[fieldName(table)], let set = LinkSet(value: field.value) { result = result.joined(with: set) }
+                }
+            }
+            frontier = next
+        }
+        return result
+    }
+
+    static let redirectedSQL = StatementKey("SELECT id FROM replica_sync_record WHERE redirect = ? AND entity = ? ORDER BY id")
 
     /// The link set `field` of `state`'s current incarnation (empty when it has none).
     /// - Throws: ``ReplicaError/corruptBookkeeping(_:)`` (column `unknown`) when the kept value does not decode.
@@ -161,9 +190,13 @@ enum LinkReplication {
                 note(owner, table)
             }
         }
-        // Rows linking to a record that died: its owners drop them, and remove the link from their sets.
+        // Rows linking to a record that died: its owners drop them, and remove the link from their sets. An owner that
+        // lost as a duplicate hands its links to the winner.
         var followers: [(UUID, LinkTable)] = []
         for id in tombstoned {
+            for table in tables where table.ownerEntity == id.entityName {
+                if let winner = try SyncLedger.liveRedirectTarget(of: id.id, store: store, db) { followers.append((winner, table)) }
+            }
             for table in tables where table.memberEntity == id.entityName {
                 for owner in try rowsLinking(to: id.id, table: table, db) {
                     note(owner, table)
@@ -188,12 +221,14 @@ enum LinkReplication {
     static let waitersSQL = StatementKey("SELECT owner, link FROM replica_sync_link_waiting WHERE target = ? ORDER BY owner, link")
 
     /// Writes the link table rows of `owner` that its link set says (see the type's documentation), and its waits.
-    static func materialize(owner: UUID, table: LinkTable, store: Store, db: Connection, changes: inout StoreChanges) throws {
+    /// `set`, when given, stands for the owner's stored link set.
+    static func materialize(owner: UUID, table: LinkTable, store: Store, db: Connection, changes: inout StoreChanges,
+                            set: LinkSet? = nil) throws {
         var desired: [UUID] = []
         var waiting: [UUID] = []
         if let state = try SyncLedger.load(owner, store: store, db, entity: table.ownerEntity), state.isAlive,
            state.entity == table.ownerEntity, try rowExists(owner, entity: table.ownerEntity, store: store, db) {
-            for target in try linkSet(of: state, field: fieldName(table), store: store).members {
+            for target in try (set ?? linkSet(of: state, field: fieldName(table), store: store)).members {
                 if try rowExists(target, entity: table.memberEntity, store: store, db) {
                     desired.append(target)
                 } else if let other = try SyncLedger.load(target, store: store, db) {
@@ -257,4 +292,14 @@ enum LinkReplication {
 extension LinkTable {
     /// Whether the pair is one relationship that is its own inverse (`Person.friends` ↔ `Person.friends`).
     var isOwnInverse: Bool { ownerEntity == memberEntity && ownerRelationship == memberRelationship }
+}
+
+extension CloudRecord {
+    /// The records this record links to through its many-to-many relationship `relationship` (R17): the present links
+    /// of its link field, in ID byte order; `nil` when it carries no such field or the field does not hold a link set.
+    /// For tools that check what devices hold against the cloud (the simulator's convergence invariant).
+    @_spi(Simulation) public func linkedRecords(through relationship: String) -> [UUID]? {
+        guard let field = fields[LinkReplication.fieldPrefix + relationship], let set = LinkSet(value: field.value) else { return nil }
+        return set.members
+    }
 }

@@ -753,18 +753,20 @@ public final class SyncEngine {
             tombstoned += try SyncLedger.deduplicate(touched, store: store, db: db, changes: &changes)
             try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
-        var consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
+        let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try ConflictRecording.logCascades(consequences.deleted, applied: hlc, store: store, db: db)
         // Many-to-many links: the merged link sets into the link tables; owners of links to records that died
-        // remove them, as local changes (R17).
+        // remove them, and winners of duplicates take their losers' links, as local changes (R17). (Those owners are
+        // stamped only where their sets change; the rows that change are in `changes`.)
+        var stamped = consequences
         let linkTables = LinkReplication.tables(of: store)
         if !linkTables.isEmpty {
             let followers = try LinkReplication.materializeAfterMerge(
                 merged: records, tombstoned: tombstoned + consequences.deleted.map(\.id), changes: &changes,
                 tables: linkTables, store: store, db: db)
-            consequences.updated += followers.updated
+            stamped.updated += followers.updated
         }
-        try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
+        try SyncLedger.recordLocalChanges(stamped, store: store, db: db, environment: container.environment)
         if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated
