@@ -12,13 +12,12 @@ private func linkTables(_ db: Connection) throws -> [String] {
 
 private func attr(_ name: String) -> Schema.Attribute { Schema.Attribute(name: name, type: .string, isOptional: true) }
 
-@Suite("Many-to-many refusal in synced stores", .serialized)
+@Suite("Many-to-many in synced configurations", .serialized)
 struct ManyToManySyncRefusalTests {
     /// `Zed.tags` (to-many) names `Alpha.notes` as its inverse; `Alpha.notes` (to-many) names none. The structural
-    /// validator accepts an inverse declared on one side only, `LinkTable.of(Zed.tags)` sees a to-many inverse and
-    /// creates `replica_link_Alpha_notes`, but `syncedViolations` only reports a pair from the side that sorts first
-    /// ((Alpha, notes)), which has no inverse, so nothing is reported.
-    @Test("a many-to-many pair whose inverse is declared only on the side sorting last is refused in a synced store")
+    /// validator accepts an inverse declared on one side only, and `LinkTable.of(Zed.tags)` sees a to-many inverse:
+    /// the pair gets `replica_link_Alpha_notes`, whose links replicate as link sets of `Alpha` records (R17).
+    @Test("a many-to-many pair whose inverse is declared only on the side sorting last opens synced, with its link table")
     func oneSidedInverseManyToMany() throws {
         let schema = Schema(entities: [
             Schema.Entity(name: "Zed", attributes: [attr("name")], relationships: [
@@ -31,19 +30,15 @@ struct ManyToManySyncRefusalTests {
         let directory = temporaryTestDirectory("m2m")
         defer { try? FileManager.default.removeItem(at: directory) }
         let environment = ReplicaEnvironment.seeded(seed: 1, directory: directory)
-        var tables: [String] = []
-        let error = #expect(throws: ReplicaError.self) {
-            let container = try ModelContainer(for: schema, configurations: [
-                ModelConfiguration("synced", cloudKitDatabase: .private("iCloud.test")),
-            ], environment: environment)
-            tables = try linkTables(try ModelContext(container).connection(for: 0))
-        }
-        #expect(tables.isEmpty, "synced store got link tables \(tables)")
-        #expect(error?.schemaViolations.contains { if case .syncedManyToMany = $0 { true } else { false } } == true)
+        let container = try ModelContainer(for: schema, configurations: [
+            ModelConfiguration("synced", cloudKitDatabase: .private("iCloud.test")),
+        ], environment: environment)
+        #expect(try linkTables(try ModelContext(container).connection(for: 0)) == ["replica_link_Alpha_notes"])
+        #expect(LinkReplication.tables(of: container.stores[0]).map(\.name) == ["replica_link_Alpha_notes"])
     }
 
-    @Test("the mirror image (inverse declared only on the side sorting first) is refused")
-    func oneSidedInverseSortingFirst() {
+    @Test("the mirror image (inverse declared only on the side sorting first) opens synced too")
+    func oneSidedInverseSortingFirst() throws {
         let schema = Schema(entities: [
             Schema.Entity(name: "Alpha", attributes: [attr("label")], relationships: [
                 Schema.Relationship(name: "notes", destination: "Zed", inverse: "tags", isToMany: true),
@@ -54,11 +49,9 @@ struct ManyToManySyncRefusalTests {
         ])
         let directory = temporaryTestDirectory("m2m2")
         defer { try? FileManager.default.removeItem(at: directory) }
-        #expect(throws: ReplicaError.self) {
-            _ = try ModelContainer(for: schema, configurations: [ModelConfiguration("synced", cloudKitDatabase: .private("iCloud.test"))],
-                                   environment: .seeded(seed: 1, directory: directory))
-        }
-        #expect(!FileManager.default.fileExists(atPath: directory.appendingPathComponent("synced.store").path))
+        let container = try ModelContainer(for: schema, configurations: [ModelConfiguration("synced", cloudKitDatabase: .private("iCloud.test"))],
+                                           environment: .seeded(seed: 1, directory: directory))
+        #expect(try linkTables(try ModelContext(container).connection(for: 0)) == ["replica_link_Alpha_notes"])
     }
 
     @Test("self-referencing many-to-many and the catch-all configuration are refused; nothing is created on disk")
@@ -78,6 +71,7 @@ struct ManyToManySyncRefusalTests {
             ], environment: .seeded(seed: 1, directory: directory))
         }
         #expect(error?.schemaViolations == [.syncedManyToMany(entity: "Person", relationship: "friends", inverse: "Person.friends")])
+        #expect(error?.description.contains("its own inverse") == true)
         let leftovers = (try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []
         #expect(leftovers.isEmpty, "\(leftovers)")
     }

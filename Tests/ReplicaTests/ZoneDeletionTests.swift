@@ -6,7 +6,7 @@ import Testing
 
 /// Zone deletion reasons (CloudKit's deleted, purged, encrypted data reset): what every cloud reports, and the policy
 /// that decides — before anything changes locally — whether a store keeps its data and uploads it again or erases it
-/// (R17 in `Specs/replication-protocol.md`).
+/// (R18 in `Specs/replication-protocol.md`).
 @Suite("Zone deletion reasons and policy")
 struct ZoneDeletionTests {
     typealias Kind = CloudDatabaseTests.Kind

@@ -22,11 +22,12 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
     case syncedRelationshipNotOptional(entity: String, relationship: String)
     /// In a synced configuration, the deny delete rule is not supported (it cannot be enforced across devices).
     case syncedDenyRule(entity: String, relationship: String)
-    /// In a synced configuration, many-to-many relationships (two to-many relationships that are each other's
-    /// inverse) are not supported: their links live in a link table that the sync engine does not replicate, so
-    /// accepting them would let devices diverge silently. Reported once per link table (also when only one side names
-    /// the other as its inverse), from the side whose (entity, relationship) sorts first, after the other violations.
-    /// Model the link as an entity with two to-one relationships instead.
+    /// In a synced configuration, a to-many relationship that is its own inverse (`Person.friends` ↔
+    /// `Person.friends`) is not supported: its link table holds each link once, from whichever record made it, so a
+    /// link would replicate as two (one from each end) that devices add and remove independently. Other many-to-many
+    /// relationships replicate (R17 in `Specs/replication-protocol.md`). Reported once per relationship, after the
+    /// other violations. Model the link as an entity with two to-one relationships, or as two relationships that are
+    /// each other's inverse (`follows` ↔ `followers`).
     case syncedManyToMany(entity: String, relationship: String, inverse: String)
     /// In a synced configuration, an entity or attribute declares an original name: the cloud schema is additive-only,
     /// so a record type or field keeps its name forever (in CloudKit a renamed field is a new field). Keep the stored
@@ -68,7 +69,7 @@ public enum SchemaViolation: Sendable, Hashable, CustomStringConvertible {
             return "\(member.map { "\(entity).\($0)" } ?? "entity \(entity)") is synced, so it cannot be renamed from '\(originalName)': the cloud keeps "
                 + "its name forever; keep the stored name and rename only the Swift property (.attribute(\"\(originalName)\", \\.\(member ?? "property")))"
         case let .syncedManyToMany(entity, relationship, inverse):
-            return "\(entity).\(relationship) and its inverse \(inverse) form a many-to-many relationship, which synced stores do not replicate; use an entity with two to-one relationships for the links"
+            return "\(entity).\(relationship) is its own inverse (\(inverse)), a many-to-many relationship synced stores do not replicate; use two relationships that are each other's inverse, or an entity with two to-one relationships for the links"
         case let .entityNameCollision(entity, other):
             return "entity '\(entity)' differs from entity '\(other)' only in letter case; SQLite table names ignore case, so both would share one table"
         case let .memberNameCollision(entity, member, other):
@@ -249,8 +250,9 @@ struct SchemaValidator {
                 }
             }
         }
-        // Exactly the pairs that get a link table (so also an inverse named on one side only).
-        for table in LinkTable.all(in: entities) {
+        // Many-to-many pairs replicate as link sets (R17), except a relationship that is its own inverse: its link
+        // table holds each link once, from either end, so the two ends of one link would be two replicated links.
+        for table in LinkTable.all(in: entities) where table.isOwnInverse {
             found.append(.syncedManyToMany(entity: table.ownerEntity, relationship: table.ownerRelationship,
                                            inverse: "\(table.memberEntity).\(table.memberRelationship)"))
         }

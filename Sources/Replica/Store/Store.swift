@@ -315,12 +315,21 @@ final class Store: Sendable {
                     try db.run("DELETE FROM replica_metadata WHERE key = 'synced_defaults'")
                 }
                 try StoreAttributeTypes.record(entities, over: recordedTypes, stored: storedTypes, db)
-                // Many-to-many relationships: one link table per relationship pair (see LinkTable).
+                // Many-to-many relationships: one link table per relationship pair (see LinkTable). In a store with
+                // sync bookkeeping (synced now, or while sync is off), a new one is filled by a full resync (below, or
+                // when sync is on again) from the link sets an older schema kept (R17).
+                var newLinkTable = false
+                let linkTables = LinkTable.all(in: entities)
+                if tracked, !linkTables.isEmpty {
+                    for table in linkTables where try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table.name)]) == nil {
+                        newLinkTable = true
+                    }
+                }
                 try LinkTable.prepare(db, entities: entities)
                 // Records the older schema could only keep whole (an unknown type) or in part (fields it did not
                 // know, kept beside the row) are read again in full: the next fetch starts a full resync, whose
                 // merges put those values into the new tables and columns.
-                if synced && grew {
+                if synced && grew || newLinkTable {
                     try db.run("DELETE FROM replica_metadata WHERE key = 'server_change_token'")
                 }
                 if tracked && sharedFile {

@@ -117,6 +117,10 @@ extension SyncLedger {
                     state.stamps[name] = FieldStamp(incarnation: state.incarnation, clock: field.stamp.clock)
                     row[index + 1] = field.value
                     if !changed.contains(index) { changed.append(index) }
+                } else if LinkReplication.isLinkField(name) {
+                    // Many-to-many links of a loser join the winner's as a stamped local change of the winner (R17,
+                    // `LinkReplication.reconcile`): a join kept under an absorbed clock could give one stamp two values.
+                    continue
                 } else {
                     if let current = state.unknown[name], current.stamp.clock >= field.stamp.clock { continue }
                     var moved = field

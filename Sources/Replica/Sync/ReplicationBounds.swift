@@ -68,6 +68,8 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
     case notARecordID(reference: String, value: String)
     /// The cloud could not read its own stored copy of the record (the reason it gave).
     case unreadable(String)
+    /// A many-to-many link field (`replica_links_<relationship>`, R17) that does not hold a link set.
+    case malformedLinkSet(field: String)
     /// A stamp is further ahead of this device's wall clock than ``SyncEngine/Options/maxClockDriftMilliseconds``
     /// (`limit`): not merged yet, kept until the clock has caught up (not a rejection for good).
     case clockAhead(StampSite, aheadBy: Int64, limit: Int64)
@@ -92,6 +94,7 @@ public enum RecordRejection: Hashable, Sendable, CustomStringConvertible {
             return "field '\(field)' holds \(value), which is not a\(optional ? "n optional" : "") \(type)"
         case let .notARecordID(reference, value): return "reference '\(reference)' holds \(value), not a record ID"
         case let .unreadable(reason): return reason
+        case let .malformedLinkSet(field): return "field '\(field)' does not hold a set of many-to-many links"
         case let .clockAhead(site, ahead, limit):
             return "\(site) is stamped \(ahead) ms ahead of this device's clock (more than \(limit) ms): kept until the clock catches up"
         }
@@ -122,14 +125,20 @@ extension SyncLedger {
         }
         guard fits(remote.created) else { return false }
         for field in remote.fields.values where !fits(field.stamp) { return false }
+        var known = 0
         for (index, field) in remoteFields.enumerated() {
             guard let field else { continue }
+            known += 1
             if let attribute = statements.attributes[index] {
                 if case let .real(v) = field.value, v.isNaN { return false }
                 if !SchemaValidator.value(field.value, fits: attribute) { return false }
             } else if !field.value.isNull {
                 guard case let .blob(bytes) = field.value, bytes.count == 16 else { return false }
             }
+        }
+        // Fields this schema does not store: a many-to-many link field must hold a link set (R17).
+        if remote.fields.count > known {
+            for (name, field) in remote.fields where LinkReplication.isLinkField(name) && LinkSet(value: field.value) == nil { return false }
         }
         return true
     }
@@ -146,6 +155,9 @@ extension SyncLedger {
         let names = remote.fields.keys.sorted()
         for name in names {
             if let problem = stampProblem(remote.fields[name]!.stamp, of: remote, .field(name)) { return problem }
+        }
+        for name in names where LinkReplication.isLinkField(name) && LinkSet(value: remote.fields[name]!.value) == nil {
+            return .malformedLinkSet(field: name)
         }
         guard let entity = store.entity(named: remote.recordType) else { return nil }
         if case let .text(owner)? = try db.scalar(StoreWriter.ledgerEntity, [remote.recordID.sqliteValue]),

@@ -2,7 +2,7 @@ import Foundation
 
 /// What the engine does when the cloud reports its zone deleted (``CloudError/zoneDeleted(reason:)``): the
 /// ``ZoneDeletionPolicy`` decides before anything changes locally — keep the store's data and upload it again, or
-/// erase it (R17 in `Specs/replication-protocol.md`).
+/// erase it (R18 in `Specs/replication-protocol.md`).
 extension SyncEngine {
     /// The `replica_metadata` key that holds the reason of a zone deletion waiting for the app's answer.
     static let pendingZoneDeletionKey = "zone_deletion_pending"

@@ -366,7 +366,7 @@ public final class SyncEngine {
             SELECT count(*) FILTER (WHERE pending = 1 AND state NOT IN ('rejected', 'undecryptable'))
                        + (SELECT count(*) FROM replica_sync_unknown_record WHERE pending = 1),
                    count(*) FILTER (WHERE state = 'rejected') + (SELECT count(*) FROM replica_sync_rejected),
-                   count(*) FILTER (WHERE waiting_for IS NOT NULL AND causal_length % 2 = 1),
+                   count(*) FILTER (WHERE (waiting_for IS NOT NULL OR \(LinkReplication.waitsForLinkSQL)) AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable'),
                    (SELECT count(*) FROM replica_sync_held),
                    count(*) FILTER (WHERE state = 'corrupt' OR typeof(entity) != 'text' OR entity = ''
@@ -429,7 +429,8 @@ public final class SyncEngine {
 
     private func localLedgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
         try db.rows("""
-            SELECT id, entity, causal_length, pending, state, reason, waiting_for, change_tag FROM replica_sync_record
+            SELECT id, entity, causal_length, pending, state, reason, coalesce(waiting_for, \(LinkReplication.linkWaitedForSQL)), change_tag
+            FROM replica_sync_record
             WHERE \(condition) ORDER BY id
             """, values).compactMap { row in
             guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .integer(cl) = row[2],
@@ -769,7 +770,18 @@ public final class SyncEngine {
         }
         let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
         try ConflictRecording.logCascades(consequences.deleted, applied: hlc, store: store, db: db)
-        try SyncLedger.recordLocalChanges(consequences, store: store, db: db, environment: container.environment)
+        // Many-to-many links: the merged link sets into the link tables; owners of links to records that died
+        // remove them, and winners of duplicates take their losers' links, as local changes (R17). (Those owners are
+        // stamped only where their sets change; the rows that change are in `changes`.)
+        var stamped = consequences
+        let linkTables = LinkReplication.tables(of: store)
+        if !linkTables.isEmpty {
+            let followers = try LinkReplication.materializeAfterMerge(
+                merged: records, tombstoned: tombstoned + consequences.deleted.map(\.id), changes: &changes,
+                tables: linkTables, store: store, db: db)
+            stamped.updated += followers.updated
+        }
+        try SyncLedger.recordLocalChanges(stamped, store: store, db: db, environment: container.environment)
         if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
         changes.inserted += consequences.inserted
         changes.updated += consequences.updated

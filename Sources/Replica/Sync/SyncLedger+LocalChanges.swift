@@ -36,6 +36,8 @@ extension SyncLedger {
                 try stampDeletes(changes.deleted, store: store, db: db, environment: environment)
             }
         }
+        // Many-to-many links the save changed: the owners' link sets, stamped with the same tick (R17).
+        try LinkReplication.recordLocalLinkChanges(changes, store: store, db: db, hlc: hlc)
         try saveHLC(hlc, db)
     }
 
@@ -79,6 +81,14 @@ extension SyncLedger {
         for (snapshot, fields) in updated {
             guard let entityIndex = store.entityIndex[snapshot.entityName] else { continue }
             let statements = store.statements[entityIndex]
+            // A change of many-to-many members is not a field of this record: the owners' link sets record it
+            // (``LinkReplication/recordLocalLinkChanges(_:store:db:hlc:)``).
+            var fields = fields
+            if fields.contains(where: { statements.fieldIndex[$0] == nil }) {
+                let entity = store.entities[entityIndex]
+                fields.removeAll { entity.relationship(named: $0)?.isToMany == true }
+                if fields.isEmpty { continue }
+            }
             // The stamps by position, when they are all of fields the entity stores and so are the changed fields (as
             // always, short of a store written by another schema): encoded by position, without building the map.
             guard let loaded = try load(snapshot.id, store: store, db, stampsBy: statements), loaded.state.isAlive else { continue }

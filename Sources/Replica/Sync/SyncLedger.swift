@@ -65,6 +65,7 @@ enum SyncLedger {
             retry_at INTEGER NOT NULL,
             PRIMARY KEY (id, record_type));
         CREATE INDEX IF NOT EXISTS replica_sync_record_corrupt ON replica_sync_record (id) WHERE state = 'corrupt';
+        \(LinkReplication.createSQL)
         """
 
     /// Brings the bookkeeping tables of a store created by an earlier version up to date (inside the caller's
@@ -669,6 +670,14 @@ enum SyncLedger {
         for (name, field) in (local?.unknown ?? [:]) where field.stamp.incarnation == incarnation { unknown[name] = field }
         if knownRemoteFields < remote.fields.count {
             for (name, field) in remote.fields where statements.fieldIndex[name] == nil && field.stamp.incarnation == incarnation {
+                if LinkReplication.isLinkField(name) {
+                    // Many-to-many links: a causal-length set, merged as a join (R17).
+                    let merged = LinkReplication.merge(local: unknown[name], remote: field, incarnation: incarnation, hlc: &hlc,
+                                                       wall: wall, replica: store.identity)
+                    unknown[name] = merged.field
+                    if merged.localNewer { localNewer = true }
+                    continue
+                }
                 if let existing = unknown[name], existing.stamp > field.stamp { localNewer = true; continue }
                 unknown[name] = field
             }

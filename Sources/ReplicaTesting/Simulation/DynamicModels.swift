@@ -65,11 +65,22 @@ public struct DynamicRecord<S: EntitySlot>: PersistentModel {
     public var id: UUID
     /// Field values in the entity's field order.
     public var values: [SQLiteValue]
+    /// The members of each to-many relationship the shape declares (only shapes of entities with a many-to-many
+    /// relationship declare their to-many relationships), in declaration order.
+    public var members: [[UUID]]
 
-    /// A record with these values.
+    /// A record with these values (and no members).
     public init(id: UUID, values: [SQLiteValue]) {
         self.id = id
         self.values = values
+        self.members = Array(repeating: [], count: EntityShapeRegistry.shared.toManyCount(S.index))
+    }
+
+    /// A record with these values and to-many members.
+    public init(id: UUID, values: [SQLiteValue], members: [[UUID]]) {
+        self.id = id
+        self.values = values
+        self.members = members
     }
 
     /// The name of the entity registered for the slot.
@@ -79,9 +90,14 @@ public struct DynamicRecord<S: EntitySlot>: PersistentModel {
     public static var entity: ModelEntity<DynamicRecord<S>> {
         EntityShapeRegistry.shared.modelEntity(S.index) {
             let shape = EntityShapeRegistry.shared.shape(S.index)
-            return ModelEntity<DynamicRecord<S>>(shape.fieldNames.indices.map { index in
+            var members: [ModelEntity<DynamicRecord<S>>.Member] = shape.fieldNames.indices.map { index in
                 .attribute(shape.fieldNames[index], \DynamicRecord<S>.[field: index])
-            })
+            }
+            for (slot, toMany) in shape.toMany.enumerated() {
+                members.append(EntityShapeRegistry.shared.accessor(for: toMany.destination, in: shape.schema)
+                    .toManyMember(of: S.self, relationship: toMany.relationship, slot: slot))
+            }
+            return ModelEntity<DynamicRecord<S>>(members)
         }
     }
 
@@ -90,6 +106,13 @@ public struct DynamicRecord<S: EntitySlot>: PersistentModel {
         id = row.id
         let count = EntityShapeRegistry.shared.fieldCount(S.index)
         values = (0..<count).map { row[$0] }
+        members = Array(repeating: [], count: EntityShapeRegistry.shared.toManyCount(S.index))
+    }
+
+    /// The members of to-many relationship `slot` as references (key-path target for the dynamic entity description).
+    public subscript<Target: PersistentModel>(references slot: Int) -> [Reference<Target>] {
+        get { members[slot].map { Reference<Target>($0) } }
+        set { members[slot] = newValue.map(\.id) }
     }
 
     /// Field `index` (key-path target for the dynamic entity description).
@@ -104,6 +127,12 @@ final class EntityShapeRegistry: Sendable {
     struct Shape: Sendable {
         let name: String
         let fieldNames: [String]
+        /// The to-many relationships the model declares, with their destination entity: every to-many relationship
+        /// of an entity that has a many-to-many one (so that the model's members line up with the schema's to-many
+        /// relationships), none otherwise.
+        var toMany: [(relationship: Schema.Relationship, destination: Schema.Entity)] = []
+        /// The schema's entities (to resolve the destinations' own shapes), when `toMany` is not empty.
+        var schema: [Schema.Entity] = []
     }
 
     static let shared = EntityShapeRegistry()
@@ -118,13 +147,19 @@ final class EntityShapeRegistry: Sendable {
     private let state = Mutex(State())
 
     /// The slot for entity `name` with `fieldNames`, registered on first use.
-    func slot(name: String, fieldNames: [String]) -> Int {
-        let key = name + "\u{1}" + fieldNames.joined(separator: "\u{1}")
+    /// With `toMany` (see ``Shape/toMany``), the shape also declares those relationships.
+    func slot(name: String, fieldNames: [String], toMany: [(relationship: Schema.Relationship, destination: Schema.Entity)] = [],
+              schema: [Schema.Entity] = []) -> Int {
+        var key = name + "\u{1}" + fieldNames.joined(separator: "\u{1}")
+        for (relationship, destination) in toMany {
+            key += "\u{2}\(relationship.name)\u{1}\(destination.name)\u{1}\(relationship.inverse ?? "")\u{1}\(relationship.deleteRule)\u{1}"
+                + destination.fieldNames.joined(separator: "\u{1}")
+        }
         return state.withLock { state in
             if let slot = state.slotByKey[key] { return slot }
             precondition(state.shapes.count < 4096, "replica-sim: more than 4,096 distinct entity shapes in one process")
             let slot = state.shapes.count
-            state.shapes.append(Shape(name: name, fieldNames: fieldNames))
+            state.shapes.append(Shape(name: name, fieldNames: fieldNames, toMany: toMany, schema: toMany.isEmpty ? [] : schema))
             state.slotByKey[key] = slot
             return slot
         }
@@ -137,6 +172,9 @@ final class EntityShapeRegistry: Sendable {
 
     /// The number of fields of `slot`.
     func fieldCount(_ slot: Int) -> Int { state.withLock { $0.shapes[slot].fieldNames.count } }
+
+    /// The number of to-many relationships the model of `slot` declares.
+    func toManyCount(_ slot: Int) -> Int { state.withLock { $0.shapes[slot].toMany.count } }
 
     /// The model entity of `slot`, made on first use. Read on every query of a dynamic model: an array index and a
     /// class cast (casting an existential to a generic struct cost more than the query's own Swift work).
@@ -151,9 +189,19 @@ final class EntityShapeRegistry: Sendable {
         return made
     }
 
-    /// The accessor for `entity`'s shape.
-    func accessor(for entity: Schema.Entity) -> any DynamicEntityAccess {
-        let slot = slot(name: entity.name, fieldNames: entity.fieldNames)
+    /// The accessor for `entity`'s shape; given the schema's `entities`, one whose model declares the entity's to-many
+    /// relationships when one of them is many-to-many (so that its links can be read and written).
+    func accessor(for entity: Schema.Entity, in entities: [Schema.Entity] = []) -> any DynamicEntityAccess {
+        var toMany: [(relationship: Schema.Relationship, destination: Schema.Entity)] = []
+        let toManyRelationships = entity.relationships.filter(\.isToMany)
+        let destinations = toManyRelationships.compactMap { relationship in entities.first { $0.name == relationship.destination } }
+        if !toManyRelationships.isEmpty, destinations.count == toManyRelationships.count,
+           zip(toManyRelationships, destinations).contains(where: { relationship, destination in
+               relationship.inverse.flatMap(destination.relationship(named:))?.isToMany == true
+           }) {
+            toMany = Array(zip(toManyRelationships, destinations))
+        }
+        let slot = slot(name: entity.name, fieldNames: entity.fieldNames, toMany: toMany, schema: entities)
         if let cached = state.withLock({ $0.accessors[slot] }) { return cached }
         let made = makeAccessor(slot)
         state.withLock { $0.accessors[slot] = made }
@@ -212,6 +260,17 @@ public protocol DynamicEntityAccess: Sendable {
     /// Registers `delete(model:where:)` of the records whose ID is in `ids` (pending inserts included); returns how
     /// many it selected.
     func batchDelete(_ context: ModelContext, ids: [UUID]) throws -> Int
+    /// The members of every to-many relationship the model declares (see `EntityShapeRegistry.Shape.toMany`) of the
+    /// live record `id`, or `nil` when there is none.
+    func members(_ context: ModelContext, id: UUID) throws -> [[UUID]]?
+    /// Every live record with the members of every to-many relationship the model declares, in ID order.
+    func allMembers(_ context: ModelContext) throws -> [(id: UUID, members: [[UUID]])]
+    /// Registers new members of the model's to-many relationship `slot` for the live record `id`; `false` when there
+    /// is no such record.
+    func setMembers(_ context: ModelContext, id: UUID, slot: Int, members: [UUID]) throws -> Bool
+    /// The to-many member of a model of `Owner`'s shape whose targets are records of this accessor's shape.
+    func toManyMember<Owner: EntitySlot>(of owner: Owner.Type, relationship: Schema.Relationship, slot: Int)
+        -> ModelEntity<DynamicRecord<Owner>>.Member
 }
 
 struct TypedEntityAccess<S: EntitySlot>: DynamicEntityAccess {
@@ -220,11 +279,43 @@ struct TypedEntityAccess<S: EntitySlot>: DynamicEntityAccess {
     }
 
     func update(_ context: ModelContext, id: UUID, values: [SQLiteValue]) {
-        context.update(DynamicRecord<S>(id: id, values: values))
+        context.update(DynamicRecord<S>(id: id, values: values, members: currentMembers(context, id: id)))
     }
 
     func update(_ context: ModelContext, id: UUID, values: [SQLiteValue], from original: [SQLiteValue]) {
-        context.update(DynamicRecord<S>(id: id, values: values), from: DynamicRecord<S>(id: id, values: original))
+        let members = currentMembers(context, id: id)
+        context.update(DynamicRecord<S>(id: id, values: values, members: members),
+                       from: DynamicRecord<S>(id: id, values: original, members: members))
+    }
+
+    /// The record's members as this context reads them now, so that an update of its values keeps its links; none
+    /// for a shape without to-many members (or a record that cannot be read: the save reports what is wrong).
+    private func currentMembers(_ context: ModelContext, id: UUID) -> [[UUID]] {
+        let count = EntityShapeRegistry.shared.toManyCount(S.index)
+        guard count > 0 else { return [] }
+        return ((try? context.model(DynamicRecord<S>.self, id: id))?.members) ?? Array(repeating: [], count: count)
+    }
+
+    func members(_ context: ModelContext, id: UUID) throws -> [[UUID]]? {
+        try context.model(DynamicRecord<S>.self, id: id)?.members
+    }
+
+    func allMembers(_ context: ModelContext) throws -> [(id: UUID, members: [[UUID]])] {
+        try context.fetch(DynamicRecord<S>.self).map { ($0.id, $0.members) }
+    }
+
+    func setMembers(_ context: ModelContext, id: UUID, slot: Int, members: [UUID]) throws -> Bool {
+        guard var record = try context.model(DynamicRecord<S>.self, id: id) else { return false }
+        let original = record
+        record.members[slot] = members
+        context.update(record, from: original)
+        return true
+    }
+
+    func toManyMember<Owner: EntitySlot>(of owner: Owner.Type, relationship: Schema.Relationship, slot: Int)
+        -> ModelEntity<DynamicRecord<Owner>>.Member {
+        let keyPath: WritableKeyPath<DynamicRecord<Owner>, [Reference<DynamicRecord<S>>]> = \DynamicRecord<Owner>.[references: slot]
+        return .toMany(relationship.name, keyPath, inverse: relationship.inverse ?? "", deleteRule: relationship.deleteRule)
     }
 
     func values(_ context: ModelContext, id: UUID) throws -> [SQLiteValue]? {

@@ -13,6 +13,9 @@ struct StoreView {
     var unknownTypes: [UUID: CloudRecord] = [:]
     /// History transactions.
     var history: [HistoryTransaction] = []
+    /// Many-to-many links by "Entity.relationship" of the owner side (the side that carries the link sets), then
+    /// owner ID: the linked IDs as a set.
+    var links: [String: [UUID: Set<UUID>]] = [:]
 }
 
 extension SimulationRun {
@@ -72,6 +75,11 @@ extension SimulationRun {
                     rows.reserveCapacity(all.count)
                     for (id, values) in all { rows[id] = values }
                     view.rows[entity.name] = rows
+                    for (slot, relationship) in ownedManyToMany(of: entity, on: device) {
+                        var links: [UUID: Set<UUID>] = [:]
+                        for (id, members) in try access.allMembers(context) where slot < members.count { links[id] = Set(members[slot]) }
+                        view.links["\(entity.name).\(relationship.name)"] = links
+                    }
                 }
                 if let engine = process.engines[store.name] {
                     let states = try engine.engine.replicationStates()
@@ -193,6 +201,46 @@ extension SimulationRun {
 
     // MARK: Convergence
 
+    /// The many-to-many relationships of `entity` whose link sets its records carry (the pair's side whose
+    /// (entity, relationship) sorts first), with their slot among the entity's to-many relationships.
+    func ownedManyToMany(of entity: Schema.Entity, on device: SimDevice) -> [(slot: Int, relationship: Schema.Relationship)] {
+        entity.relationships.filter(\.isToMany).enumerated().compactMap { slot, relationship in
+            guard let inverse = relationship.inverse, let destination = device.schema.entity(named: relationship.destination),
+                  destination.relationship(named: inverse)?.isToMany == true,
+                  (entity.name, relationship.name) < (destination.name, inverse) else { return nil }
+            return (slot, relationship)
+        }
+    }
+
+    /// Convergence of many-to-many links: each live owner links exactly to the present links of its cloud record's
+    /// link set whose targets are alive in the cloud (a losing duplicate's winner standing in for it).
+    private func checkLinks(of store: Scenario.Store, on device: SimDevice, view: StoreView, records: [UUID: CloudRecord], label: String) throws {
+        for entity in entities(of: store, on: device) {
+            for (_, relationship) in ownedManyToMany(of: entity, on: device) {
+                let links = view.links["\(entity.name).\(relationship.name)"] ?? [:]
+                for id in links.keys.sorted(by: uuidPrecedes) {
+                    guard let record = records[id], record.isAlive, !isExempt(store.name, id) else { continue }
+                    var expected = Set<UUID>()
+                    for target in record.linkedRecords(through: relationship.name) ?? [] {
+                        var current = target
+                        for _ in 0..<16 {
+                            guard let other = records[current], other.recordType == relationship.destination else { break }
+                            if other.isAlive { expected.insert(current); break }
+                            guard let next = other.redirect else { break }
+                            current = next
+                        }
+                    }
+                    let actual = links[id] ?? []
+                    if actual != expected {
+                        let missing = expected.subtracting(actual).map(alias).sorted(), extra = actual.subtracting(expected).map(alias).sorted()
+                        throw InvariantViolation(.convergence, "\(label): \(alias(id)).\(relationship.name) links differ from the cloud's link set "
+                            + "(missing \(missing), extra \(extra))")
+                    }
+                }
+            }
+        }
+    }
+
     private func checkConvergence(_ views: [String: StoreView], _ cloudRecords: [String: [UUID: CloudRecord]]) throws {
         for zone in zones {
             let records = cloudRecords[zone] ?? [:]
@@ -227,6 +275,7 @@ extension SimulationRun {
                         throw InvariantViolation(.convergence, "\(label): \(alias(id)) is on the device but not in the cloud")
                     }
                 }
+                try checkLinks(of: store, on: device, view: view, records: records, label: label)
                 // The ledger equals the cloud (stamps included), known fields and unknown fields alike.
                 var knownFields: [String: Set<String>] = [:]
                 for record in sortedRecords {

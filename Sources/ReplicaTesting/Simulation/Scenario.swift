@@ -86,6 +86,8 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// Close a synced store and open it again under another configuration: sync turned off (the store is local
         /// until the next reopen turns sync on again) or on, or the same configuration.
         public var reopen = 0
+        /// Add a many-to-many link of a record or remove one, from either side of the relationship.
+        public var linkEdit = 0
         /// Attributes one update changes, at most.
         public var maxFieldsPerUpdate = 2
         /// Size of the pool of unique-key values (smaller: more collisions).
@@ -97,7 +99,7 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// Every operation weight, in `WorkloadOperation` order (index 0 is the simplest).
         var weights: [Int] {
             [insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit, deleteReinsert, copies, staleCopy,
-             batchDelete, reopen]
+             batchDelete, reopen, linkEdit]
         }
 
         /// The weight fields by JSON key, in `weights` order.
@@ -105,7 +107,7 @@ public struct Scenario: Codable, Hashable, Sendable {
             ("insert", \.insert), ("update", \.update), ("delete", \.delete), ("reinsert", \.reinsert),
             ("relationshipEdit", \.relationshipEdit), ("uniqueCollision", \.uniqueCollision), ("encryptedEdit", \.encryptedEdit),
             ("deleteReinsert", \.deleteReinsert), ("copies", \.copies), ("staleCopy", \.staleCopy), ("batchDelete", \.batchDelete),
-            ("reopen", \.reopen),
+            ("reopen", \.reopen), ("linkEdit", \.linkEdit),
         ] }
         /// The numbers that are not weights, by JSON key.
         static var otherFields: [(String, WritableKeyPath<Workload, Int>)] { [

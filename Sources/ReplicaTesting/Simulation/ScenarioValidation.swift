@@ -132,7 +132,7 @@ struct ScenarioChecker {
                     throw fail("\(path).deleteRule", "'\(relationship.deleteRule.rawValue)' is not one of: nullify, cascade, noAction (deny cannot sync)")
                 }
                 if relationship.toMany && relationship.inverse == nil {
-                    throw fail("\(path).inverse", "a to-many relationship needs the name of its to-one inverse")
+                    throw fail("\(path).inverse", "a to-many relationship needs the name of its inverse")
                 }
                 try range(relationship.since, "\(path).since", 1...schema.version)
                 guard let destination = schema.entity(named: relationship.destination) else {
@@ -143,7 +143,9 @@ struct ScenarioChecker {
                           back.inverse == relationship.name else {
                         throw fail("\(path).inverse", "'\(destination.name).\(inverse)' does not exist or does not point back")
                     }
-                    if back.toMany && relationship.toMany { throw fail("\(path).toMany", "many-to-many relationships are not supported") }
+                    if back.toMany && relationship.toMany && destination.name == entity.name && inverse == relationship.name {
+                        throw fail("\(path).inverse", "a many-to-many relationship that is its own inverse cannot sync")
+                    }
                 }
             }
         }

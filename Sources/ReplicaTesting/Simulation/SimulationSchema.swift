@@ -134,6 +134,7 @@ extension SimulationSchema {
         ("notes", "notes with an encrypted body and tag and an external-storage attachment", notes),
         ("posts", "synced posts", posts),
         ("drafts", "local drafts with a unique slug (for local-only stores)", drafts),
+        ("albums", "albums and photos linked many-to-many, each with a unique slug", albums),
     ]
 
     /// The seed schema called `name`.
@@ -203,6 +204,24 @@ extension SimulationSchema {
             Attribute("body", .string, default: .text("")),
             Attribute("publishedAt", .date, optional: true),
             Attribute("likes", .integer, default: .integer(0)),
+        ]),
+    ])
+
+    /// Albums and photos linked many-to-many (`Album.photos` ↔ `Photo.albums`; albums own the link sets), each with an
+    /// optional unique slug (so duplicates of either end are resolved).
+    public static let albums = SimulationSchema(version: 1, entities: [
+        Entity("Album", attributes: [
+            Attribute("title", .string, default: .text(""), options: ["preserveValueOnDeletion"]),
+            Attribute("slug", .string, optional: true, options: ["unique"]),
+        ], relationships: [
+            Relationship("photos", to: "Photo", inverse: "albums", toMany: true),
+        ]),
+        Entity("Photo", attributes: [
+            Attribute("caption", .string, default: .text("")),
+            Attribute("slug", .string, optional: true, options: ["unique"]),
+            Attribute("rating", .integer, default: .integer(0)),
+        ], relationships: [
+            Relationship("albums", to: "Album", inverse: "photos", toMany: true),
         ]),
     ])
 

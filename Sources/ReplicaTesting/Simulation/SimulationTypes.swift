@@ -266,7 +266,7 @@ final class SchemaView {
     /// The cached facts about `entity` (an entity of this schema).
     func info(_ entity: Schema.Entity) -> SimEntity {
         if let cached = entityCache[entity.name] { return cached }
-        let made = SimEntity(entity)
+        let made = SimEntity(entity, in: schema.entities)
         entityCache[entity.name] = made
         return made
     }
@@ -292,13 +292,13 @@ final class SimEntity {
     let defaults: [SQLiteValue]
     let access: any DynamicEntityAccess
 
-    init(_ entity: Schema.Entity) {
+    init(_ entity: Schema.Entity, in entities: [Schema.Entity] = []) {
         self.entity = entity
         let names = entity.fieldNames
         fieldNames = names
         attributes = names.map { entity.attribute(named: $0) }
         defaults = attributes.map { $0?.defaultValue ?? .null }
-        access = EntityShapeRegistry.shared.accessor(for: entity)
+        access = EntityShapeRegistry.shared.accessor(for: entity, in: entities)
     }
 }
 

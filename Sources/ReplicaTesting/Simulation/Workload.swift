@@ -8,7 +8,7 @@ import Foundation
 
 enum WorkloadOperation: Int, CaseIterable {
     case insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit
-    case deleteReinsert, copies, staleCopy, batchDelete, reopen
+    case deleteReinsert, copies, staleCopy, batchDelete, reopen, linkEdit
 
     var name: String {
         switch self {
@@ -24,6 +24,7 @@ enum WorkloadOperation: Int, CaseIterable {
         case .staleCopy: return "stale-copy"
         case .batchDelete: return "batch-delete"
         case .reopen: return "reopen"
+        case .linkEdit: return "link-edit"
         }
     }
 }
@@ -48,6 +49,7 @@ extension SimulationRun {
             for entity in process.view.entities(of: store) {
                 switch operation {
                 case .relationshipEdit: if entity.toOneRelationships.isEmpty { continue }
+                case .linkEdit: if manyToManySlots(of: entity, on: process).isEmpty { continue }
                 case .uniqueCollision: if !entity.attributes.contains(where: \.isUnique) { continue }
                 case .encryptedEdit: if !entity.attributes.contains(where: \.isEncrypted) { continue }
                 case .reopen:
@@ -173,6 +175,61 @@ extension SimulationRun {
             try batchDeleteStep(&outcome, context: context, pool: pool)
         case .reopen:
             try reopenStep(&outcome)
+        case .linkEdit:
+            try linkEditStep(&outcome, context: context, pool: pool)
+        }
+    }
+
+    /// The many-to-many relationships of `entity` in `process`'s schema, with their slot among the entity's to-many
+    /// relationships (the dynamic model's members).
+    func manyToManySlots(of entity: Schema.Entity, on process: SimProcess) -> [(slot: Int, relationship: Schema.Relationship)] {
+        entity.relationships.filter(\.isToMany).enumerated().compactMap { slot, relationship in
+            guard let destination = process.view.schema.entity(named: relationship.destination),
+                  relationship.inverse.flatMap(destination.relationship(named:))?.isToMany == true else { return nil }
+            return (slot, relationship)
+        }
+    }
+
+    /// Adds a link from a record to a record of the relationship's destination (from the shared pool), or removes one
+    /// it has. Links are not tracked by the reference model: the convergence invariant compares every device's links
+    /// with the link sets the cloud's records carry.
+    private func linkEditStep(_ outcome: inout Outcome, context: ModelContext, pool: String) throws {
+        let access = outcome.process.view.info(outcome.entity).access
+        // (Records of the shared pool may not have reached this device yet: up to four draws find one that has.)
+        var picked: (id: UUID, members: [[UUID]])?
+        for _ in 0..<4 {
+            guard let id = try pickRecord(pool) else { outcome.result = "no record yet"; return }
+            outcome.record = id
+            if let members = try access.members(context, id: id) { picked = (id, members); break }
+        }
+        guard let (id, found) = picked else { outcome.result = "not here"; return }
+        var members = found
+        let slots = manyToManySlots(of: outcome.entity, on: outcome.process)
+        let (slot, relationship) = slots[try dice.below(slots.count)]
+        outcome.fields = [relationship.name]
+        let current = members[slot]
+        if !current.isEmpty, try dice.below(3) == 0 {
+            let removed = current[try dice.below(current.count)]
+            members[slot] = current.filter { $0 != removed }
+            outcome.result = "removed \(alias(removed))"
+        } else {
+            let targets = poolKey(outcome.store, relationship.destination, device: outcome.process.device)
+            let destination = outcome.process.view.info(outcome.process.view.schema.entity(named: relationship.destination)!).access
+            var chosen: UUID?
+            for _ in 0..<4 {
+                guard let target = try pickRecord(targets) else { outcome.result = "no target yet"; return }
+                if try destination.values(context, id: target) != nil { chosen = target; break }
+            }
+            guard let target = chosen else { outcome.result = "target not here"; return }
+            guard !current.contains(target) else { outcome.result = "already linked"; return }
+            members[slot] = current + [target]
+            outcome.result = "added \(alias(target))"
+        }
+        let result = outcome.result
+        guard try access.setMembers(context, id: id, slot: slot, members: members[slot]) else { outcome.result = "not here"; return }
+        if try save(&outcome, context: context) {
+            outcome.result = result
+            wakeEngines(outcome)
         }
     }
 
