@@ -246,6 +246,40 @@ struct ManyToManySyncTests {
         #expect(try b.engine.ledgerEntry(for: tagID)?.state.kind != .waitingForParent)
     }
 
+    @Test("a zone deleted in the cloud and erased by policy takes the links with the records; another device's copy brings them back")
+    func zoneEraseClearsLinks() throws {
+        let cloud = InMemoryCloudDatabase()
+        var options = SyncEngine.Options()
+        options.zoneDeletionPolicy = .eraseLocalData
+        let a = try Device("A", seed: 31, models: linkModels, version: Schema.Version(1, 1, 0), options: options)
+        let b = try device("B", seed: 32)
+        var lisbon = LinkTrip(name: "Lisbon"), rome = LinkTrip(name: "Rome")
+        try a.save { context in
+            lisbon = context.insert(lisbon)
+            rome = context.insert(rome)
+            context.insert(LinkTag(label: "beach", trips: [Reference(lisbon), Reference(rome)]))
+        }
+        try settle([a, b], cloud)
+        #expect(try b.tagLinks() == ["beach": sorted([lisbon.id, rome.id])])
+
+        cloud.resetZone("notes", reason: .deleted)
+        #expect(try a.sync(cloud).isUpToDate)
+        // Nothing of the zone is left on A: no record, and no link row naming one.
+        let db = try ModelContext(a.container).connection(for: 0)
+        for table in LinkTable.all(in: a.container.stores[0].entities) {
+            #expect(try db.scalar("SELECT count(*) FROM \(table.quotedName)") == .integer(0), "\(table.name)")
+        }
+        #expect(try a.tagLinks().isEmpty && a.tripLinks().isEmpty)
+
+        // B keeps its copy (its default policy) and uploads it again; A receives records and links as new.
+        try settle([b, a], cloud)
+        #expect(try a.tagLinks() == ["beach": sorted([lisbon.id, rome.id])])
+        #expect(try a.tripLinks() == b.tripLinks())
+        for table in LinkTable.all(in: a.container.stores[0].entities) {
+            #expect(try db.scalar("SELECT count(*) FROM \(table.quotedName)") == .integer(2), "\(table.name)")
+        }
+    }
+
     @Test("deleting the linked record removes its links everywhere, also one another device added meanwhile")
     func deletingTheTargetRemovesItsLinks() throws {
         let cloud = InMemoryCloudDatabase()
