@@ -83,7 +83,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
     }
 
     /// Deletes `zone` for `reason` (`replica.delete_zone` with a reason, schema step 4), kept until the zone is created
-    /// again: operations on it fail with ``CloudError/zoneDeleted(reason:)`` meanwhile.
+    /// again: operations on it fail with `CloudError.zoneDeleted(reason:)` meanwhile.
     public func deleteZone(_ zone: String, reason: ZoneDeletionReason) async throws(CloudError) {
         let parameters = [PGParameter.text(owner), .text(zone), .text(reason.rawValue)]
         let prepare = preparesStatements

@@ -139,7 +139,7 @@ if arguments.count >= 5, arguments[1] == "runtime" {
         for text in arguments.dropFirst(5) { context.insert(Note(text: text)) }
         try context.save()
         var texts: [String] = []
-        for _ in 0..<1_200 {
+        for _ in 0..<2_400 {   // at most 120 s
             texts = try ModelContext(device).fetch(Note.self).map(\.text).sorted()
             if texts.count >= expected { break }
             try await Task.sleep(nanoseconds: 50_000_000)

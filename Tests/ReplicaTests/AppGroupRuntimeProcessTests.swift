@@ -51,7 +51,7 @@ private final class TimedCloud: CloudDatabase {
 }
 
 /// Waits (real time, at most `seconds`) until `condition` holds.
-private func waitUntil(seconds: Double = 30, _ condition: () async throws -> Bool) async throws -> Bool {
+private func waitUntil(seconds: Double = 90, _ condition: () async throws -> Bool) async throws -> Bool {
     let end = Date().addingTimeInterval(seconds)
     while Date() < end {
         if try await condition() { return true }
@@ -89,7 +89,10 @@ struct AppGroupRuntimeProcessTests {
         options.engine.leaseDurationMilliseconds = 10_000
         let appCloud = TimedCloud(try SQLiteCloudDatabase(url: cloudFile))
         let appSync = try app.startSync(store: "shared-synced", cloud: appCloud, options: options)
-        #expect(try await waitUntil { await appSync.lastSyncDate != nil })
+        // Its first sync, asked for (a loaded machine may take a while; a failure shows the status).
+        let first = try await appSync.syncNow(timeoutMilliseconds: 90_000)
+        #expect(first.isUpToDate, "\(first)")
+        #expect(await appSync.lastSyncDate != nil)
 
         // The widget: a second OS process with its own runtime on the same store file, waiting to see four notes.
         let widget = Process()
@@ -123,7 +126,7 @@ struct AppGroupRuntimeProcessTests {
         deviceContext.insert(SharedNote(text: "late, from a device"))
         try deviceContext.save()
         #expect(try await SyncDriver.syncUntilIdle(deviceEngine, with: deviceCloud).isUpToDate)
-        #expect(try await waitUntil(seconds: 60) { !widget.isRunning })
+        #expect(try await waitUntil(seconds: 120) { !widget.isRunning })
         let data = output.fileHandleForReading.readDataToEndOfFile()
         #expect(widget.terminationStatus == 0)
         let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
