@@ -52,6 +52,23 @@ extension StoreWriter {
         return changed
     }
 
+    /// The stored many-to-many members of the record `id`, by to-many slot (``Snapshot/toManyMembers`` order; empty
+    /// for a one-to-many slot, and an empty array when the entity has no many-to-many relationship): what undo
+    /// writes back. A relationship that is its own inverse lists the links the record holds. One indexed read per
+    /// many-to-many relationship.
+    func manyToManyMembers(of id: PersistentIdentifier) throws -> [[UUID]] {
+        guard let index = store.entityIndex[id.entityName] else { return [] }
+        let entity = store.entities[index]
+        let relationships = manyToManyRelationships(of: entity)
+        guard !relationships.isEmpty else { return [] }
+        var members = Array(repeating: [UUID](), count: entity.relationships.filter(\.isToMany).count)
+        for (relationship, slot, table) in relationships {
+            let (this, other) = table.columns(entity: entity.name, relationship: relationship.name)
+            members[slot] = try linked(id.id, table: table, this: this, other: other)
+        }
+        return members
+    }
+
     /// The IDs linked to `id` through a link table, in ID order.
     func linked(_ id: UUID, table: LinkTable, this: String, other: String) throws -> [UUID] {
         try db.rows("SELECT \(quoted(other)) FROM \(table.quotedName) WHERE \(quoted(this)) = ? ORDER BY \(quoted(other))",

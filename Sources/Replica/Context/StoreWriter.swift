@@ -219,6 +219,8 @@ struct StoreWriter {
         for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
             changed.append(i)
         }
+        // For undo: the many-to-many members before this save's links are written.
+        let linksBefore = capturesPreviousValues && !snapshot.toManyMembers.isEmpty ? try manyToManyMembers(of: snapshot.persistentModelID) : nil
         let changedLinks = try writeLinks(snapshot)
         guard !changed.isEmpty || !changedLinks.isEmpty else { return nil }
         if !representable(snapshot, entity: entity, fields: Set(changed)) { return nil }
@@ -239,6 +241,7 @@ struct StoreWriter {
             try statement.run(changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
         }
         if capturesPreviousValues { changes.previousValues[changes.updated.count] = Array(current.dropFirst()) }
+        if let linksBefore, !changedLinks.isEmpty { changes.previousLinks[changes.updated.count] = linksBefore }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
     }
@@ -322,6 +325,9 @@ struct StoreWriter {
         /// The record's row; `nil` when it is already gone (a remote delete): only its delete rules are applied.
         let row: [SQLiteValue]?
         let viaCascade: Bool
+        /// The record's many-to-many members before its delete removes them (by to-many slot), kept for undo when
+        /// the writer captures previous values; empty otherwise.
+        var links: [[UUID]] = []
         /// The next of the entity's relationships whose rule to apply.
         var nextRelationship = 0
         /// The records the cascade in progress deletes, their entity, and the next one to delete.
@@ -335,7 +341,9 @@ struct StoreWriter {
         guard deleted.insert(id).inserted else { return nil }
         let (_, sql) = entity(id.entityName)
         guard let row = try db.rows(sql.selectByIDKey, [id.id.sqliteValue]).first else { return nil }
-        return DeleteFrame(id: id, row: row, viaCascade: viaCascade)
+        var frame = DeleteFrame(id: id, row: row, viaCascade: viaCascade)
+        if capturesPreviousValues { frame.links = try manyToManyMembers(of: id) }
+        return frame
     }
 
     private mutating func runDeletes(from first: DeleteFrame) throws {
@@ -365,7 +373,7 @@ struct StoreWriter {
             let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
             changes.deleted.append(DeletedRecord(
                 id: frame.id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: frame.viaCascade,
-                values: Array(row.dropFirst())))
+                values: Array(row.dropFirst()), links: frame.links))
         }
     }
 

@@ -18,8 +18,12 @@ import Foundation
 /// like any edit and never rewinds anyone's clock; a re-inserted record is a new incarnation, R4). ``redo()`` does the
 /// same with the inverse of the undo. A new save after an undo clears the redo stack.
 ///
-/// **Limits.** Undo restores the record fields it saved: many-to-many links of a deleted record and to-one references
-/// a delete rule nullified are not restored. An undo that cannot be saved (a unique key taken meanwhile, a record
+/// **Links.** Undo of a delete inserts the record again with the many-to-many links it had (a relationship that is
+/// its own inverse: the links the record held); redo removes them again. Undo of a save that changed a record's
+/// many-to-many links sets every many-to-many relationship of that record back to its members before the save. In a
+/// synced store the restored links are a new local change, stamped and uploaded like any other (R17).
+///
+/// **Limits.** To-one references a delete rule nullified are not restored. An undo that cannot be saved (a unique key taken meanwhile, a record
 /// deleted by another writer) throws the save's error, keeps the group on its stack and leaves the changes pending
 /// on the context (``ModelContext/rollback()`` them).
 ///
@@ -176,14 +180,17 @@ public final class ModelUndoManager {
                   let entity = context.container.schema.entity(named: after.entityName) else { continue }
             let fieldNames = entity.fieldNames
             let fields = Set(names.compactMap { fieldNames.firstIndex(of: $0) })
-            guard !fields.isEmpty else { continue }
+            let links = changes.previousLinks[index]
+            guard !fields.isEmpty || links != nil else { continue }
             var restored = after
             for field in fields where field < before.count { restored.values[field] = before[field] }
+            if let links { restored.toManyMembers = links }
             steps.append(.update(restored, fields: fields))
         }
         for snapshot in changes.inserted.reversed() { steps.append(.delete(snapshot.persistentModelID)) }
         for record in changes.deleted.reversed() where !record.values.isEmpty {
-            steps.append(.insert(Snapshot(entityName: record.id.entityName, id: record.id.id, values: record.values)))
+            steps.append(.insert(Snapshot(entityName: record.id.entityName, id: record.id.id, values: record.values,
+                                          toManyMembers: record.links)))
         }
         return steps
     }

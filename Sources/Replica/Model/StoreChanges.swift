@@ -15,6 +15,9 @@ struct StoreChanges {
     /// For updates of a save whose writer captured them (a context with an undo manager): the row each replaced,
     /// every field in storage order, by position in ``updated``.
     var previousValues: [Int: [SQLiteValue]] = [:]
+    /// For updates that changed many-to-many links in such a save: the record's members before it, by position in
+    /// ``updated`` (``Snapshot/toManyMembers`` order).
+    var previousLinks: [Int: [[UUID]]] = [:]
 
     /// A part of the changes: the inserts, the updates the deletes made (the first ``updatesBeforeDeletes``), the
     /// other updates, or the deletes.
@@ -53,4 +56,7 @@ struct DeletedRecord {
     /// Every field value of the deleted row (storage order), where the deleting code had it; empty otherwise. The sync
     /// ledger keeps them locally for records with unique keys (R15).
     var values: [SQLiteValue] = []
+    /// The record's many-to-many members when it was deleted (``Snapshot/toManyMembers`` order), where the deleting
+    /// writer captured them for undo; empty otherwise.
+    var links: [[UUID]] = []
 }
