@@ -58,12 +58,17 @@ struct LinkTable: Equatable {
 
     /// The statements creating the link tables of `entities` (and their indexes), each idempotent.
     static func createSQL(entities: [Schema.Entity]) -> [String] {
-        all(in: entities).flatMap { table in [
+        all(in: entities).flatMap(createSQL(for:))
+    }
+
+    /// The statements creating `table` and its index, each idempotent.
+    static func createSQL(for table: LinkTable) -> [String] {
+        [
             """
             CREATE TABLE IF NOT EXISTS \(table.quotedName) ("owner" BLOB NOT NULL, "member" BLOB NOT NULL, \
             PRIMARY KEY ("owner", "member")) WITHOUT ROWID
             """,
             "CREATE INDEX IF NOT EXISTS \(quoted(table.indexName)) ON \(table.quotedName) (\"member\", \"owner\")",
-        ] }
+        ]
     }
 }

@@ -84,8 +84,9 @@ extension Schema {
         /// Single-attribute `.unique` options are listed here too.
         public var uniquenessConstraints: [[String]]
         /// The name the entity had in an earlier schema version: a local store with a table of that name and none of
-        /// ``name`` renames the table when it opens (`ALTER TABLE … RENAME TO`), keeping its records. Synced entities
-        /// cannot declare one (the cloud record type never changes).
+        /// ``name`` renames the table when it opens (`ALTER TABLE … RENAME TO`), keeping its records, and moves the
+        /// links of its many-to-many relationships to the link tables of the new name. Synced entities cannot declare
+        /// one (the cloud record type never changes).
         public var originalName: String?
 
         public init(name: String, attributes: [Attribute], relationships: [Relationship] = [], uniquenessConstraints: [[String]] = [],

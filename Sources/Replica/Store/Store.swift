@@ -318,6 +318,8 @@ final class Store: Sendable {
                 // Many-to-many relationships: one link table per relationship pair (see LinkTable). In a store with
                 // sync bookkeeping (synced now, or while sync is off), a new one is filled by a full resync (below, or
                 // when sync is on again) from the link sets an older schema kept (R17).
+                // A renamed entity's link tables move to the new name first (local stores, see StoreRenames).
+                try StoreRenames.renameLinkTables(of: entities, db)
                 var newLinkTable = false
                 let linkTables = LinkTable.all(in: entities)
                 if tracked, !linkTables.isEmpty {

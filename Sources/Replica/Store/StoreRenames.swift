@@ -53,6 +53,36 @@ enum StoreRenames {
         }
     }
 
+    /// Moves the links of many-to-many pairs whose entity was renamed (``Schema/Entity/originalName``) from the link
+    /// table named after the original entity (`replica_link_<Original>_<relationship>`) to the table of the new name,
+    /// when only the former exists. The owner side is the smaller (entity, relationship) pair, so a rename can swap
+    /// the sides: then the links are copied with `owner` and `member` exchanged and the old table dropped; otherwise
+    /// the table is renamed. Run before ``LinkTable/prepare(_:entities:)`` creates the missing tables (and the new
+    /// table's index). Synced entities cannot be renamed (their cloud record type never changes), so a store with sync
+    /// bookkeeping never gets here with a rename (``renameTable(of:_:recordedTypes:tracksSync:)`` refuses first).
+    static func renameLinkTables(of entities: [Schema.Entity], _ db: Connection) throws {
+        var originals: [String: String] = [:]
+        for entity in entities { if let original = entity.originalName, original != entity.name { originals[entity.name] = original } }
+        guard !originals.isEmpty else { return }
+        for table in LinkTable.all(in: entities) {
+            let ownerBefore = (originals[table.ownerEntity] ?? table.ownerEntity, table.ownerRelationship)
+            let memberBefore = (originals[table.memberEntity] ?? table.memberEntity, table.memberRelationship)
+            let selfInverse = table.ownerEntity == table.memberEntity && table.ownerRelationship == table.memberRelationship
+            let swapped = !selfInverse && memberBefore < ownerBefore
+            let before = swapped ? memberBefore : ownerBefore
+            let oldName = "replica_link_\(before.0)_\(before.1)"
+            guard oldName != table.name, try tableExists(oldName, db), try !tableExists(table.name, db) else { continue }
+            try db.execute("DROP INDEX IF EXISTS \(quoted(oldName + "_member"))")
+            if swapped {
+                for statement in LinkTable.createSQL(for: table) { try db.execute(statement) }
+                try db.execute("INSERT OR IGNORE INTO \(table.quotedName) (\"owner\", \"member\") SELECT \"member\", \"owner\" FROM \(quoted(oldName))")
+                try db.execute("DROP TABLE \(quoted(oldName))")
+            } else {
+                try db.execute("ALTER TABLE \(quoted(oldName)) RENAME TO \(table.quotedName)")
+            }
+        }
+    }
+
     private static func tableExists(_ name: String, _ db: Connection) throws -> Bool {
         try db.scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)", [.text(name)]) == .integer(1)
     }
