@@ -4,7 +4,10 @@ import Foundation
 ///
 /// Declare one per released schema, usually as an enum namespacing that version's model types, and list them in a
 /// ``SchemaMigrationPlan``. The version identifiers of a plan's schemas must increase.
-public protocol VersionedSchema {
+///
+/// The protocol refines `SendableMetatype`, so a schema's type can be named in a ``MigrationStage`` (which is
+/// `Sendable`) and passed between actors.
+public protocol VersionedSchema: SendableMetatype {
     /// The schema's version; recorded in each store migrated to it.
     static var versionIdentifier: Schema.Version { get }
     /// The model types of this version, in declaration order.

@@ -245,7 +245,6 @@ final class SimulationRun {
 
     /// Opens a process's container, context and sync engines (at set-up, and on restart from persisted state).
     func start(_ process: SimProcess) throws {
-        let device = process.device
         if process.stores.contains(where: usesFile), !rootCreated {
             try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
             rootCreated = true
