@@ -34,7 +34,7 @@ final class DeviceWorkload {
         self.settings = settings
         random = SeededRandomSource(seed: settings.seed)
         if !FileManager.default.fileExists(atPath: journal.path) {
-            FileManager.default.createFile(atPath: journal.path, contents: nil)
+            _ = FileManager.default.createFile(atPath: journal.path, contents: nil)  // a failure throws at the open below
         }
         self.journal = try FileHandle(forWritingTo: journal)
         try self.journal.seekToEnd()

@@ -486,9 +486,9 @@ func fuzzCommand(_ arguments: Arguments) throws -> ExitCode {
         ?? FileManager.default.temporaryDirectory.appendingPathComponent("replica-fuzz-input-\(ProcessInfo.processInfo.processIdentifier).bin").path
     for target in targets {
         let report = Fuzzer.run(target, seed: seed, iterations: iterations, first: first) { iteration, input in
-            // Left behind by a trap: the input, and the iteration that reproduces it.
-            FileManager.default.createFile(atPath: inputPath, contents: Data(input))
-            FileManager.default.createFile(atPath: inputPath + ".iteration", contents: Data("\(target) --seed \(seed) --iteration \(iteration)\n".utf8))
+            // Left behind by a trap: the input, and the iteration that reproduces it (best effort: the report names both).
+            _ = FileManager.default.createFile(atPath: inputPath, contents: Data(input))
+            _ = FileManager.default.createFile(atPath: inputPath + ".iteration", contents: Data("\(target) --seed \(seed) --iteration \(iteration)\n".utf8))
         }
         emit("\(target): \(report.iterations) inputs, \(report.accepted) accepted, \(report.refused) refused (typed errors), "
             + "\(String(format: "%.1f", report.seconds)) s cpu, no trap")

@@ -27,7 +27,7 @@ struct CloudRecordJSONTests {
             case 1: return .integer(Int64(bitPattern: random.next()))
             case 2: return .integer(Int64(draw(1_000)) - 500)
             case 3: return .real(Double(bitPattern: random.next() & 0x7FEF_FFFF_FFFF_FFFF) * (draw(2) == 0 ? 1 : -1))
-            case 4: return .real([0.0, -0.0, 1.0, 0.1, 1e-300, 5e-324, 1e300, 2.5, 123456789.0, .infinity, -.infinity][draw(11)])
+            case 4: return .real([0.0, -0.0, 1.0, 0.1, 1e-300, .leastNonzeroMagnitude, 1e300, 2.5, 123456789.0, .infinity, -.infinity][draw(11)])
             case 5: return .blob(Data((0..<draw(40)).map { _ in UInt8(truncatingIfNeeded: random.next()) }))
             default: return .text(text())
             }

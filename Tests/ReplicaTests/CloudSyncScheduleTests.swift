@@ -3,29 +3,6 @@ import Synchronization
 import Testing
 @testable import Replica
 
-/// A cloud whose network the test takes down and brings back.
-private final class OutageCloud: CloudDatabase {
-    let inner = InMemoryCloudDatabase()
-    let offline = Mutex(false)
-    private func check() throws(CloudError) { if offline.withLock({ $0 }) { throw .networkUnavailable } }
-    func createZone(_ zone: String) async throws(CloudError) { try check(); try inner.createZone(zone) }
-    func deleteZone(_ zone: String) async throws(CloudError) { try check(); try inner.deleteZone(zone) }
-    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
-        try check()
-        return try inner.modifyRecords(records, in: zone)
-    }
-    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
-        try check()
-        return try inner.fetchZoneChanges(zone, since: token, limit: limit)
-    }
-    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] { try check(); return try inner.zoneMetadata(zone) }
-    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
-        try check()
-        return try inner.setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)
-    }
-    func changeCounter() -> Int64? { inner.changeCounter() }
-}
-
 /// One simulated app: a store file, its container and the sync runtime the app holds (restarts reopen both).
 private final class RuntimeApp {
     let directory: URL
@@ -87,7 +64,7 @@ struct CloudSyncScheduleTests {
     func convergesUnderSchedules(seed: UInt64) async throws {
         let random = SeededRandomSource(seed: seed)
         func draw(_ n: Int) -> Int { Int(random.next() % UInt64(n)) }
-        let cloud = OutageCloud()
+        let cloud = OutageCloud(reportsChangeCounter: true)
         let start: Int64 = 1_767_225_600_000
         var apps: [RuntimeApp] = []
         for index in 0..<3 { apps.append(try RuntimeApp(seed: seed &* 10 &+ UInt64(index), start: start + Int64(draw(2_000)), cloud: cloud)) }

@@ -69,33 +69,6 @@ func eventually(_ condition: () async -> Bool) async -> Bool {
 func isSent(_ event: CloudSyncEvent) -> Bool { if case .sentChanges = event { true } else { false } }
 func isIdle(_ event: CloudSyncEvent) -> Bool { event == .stateChanged(.idle) }
 
-/// A cloud that announces changes through a stream the test feeds, as the PostgreSQL cloud does, and whose network
-/// the test can take down.
-private final class AnnouncingCloud: CloudDatabase {
-    let inner = InMemoryCloudDatabase()
-    let stream: AsyncStream<String>
-    let continuation: AsyncStream<String>.Continuation
-    let offline = Mutex(false)
-    init() { (stream, continuation) = AsyncStream.makeStream(of: String.self) }
-    func changeNotifications() -> AsyncStream<String>? { stream }
-    private func check() throws(CloudError) { if offline.withLock({ $0 }) { throw .networkUnavailable } }
-    func createZone(_ zone: String) async throws(CloudError) { try check(); try inner.createZone(zone) }
-    func deleteZone(_ zone: String) async throws(CloudError) { try inner.deleteZone(zone) }
-    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
-        try check()
-        return try inner.modifyRecords(records, in: zone)
-    }
-    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
-        try check()
-        return try inner.fetchZoneChanges(zone, since: token, limit: limit)
-    }
-    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] { try check(); return try inner.zoneMetadata(zone) }
-    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
-        try check()
-        return try inner.setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)
-    }
-}
-
 /// A cloud whose saves wait until the test opens the gate (a request in flight), or refuse every record.
 private final class GatedCloud: CloudDatabase {
     let inner = InMemoryCloudDatabase()
@@ -206,7 +179,7 @@ struct CloudSyncTests {
     @Test("with the network down, syncNow returns within its bound, the runtime waits for the network and resumes when a request succeeds")
     func networkDown() async throws {
         let device = try RuntimeDevice(seed: 3)
-        let cloud = AnnouncingCloud()
+        let cloud = OutageCloud(announcesChanges: true, zoneDeletionNeedsNetwork: false)
         var options = CloudSync.Options()
         options.timerMilliseconds = nil
         options.cloudPollingMilliseconds = nil
@@ -259,7 +232,7 @@ struct CloudSyncTests {
 
     @Test("a cloud announcement of the zone starts a fetch without any clock moving")
     func announcementStartsFetch() async throws {
-        let cloud = AnnouncingCloud()
+        let cloud = OutageCloud(announcesChanges: true, zoneDeletionNeedsNetwork: false)
         let device = try RuntimeDevice(seed: 6)
         let other = try RuntimeDevice(seed: 7)
         var options = CloudSync.Options()

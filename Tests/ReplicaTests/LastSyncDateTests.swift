@@ -3,28 +3,6 @@ import Synchronization
 import Testing
 @testable import Replica
 
-/// A cloud whose network the test can take down.
-private final class SwitchableCloud: CloudDatabase {
-    let inner = InMemoryCloudDatabase()
-    let offline = Mutex(false)
-    private func check() throws(CloudError) { if offline.withLock({ $0 }) { throw .networkUnavailable } }
-    func createZone(_ zone: String) async throws(CloudError) { try check(); try inner.createZone(zone) }
-    func deleteZone(_ zone: String) async throws(CloudError) { try check(); try inner.deleteZone(zone) }
-    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
-        try check()
-        return try inner.modifyRecords(records, in: zone)
-    }
-    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
-        try check()
-        return try inner.fetchZoneChanges(zone, since: token, limit: limit)
-    }
-    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] { try check(); return try inner.zoneMetadata(zone) }
-    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
-        try check()
-        return try inner.setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)
-    }
-}
-
 /// A container with one synced store "notes" in a file under `directory` (opening it again is a restart).
 private func fileContainer(_ directory: URL, seed: UInt64) throws -> (ModelContainer, ManualClock) {
     let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
@@ -41,7 +19,7 @@ struct LastSyncDateTests {
     @Test("a runtime started after a restart begins with the last sync date recorded, and keeps it while offline")
     func survivesRestart() async throws {
         let directory = temporaryTestDirectory("last-sync")
-        let cloud = SwitchableCloud()
+        let cloud = OutageCloud()
         let synced: Date
         do {
             let (container, _) = try fileContainer(directory, seed: 50)
@@ -79,7 +57,7 @@ struct LastSyncDateTests {
 
     @Test("syncUntilIdle records a completed sync; a failing one leaves the date alone")
     func driverRecords() async throws {
-        let cloud = SwitchableCloud()
+        let cloud = OutageCloud()
         let device = try Device("a", seed: 51)
         #expect(try device.engine.lastSyncDate() == nil)
         device.context.insert(SyncNote(title: "one"))

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 @testable import Replica
 
@@ -123,3 +124,49 @@ func sync(_ engine: SyncEngine, _ cloud: InMemoryCloudDatabase) throws {
 
 /// The persistent identifier of the SyncNote with `id`.
 func noteID(_ id: UUID) -> PersistentIdentifier { PersistentIdentifier(entityName: "SyncNote", id: id) }
+
+/// An in-memory cloud whose network a test takes down and brings back (`offline`), for the sync runtime's tests.
+/// - `announcesChanges`: it hands out a change-notification stream the test feeds through `continuation`, as the
+///   PostgreSQL cloud does; otherwise it announces nothing.
+/// - `reportsChangeCounter`: it reports the in-memory cloud's change counter, so a runtime with cloud polling notices
+///   other devices' writes.
+/// - `zoneDeletionNeedsNetwork`: `deleteZone` fails while offline too (off: the test deletes zones as an operator
+///   would, beside the outage).
+final class OutageCloud: CloudDatabase {
+    let inner = InMemoryCloudDatabase()
+    let offline = Mutex(false)
+    let stream: AsyncStream<String>
+    let continuation: AsyncStream<String>.Continuation
+    private let announcesChanges: Bool
+    private let reportsChangeCounter: Bool
+    private let zoneDeletionNeedsNetwork: Bool
+
+    init(announcesChanges: Bool = false, reportsChangeCounter: Bool = false, zoneDeletionNeedsNetwork: Bool = true) {
+        (stream, continuation) = AsyncStream.makeStream(of: String.self)
+        self.announcesChanges = announcesChanges
+        self.reportsChangeCounter = reportsChangeCounter
+        self.zoneDeletionNeedsNetwork = zoneDeletionNeedsNetwork
+    }
+
+    private func check() throws(CloudError) { if offline.withLock({ $0 }) { throw .networkUnavailable } }
+    func changeNotifications() -> AsyncStream<String>? { announcesChanges ? stream : nil }
+    func changeCounter() -> Int64? { reportsChangeCounter ? inner.changeCounter() : nil }
+    func createZone(_ zone: String) async throws(CloudError) { try check(); try inner.createZone(zone) }
+    func deleteZone(_ zone: String) async throws(CloudError) {
+        if zoneDeletionNeedsNetwork { try check() }
+        try inner.deleteZone(zone)
+    }
+    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
+        try check()
+        return try inner.modifyRecords(records, in: zone)
+    }
+    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
+        try check()
+        return try inner.fetchZoneChanges(zone, since: token, limit: limit)
+    }
+    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] { try check(); return try inner.zoneMetadata(zone) }
+    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
+        try check()
+        return try inner.setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)
+    }
+}
