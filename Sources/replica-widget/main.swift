@@ -15,6 +15,8 @@
 //                                           TEXT, wait (at most 60 s) until the store holds EXPECT notes, then print
 //                                           {"texts": [sorted], "requests": [{"name", "start", "end"}]} (wall-clock
 //                                           milliseconds of every request this process performed) and stop
+//   replica-widget open-hold DIR TEXT...     open the store, print "ready", wait for a line on stdin, then insert one
+//                                           Note per TEXT, save and exit (the test migrates beside it, or kills it)
 //   replica-widget hold DIR COUNT           insert COUNT notes inside one open transaction, print "ready", then block
 //                                           on stdin (the test kills the process with SIGKILL mid-transaction)
 //
@@ -172,7 +174,7 @@ if arguments.count >= 4, arguments[1] == "sync" {
     exit(0)
 }
 guard arguments.count >= 3 else {
-    FileHandle.standardError.write(Data("usage: replica-widget write|history|identity|hold DIR ...\n".utf8))
+    FileHandle.standardError.write(Data("usage: replica-widget write|history|identity|open-hold|hold DIR ...\n".utf8))
     exit(2)
 }
 do {
@@ -199,6 +201,12 @@ do {
         }
     case "identity":
         print(container.storeIdentity(of: "shared")!.uuidString)
+    case "open-hold":
+        print("ready")
+        fflush(nil)
+        _ = readLine()
+        for text in arguments.dropFirst(3) { context.insert(Note(text: text)) }
+        try context.save()
     case "hold":
         let count = Int(arguments[3])!
         for i in 0..<count { context.insert(Note(text: "partial \(i)")) }

@@ -116,6 +116,101 @@ struct AppGroupProcessTests {
     }
 }
 
+/// The widget's note at version 1, and a version 2 of the app's that adds a flag a custom stage fills.
+enum WidgetNotesV1: VersionedSchema {
+    static let versionIdentifier = Schema.Version(1, 0, 0)
+    static var models: [any PersistentModel.Type] { [WidgetNote.self] }
+}
+
+enum WidgetNotesV2: VersionedSchema {
+    static let versionIdentifier = Schema.Version(2, 0, 0)
+    static var models: [any PersistentModel.Type] { [Note.self] }
+
+    struct Note: PersistentModel, Codable {
+        static var entityName: String { "Note" }
+        var id = UUID.unassigned
+        var text: String = ""
+        var long: Bool = false
+        static let entity = ModelEntity<Note>([.attribute("text", \.text, default: ""), .attribute("long", \.long, default: false)])
+    }
+}
+
+enum WidgetNotesPlan: SchemaMigrationPlan {
+    static var schemas: [any VersionedSchema.Type] { [WidgetNotesV1.self, WidgetNotesV2.self] }
+    static var stages: [MigrationStage] {
+        [.custom(fromVersion: WidgetNotesV1.self, toVersion: WidgetNotesV2.self, willMigrate: nil, didMigrate: { context in
+            for var note in try context.fetch(WidgetNotesV2.Note.self) {
+                note.long = note.text.count > 10
+                context.update(note)
+            }
+            try context.save()
+        })]
+    }
+}
+
+/// The app at version 2, migrating the app-group store through ``WidgetNotesPlan``.
+private func migratedAppContainer(_ root: URL) throws -> ModelContainer {
+    var environment = ReplicaEnvironment.seeded(seed: 43, directory: root)
+    environment.appGroupDirectory = { root.appendingPathComponent($0, isDirectory: true) }
+    return try ModelContainer(for: WidgetNotesV2.schema, migrationPlan: WidgetNotesPlan.self,
+                              configurations: [ModelConfiguration("shared", groupContainer: .identifier("group.replica.tests"))],
+                              environment: environment)
+}
+
+@Suite("Migrating an app-group store beside another OS process", .serialized)
+struct AppGroupMigrationProcessTests {
+    /// Starts `replica-widget open-hold` with `texts` and waits until it has the store open.
+    private func holdingWidget(_ root: URL, texts: [String]) throws -> (Process, Pipe) {
+        let process = Process()
+        process.executableURL = widgetExecutable()
+        process.arguments = ["open-hold", root.path] + texts
+        let output = Pipe(), input = Pipe()
+        process.standardOutput = output
+        process.standardInput = input
+        try process.run()
+        #expect(output.fileHandleForReading.availableLine() == "ready")
+        return (process, input)
+    }
+
+    @Test("the app's migration is refused while the widget (an older build) has the store open; the widget's later writes are kept and migrated once it exits")
+    func migrationWaitsForTheWidget() throws {
+        let root = temporaryRoot()
+        do {
+            let context = ModelContext(try appContainer(root))
+            context.insert(WidgetNote(text: "before the update"))
+            try context.save()
+        }
+        let (widget, input) = try holdingWidget(root, texts: ["written by the widget after the refusal"])
+        do {
+            _ = try migratedAppContainer(root)
+            Issue.record("the store was migrated while the widget had it open")
+        } catch let ReplicaError.storeInUse(configuration, reason) {
+            #expect(configuration == "shared")
+            #expect(reason.contains("from schema version 1.0.0 to 2.0.0"))
+        }
+        input.fileHandleForWriting.write(Data("go\n".utf8))
+        widget.waitUntilExit()
+        #expect(widget.terminationStatus == 0)
+        let notes = try ModelContext(try migratedAppContainer(root)).fetch(WidgetNotesV2.Note.self).map { "\($0.text)|\($0.long)" }.sorted()
+        #expect(notes == ["before the update|true", "written by the widget after the refusal|true"])
+    }
+
+    @Test("a widget killed with SIGKILL while it has the store open leaves no lock behind: the migration runs")
+    func killedHolderReleasesTheStore() throws {
+        let root = temporaryRoot()
+        do {
+            let context = ModelContext(try appContainer(root))
+            context.insert(WidgetNote(text: "short"))
+            try context.save()
+        }
+        let (widget, _) = try holdingWidget(root, texts: [])
+        kill(widget.processIdentifier, SIGKILL)
+        widget.waitUntilExit()
+        let notes = try ModelContext(try migratedAppContainer(root)).fetch(WidgetNotesV2.Note.self).map { "\($0.text)|\($0.long)" }
+        #expect(notes == ["short|false"])
+    }
+}
+
 private extension FileHandle {
     /// Reads bytes until a newline and returns the line without it (nil at end of file).
     func availableLine() -> String? {

@@ -154,7 +154,7 @@ struct SchemaOptionGateTests {
     func newEncryptedAttribute() throws {
         let cloud = InMemoryCloudDatabase()
         let v1 = try CryptoDevice("v1", seed: 1, encryption: nil, models: [Memo.self])
-        let ids = try (0..<3).map { i in v1.context.insert(Memo(title: "memo \(i)", body: "plaintext body \(i)")).id }
+        let ids = (0..<3).map { i in v1.context.insert(Memo(title: "memo \(i)", body: "plaintext body \(i)")).id }
         try v1.context.save()
         try v1.sync(cloud)
 

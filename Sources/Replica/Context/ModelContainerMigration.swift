@@ -19,7 +19,9 @@ extension ModelContainer {
     ///   - environment: the sources of time, randomness and identity.
     /// - Throws: what ``init(for:configurations:environment:)-(Schema,_,_)`` throws; ``ReplicaError/loadIssueModelContainer(configuration:reason:)``
     ///   for a plan whose versions do not increase or whose stages do not chain, a store at a version newer than the
-    ///   plan's last or one the plan does not list, a read-only store that needs migrating; and whatever a stage's
+    ///   plan's last or one the plan does not list, a read-only store that needs migrating;
+    ///   ``ReplicaError/storeInUse(configuration:reason:)`` for a store that needs migrating while another process or
+    ///   container has it open (nothing is changed; open again once that one closed it); and whatever a stage's
     ///   `willMigrate` or `didMigrate` throws, unchanged (the store stays at the version before that stage).
     ///   Complexity: each stage copies the store file once.
     public convenience init(for schema: Schema, migrationPlan: (any SchemaMigrationPlan.Type)?, configurations: [ModelConfiguration] = [],

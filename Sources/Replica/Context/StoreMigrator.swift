@@ -26,8 +26,9 @@ enum MigrationStep: String, Sendable, Hashable, CaseIterable {
 /// replicate like any other (another device on an older schema version keeps fields it does not know, R9).
 ///
 /// A store without a recorded version (created by a container without a plan, or before versions were recorded) is
-/// taken to be at the plan's first schema. Only stores no other process has open may be migrated: another process
-/// would keep the replaced file open.
+/// taken to be at the plan's first schema. Only a store no other process or container has open is migrated: the
+/// migration holds the store's lock exclusively (``StoreFileLock``) from before the first stage to after the last,
+/// and throws ``ReplicaError/storeInUse(configuration:reason:)`` without changing anything when it cannot have it.
 enum StoreMigrator {
     static let versionKey = "schema_version"
 
@@ -36,7 +37,8 @@ enum StoreMigrator {
     ///   - entityNames: for a schema of the plan, the names of its entities this configuration holds.
     ///   - interruption: called after each step of each stage (index into the plan's stages); a test throws from it.
     /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` for a store at an unknown or newer
-    ///   version, or one that cannot be copied or replaced; whatever a stage's code throws, unchanged.
+    ///   version, or one that cannot be copied or replaced; ``ReplicaError/storeInUse(configuration:reason:)`` when
+    ///   another process or container has the store open; whatever a stage's code throws, unchanged.
     static func migrate(_ configuration: ModelConfiguration, plan: CheckedMigrationPlan, entityNames: (Schema) -> [String],
                         environment: ReplicaEnvironment, interruption: (@Sendable (Int, MigrationStep) throws -> Void)?) throws {
         guard let url = configuration.url(in: environment) else { return }
@@ -68,6 +70,19 @@ enum StoreMigrator {
         guard configuration.allowsSave else {
             throw loadIssue("the read-only store is at schema version \(plan.schemas[start].version); migrating it to \(current) needs a writable store")
         }
+        // The stages replace the store file: no other process or container may have it open meanwhile (it would go on
+        // writing into the replaced file), and none may open it before they are done (see StoreFileLock).
+        let lock: StoreFileLock?
+        do {
+            lock = try StoreFileLock.take(.exclusive, of: url)
+        } catch .held {
+            throw ReplicaError.storeInUse(
+                configuration: configuration.name,
+                reason: "another process or container has it open; migrating it from schema version \(plan.schemas[start].version) to \(current) needs it to itself — close the store there (or update that app) and open it again")
+        } catch let .unavailable(path, code) {
+            throw loadIssue("cannot lock \(path) (errno \(code))")
+        }
+        defer { withExtendedLifetime(lock) {} }
         for index in start..<plan.stages.count {
             try runStage(index, of: plan, store: url, copy: copy, configuration: configuration, entityNames: entityNames,
                          environment: environment, interruption: interruption)
@@ -149,7 +164,7 @@ enum StoreMigrator {
 
     /// Deletes a database file and the files SQLite keeps beside it, where they exist.
     private static func removeDatabaseFiles(at url: URL) throws {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
+        for suffix in ["", "-wal", "-shm", "-journal", "-lock"] {
             let path = url.path + suffix
             guard FileManager.default.fileExists(atPath: path) else { continue }
             try FileManager.default.removeItem(atPath: path)

@@ -30,7 +30,8 @@ public final class ModelContainer: Sendable {
     ///   including the synced-store rules),
     ///   `.duplicateConfiguration`, `.configurationFileNameContainsInvalidCharacters`,
     ///   `.configurationSchemaNotFoundInContainerSchema`, `.entityNotRoutable`, `.crossStoreRelationship`,
-    ///   `.loadIssueModelContainer`.
+    ///   `.loadIssueModelContainer`, `.storeInUse` (a rename through an original name while another process or
+    ///   container has the store open, or an open while another one migrates it).
     public init(for schema: Schema, configurations: [ModelConfiguration] = [], environment: ReplicaEnvironment = .live) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
         if !schema.declarationMismatches.isEmpty { throw ReplicaError.invalidModelDeclaration(schema.declarationMismatches) }

@@ -24,6 +24,13 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     case invalidModelDeclaration([ModelDeclarationMismatch])
     /// A store could not be opened or prepared (missing read-only file, unreadable file, not a database, ...).
     case loadIssueModelContainer(configuration: String, reason: String)
+    /// The store could not be opened because opening it needs the store to itself, and another process (of the app
+    /// group, perhaps of an older app version) or another container of this process has it open; or another one is
+    /// migrating it right now. Running a migration stage replaces the store file, and a rename through an original
+    /// name changes its tables: a process that kept the store open would lose its writes or fail. Nothing was
+    /// changed. Close the store in the other process or container (or update that app) and open it again. `reason`
+    /// says which case it is.
+    case storeInUse(configuration: String, reason: String)
     /// A save was refused because models failed validation. Nothing was written.
     case modelValidationFailure([ModelValidationFailure])
     /// No configuration of the container has this name.
@@ -80,6 +87,7 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .invalidModelDeclaration(mismatches):
             return "model declarations do not match their types: " + mismatches.map(\.description).joined(separator: "; ")
         case let .loadIssueModelContainer(configuration, reason): return "cannot load store '\(configuration)': \(reason)"
+        case let .storeInUse(configuration, reason): return "store '\(configuration)' is in use: \(reason)"
         case let .modelValidationFailure(failures): return "validation failed: " + failures.map(\.description).joined(separator: "; ")
         case let .readOnlyStore(configuration): return "store '\(configuration)' is read-only"
         case let .unknownStore(name): return "the container has no store (configuration) named '\(name)'"

@@ -41,6 +41,9 @@ final class Store: Sendable {
     /// Set when an owner gave back a connection that could not be reset (a statement of it still held elsewhere):
     /// that connection may outlive the store, reading its database, which is then never recycled.
     private let connectionHeldElsewhere = Atomic<Bool>(false)
+    /// For a store file: the shared lock this store holds while it exists, by which other processes and containers
+    /// learn it is open (see ``StoreFileLock``).
+    private let fileLock: StoreFileLock?
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
@@ -72,7 +75,15 @@ final class Store: Sendable {
             } else if !FileManager.default.fileExists(atPath: url.path) {
                 throw loadIssue("read-only store file \(url.path) does not exist")
             }
+            do {
+                fileLock = try StoreFileLock.take(.shared, of: url, create: configuration.allowsSave)
+            } catch .held {
+                throw ReplicaError.storeInUse(configuration: name, reason: "another process or container is migrating it")
+            } catch let .unavailable(path, code) {
+                throw loadIssue("cannot lock \(path) (errno \(code))")
+            }
         } else {
+            fileLock = nil
             // A unique name per container: in-memory stores of different containers never share data, even when
             // their environments produce the same identifiers (two environments seeded alike).
             let serial = Self.inMemoryStoreCount.add(1, ordering: .relaxed).newValue
@@ -90,9 +101,30 @@ final class Store: Sendable {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
                 // database of one that went away (see `StoreLayout.takeRetired()`).
                 let cloned = try configuration.isStoredInMemoryOnly && (recycled != nil || layout.cloneFreshSchema(into: connection))
+                // Renames through original names need the store to itself: the shared lock becomes exclusive for
+                // them, and shared again once they are committed.
+                let fileLock = self.fileLock
+                var exclusive = false
+                let takeExclusive: () throws -> Void = {
+                    guard let fileLock, !exclusive else { return }
+                    do {
+                        try fileLock.change(to: .exclusive)
+                    } catch {
+                        throw StoreInUse(reason: "another process or container has it open; renaming through original names needs it to itself — close the store there (or update that app) and open it again")
+                    }
+                    exclusive = true
+                }
                 (identity, isNew, tracksSync) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
                                                                  sharedFile: !configuration.isStoredInMemoryOnly,
-                                                                 appGroup: configuration.groupContainer != .none, environment: environment)
+                                                                 appGroup: configuration.groupContainer != .none,
+                                                                 takeExclusive: takeExclusive, environment: environment)
+                if exclusive, let fileLock {
+                    do {
+                        try fileLock.change(to: .shared)
+                    } catch {
+                        throw StoreInUse(reason: "the store's lock could not be shared again")
+                    }
+                }
             } else {
                 identity = try Self.readIdentity(connection, entities: entities, synced: configuration.isSynced)
                 tracksSync = false
@@ -112,6 +144,8 @@ final class Store: Sendable {
             throw loadIssue(error.description)
         } catch let error as StoreLayoutError {
             throw loadIssue(error.reason)
+        } catch let error as StoreInUse {
+            throw ReplicaError.storeInUse(configuration: name, reason: error.reason)
         }
     }
 
@@ -238,6 +272,7 @@ final class Store: Sendable {
     /// app-group store (`appGroup`), which processes of several app versions share at once, tables whose columns lack
     /// their SQL defaults are rebuilt (a copy of each such table, once).
     private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool, appGroup: Bool,
+                                takeExclusive: () throws -> Void,
                                 environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool) {
         let entities = layout.entities, synced = layout.synced
         return try db.transaction(.immediate) {
@@ -278,7 +313,7 @@ final class Store: Sendable {
                 for entity in entities {
                     let table = quoted(entity.name)
                     // Renames through original names (local stores; synced entities cannot declare them).
-                    try StoreRenames.renameTable(of: entity, db, recordedTypes: &recordedTypes, tracksSync: tracked)
+                    try StoreRenames.renameTable(of: entity, db, recordedTypes: &recordedTypes, tracksSync: tracked, takeExclusive: takeExclusive)
                     // Each existing column with the text of its SQL default (`nil`: none).
                     var existing: [String: String?] = [:]
                     for row in try db.rows("SELECT name, dflt_value FROM pragma_table_info(?)", [.text(entity.name)]) {
@@ -290,7 +325,8 @@ final class Store: Sendable {
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                         grew = true
                     } else {
-                        try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked)
+                        try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked,
+                                                      takeExclusive: takeExclusive)
                         try checkLayout(of: entity, db, recordedTypes: recordedTypes, synced: synced)
                         // Lightweight migration: add columns for new attributes and references, each with its declared
                         // default as SQL DEFAULT, so rows written before — and rows a process of an older app version
@@ -319,7 +355,7 @@ final class Store: Sendable {
                 // sync bookkeeping (synced now, or while sync is off), a new one is filled by a full resync (below, or
                 // when sync is on again) from the link sets an older schema kept (R17).
                 // A renamed entity's link tables move to the new name first (local stores, see StoreRenames).
-                try StoreRenames.renameLinkTables(of: entities, db)
+                try StoreRenames.renameLinkTables(of: entities, db, takeExclusive: takeExclusive)
                 var newLinkTable = false
                 let linkTables = LinkTable.all(in: entities)
                 if tracked, !linkTables.isEmpty {
@@ -636,6 +672,12 @@ private struct IdleConnection: @unchecked Sendable {
 
 /// A store file's tables do not have the layout the schema needs. Internal: reported as
 /// ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
+/// Opening the store needs it to itself, and another process or container has it open. Internal: becomes
+/// ``ReplicaError/storeInUse(configuration:reason:)``.
+struct StoreInUse: Error {
+    let reason: String
+}
+
 struct StoreLayoutError: Error {
     let reason: String
 }

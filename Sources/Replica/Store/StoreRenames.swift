@@ -8,16 +8,19 @@ import Foundation
 /// (`ALTER TABLE … RENAME COLUMN` needs SQLite 3.25). A store file with sync bookkeeping is never renamed: its cloud
 /// records and field stamps carry the original names (synced entities cannot declare original names at all, see
 /// ``SchemaViolation/syncedRename(entity:member:originalName:)``). History transactions recorded before a rename keep
-/// the names they were recorded with.
+/// the names they were recorded with. A rename needs the store to itself (`takeExclusive`, see ``StoreFileLock``): a
+/// process of the older app version that has it open would find its tables and columns gone.
 enum StoreRenames {
     /// Renames the table `entity.originalName` to `entity.name` when only the former exists, dropping its indexes named
     /// after the original entity (the caller creates those of the new name), and moves the recorded attribute types.
-    static func renameTable(of entity: Schema.Entity, _ db: Connection, recordedTypes: inout [String: String]?, tracksSync: Bool) throws {
+    static func renameTable(of entity: Schema.Entity, _ db: Connection, recordedTypes: inout [String: String]?, tracksSync: Bool,
+                            takeExclusive: () throws -> Void) throws {
         guard let original = entity.originalName, original != entity.name,
               try tableExists(original, db), try !tableExists(entity.name, db) else { return }
         guard !tracksSync else {
             throw StoreLayoutError(reason: "entity \(entity.name) renames \(original), but the store has sync bookkeeping, whose records keep the name \(original)")
         }
+        try takeExclusive()
         let indexes = try db.rows("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name LIKE ? ESCAPE '\\'",
                                   [.text(original), .text("replica\\_" + original.replacingOccurrences(of: "_", with: "\\_") + "\\_%")], cache: false)
         for row in indexes {
@@ -36,7 +39,7 @@ enum StoreRenames {
     /// Renames the column of each attribute declared with an original name when the table has a column of that name
     /// and none of the attribute's name; updates `existing` (column name → SQL default text) and the recorded types.
     static func renameColumns(of entity: Schema.Entity, _ db: Connection, existing: inout [String: String?],
-                              recordedTypes: inout [String: String]?, tracksSync: Bool) throws {
+                              recordedTypes: inout [String: String]?, tracksSync: Bool, takeExclusive: () throws -> Void) throws {
         for attribute in entity.attributes {
             guard let original = attribute.originalName, original != attribute.name,
                   existing[attribute.name] == nil, let column = existing[original] else { continue }
@@ -45,6 +48,7 @@ enum StoreRenames {
             guard !tracksSync else {
                 throw StoreLayoutError(reason: "\(entity.name).\(attribute.name) renames \(original), but the store has sync bookkeeping, whose field stamps keep the name \(original)")
             }
+            try takeExclusive()
             try db.execute("ALTER TABLE \(quoted(entity.name)) RENAME COLUMN \(quoted(original)) TO \(quoted(attribute.name))")
             existing[original] = nil
             existing[attribute.name] = column
@@ -60,7 +64,7 @@ enum StoreRenames {
     /// the table is renamed. Run before ``LinkTable/prepare(_:entities:)`` creates the missing tables (and the new
     /// table's index). Synced entities cannot be renamed (their cloud record type never changes), so a store with sync
     /// bookkeeping never gets here with a rename (``renameTable(of:_:recordedTypes:tracksSync:)`` refuses first).
-    static func renameLinkTables(of entities: [Schema.Entity], _ db: Connection) throws {
+    static func renameLinkTables(of entities: [Schema.Entity], _ db: Connection, takeExclusive: () throws -> Void) throws {
         var originals: [String: String] = [:]
         for entity in entities { if let original = entity.originalName, original != entity.name { originals[entity.name] = original } }
         guard !originals.isEmpty else { return }
@@ -72,6 +76,7 @@ enum StoreRenames {
             let before = swapped ? memberBefore : ownerBefore
             let oldName = "replica_link_\(before.0)_\(before.1)"
             guard oldName != table.name, try tableExists(oldName, db), try !tableExists(table.name, db) else { continue }
+            try takeExclusive()
             try db.execute("DROP INDEX IF EXISTS \(quoted(oldName + "_member"))")
             if swapped {
                 for statement in LinkTable.createSQL(for: table) { try db.execute(statement) }
