@@ -28,6 +28,44 @@ struct UndoTests {
         #expect(undo.canUndo && !undo.canRedo)
     }
 
+    @Test("undo with an unsaved edit pending undoes that edit (saved first as its own change), not the save before it; redo brings the edit back")
+    func undoWithUnsavedEdit() throws {
+        let container = try observationContainer()
+        let context = context(container)
+        let undo = try #require(context.undoManager)
+        var task = context.insert(OTask(title: "milk", priority: 1))
+        try context.save()
+        task.priority = 2
+        context.update(task)
+        try undo.undo()
+        #expect(!context.hasChanges)
+        #expect(try ModelContext(container).model(OTask.self, id: task.id)?.priority == 1)
+        try undo.redo()
+        #expect(try ModelContext(container).model(OTask.self, id: task.id)?.priority == 2)
+        // The insert is still there to undo.
+        try undo.undo()
+        try undo.undo()
+        #expect(try ModelContext(container).model(OTask.self, id: task.id) == nil)
+    }
+
+    @Test("redo with an unsaved edit pending saves it as a new change, which clears the redo stack: the edit is kept")
+    func redoWithUnsavedEdit() throws {
+        let container = try observationContainer()
+        let context = context(container)
+        let undo = try #require(context.undoManager)
+        var task = context.insert(OTask(title: "milk", priority: 1))
+        try context.save()
+        task.title = "oat milk"
+        context.update(task)
+        try context.save()
+        try undo.undo()
+        task.title = "soy milk"
+        context.update(task)
+        try undo.redo()
+        #expect(!undo.canRedo)
+        #expect(try ModelContext(container).model(OTask.self, id: task.id)?.title == "soy milk")
+    }
+
     @Test("undoing an update sets the fields it changed back, and only those")
     func update() throws {
         let container = try observationContainer()

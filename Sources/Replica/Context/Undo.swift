@@ -8,8 +8,10 @@ import Foundation
 ///
 /// **Grouping.** Each save of the context is one undo group (`groupsByEvent`, the default), unless an explicit group
 /// is open: then every save until the matching ``endUndoGrouping()`` joins that group. Changes are recorded when they
-/// are saved (SwiftData registers them at `processPendingChanges()`); unsaved changes are not undone — ``ModelContext/rollback()``
-/// discards them.
+/// are saved (SwiftData registers them at `processPendingChanges()`). Unsaved changes are the newest change: ``undo()``
+/// and ``redo()`` first save them, as ``ModelContext/save()`` would (one group), so ``undo()`` undoes them — never the
+/// save before them with them lost — and ``redo()`` finds its stack cleared by that new change, as after any save.
+/// ``ModelContext/rollback()`` discards unsaved changes instead.
 ///
 /// **What undo does.** ``undo()`` registers the inverse of the group's saves on the context — records the group
 /// inserted are deleted, records it deleted (cascaded children included) are inserted again with the values they had,
@@ -91,10 +93,13 @@ public final class ModelUndoManager {
     /// Undoes the newest group on the context this manager is the ``ModelContext/undoManager`` of: one save of the
     /// group's inverse. Nothing without a group. Traps while a group is open, or when the manager belongs to no
     /// context (programming errors).
-    /// - Throws: the save's error; the group stays to be undone and its inverse stays pending on the context.
+    /// Unsaved changes on the context are saved first, as their own group, and that group is the one undone.
+    /// - Throws: the save's error (of the unsaved changes: nothing is undone, they stay pending; of the inverse: the
+    ///   group stays to be undone and its inverse stays pending on the context).
     public func undo() throws {
         precondition(openLevels == 0, "Replica: undo() while an undo group is open; call endUndoGrouping() first")
         let context = attachedContext()
+        if context.hasChanges { try context.save() }
         guard let group = undoStack.last else { return }
         mode = .undoing
         defer { mode = .normal }
@@ -103,10 +108,13 @@ public final class ModelUndoManager {
     }
 
     /// Redoes the newest undone group: one save of the undo's inverse. Nothing without one. Traps as ``undo()``.
+    /// Unsaved changes on the context are saved first: a new change, which clears the redo stack as any save does,
+    /// so nothing is redone then.
     /// - Throws: the save's error; the group stays to be redone.
     public func redo() throws {
         precondition(openLevels == 0, "Replica: redo() while an undo group is open; call endUndoGrouping() first")
         let context = attachedContext()
+        if context.hasChanges { try context.save() }
         guard let group = redoStack.last else { return }
         mode = .redoing
         defer { mode = .normal }
