@@ -176,6 +176,27 @@ struct MigrationPlanTests {
         #expect(try recordedVersion() == .text("1.5.0"))
     }
 
+    @Test("an older build opening without a plan a store that a plan migrated past its version is refused, naming both versions, and changes nothing")
+    func olderBuildRefusedByMigratedStore() throws {
+        try makeV1Store()
+        do { _ = try ModelContainer(for: NotesV3.schema, migrationPlan: NotesPlan.self, environment: directory.environment(seed: 2)) }
+        let columnsBefore = try rawConnection(directory.storeURL(), readOnly: true).rows("SELECT name FROM pragma_table_info('Note') ORDER BY cid").map(\.[0])
+        for allowsSave in [true, false] {
+            do {
+                _ = try ModelContainer(for: NotesV1.schema, migrationPlan: nil, configurations: [ModelConfiguration(allowsSave: allowsSave)],
+                                       environment: directory.environment(seed: 3))
+                Issue.record("the older build opened the migrated store")
+            } catch let ReplicaError.loadIssueModelContainer(configuration, reason) {
+                #expect(configuration == "default")
+                #expect(reason.contains("at schema version 3.0.0, newer than this app's schema version 1.0.0"))
+            }
+        }
+        let columnsAfter = try rawConnection(directory.storeURL(), readOnly: true).rows("SELECT name FROM pragma_table_info('Note') ORDER BY cid").map(\.[0])
+        #expect(columnsAfter == columnsBefore)
+        // The current build still opens it, with or without its plan.
+        #expect(try Self.v3Contents(try ModelContainer(for: NotesV3.schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 4))) == Self.expectedV3)
+    }
+
     @Test("an error thrown by a stage's code leaves the store at the version before the stage, with its data; the next open resumes")
     func failingStageLeavesStoreBefore() throws {
         try makeV1Store()

@@ -91,13 +91,7 @@ enum StoreMigrator {
 
     /// The version recorded in a store, `nil` when it has none.
     static func recordedVersion(_ db: Connection) throws -> Schema.Version? {
-        guard try db.scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_metadata')") == .integer(1),
-              case let .text(text)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = ?", [.text(versionKey)]) else { return nil }
-        let parts = text.split(separator: ".").map { Int($0) }
-        guard parts.count == 3, let major = parts[0], let minor = parts[1], let patch = parts[2] else {
-            throw SQLiteError(extendedResultCode: 1, message: "the store's recorded schema version '\(text)' is not a version")
-        }
-        return Schema.Version(major, minor, patch)
+        try Store.recordedSchemaVersion(db)
     }
 
     /// Records `version` as the store's schema version (inside or outside a transaction of the caller).

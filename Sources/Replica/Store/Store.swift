@@ -49,7 +49,9 @@ final class Store: Sendable {
 
     /// Opens (creating if needed) the store and brings its tables up to `entities`.
     /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
-    init(configuration: ModelConfiguration, entities: [Schema.Entity], environment: ReplicaEnvironment) throws {
+    /// - Parameter schemaVersion: the version of the schema opening the store; a store that a migration plan
+    ///   migrated to a later version (``recordedSchemaVersion(_:)``) is refused.
+    init(configuration: ModelConfiguration, entities: [Schema.Entity], schemaVersion: Schema.Version, environment: ReplicaEnvironment) throws {
         var recycled: Connection?
         self.configuration = configuration
         self.entities = entities
@@ -96,6 +98,11 @@ final class Store: Sendable {
 
         do {
             let connection = try recycled ?? Connection(location: location, readOnly: !configuration.allowsSave)
+            // A store a migration plan took past this schema's version holds what an older build cannot know (renamed
+            // columns, transformed values): opening it would add the old columns back and read defaults.
+            if recycled == nil, let recorded = try Self.recordedSchemaVersion(connection), recorded > schemaVersion {
+                throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a migration plan of a newer app version migrated it); this is an older build of the app — update it")
+            }
             var isNew = false
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
@@ -147,6 +154,19 @@ final class Store: Sendable {
         } catch let error as StoreInUse {
             throw ReplicaError.storeInUse(configuration: name, reason: error.reason)
         }
+    }
+
+    /// The schema version a migration plan recorded in the store (`replica_metadata['schema_version']`), `nil` when
+    /// it has none.
+    /// - Throws: `SQLiteError` when it cannot be read or is not a version.
+    static func recordedSchemaVersion(_ db: Connection) throws -> Schema.Version? {
+        guard try db.scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_metadata')") == .integer(1),
+              case let .text(text)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'schema_version'") else { return nil }
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false).map { Int($0) }
+        guard parts.count == 3, let major = parts[0], let minor = parts[1], let patch = parts[2] else {
+            throw SQLiteError(extendedResultCode: 1, message: "the store's recorded schema version '\(text)' is not a version")
+        }
+        return Schema.Version(major, minor, patch)
     }
 
     /// Records of a synced store that have no sync bookkeeping — saved while the store was opened local-only, before
