@@ -144,6 +144,10 @@ struct ModelDeclarationCheckTests {
         let codable = mismatches(RenamedCodableAttribute.self)
         #expect(codable.contains(.memberWithoutProperty(entity: "RenamedCodableAttribute", member: "content",
                                                         keyPath: "\\RenamedCodableAttribute.body")))
+        // The message says how to map a property of another name.
+        let message = ModelDeclarationMismatch.memberWithoutProperty(entity: "RenamedCodableAttribute", member: "content",
+                                                                     keyPath: "\\RenamedCodableAttribute.body").description
+        #expect(message.contains("map it in CodingKeys (case <property> = \"content\")"))
     }
 
     @Test("an attribute of another type than its property is reported with both types")

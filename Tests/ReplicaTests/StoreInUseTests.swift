@@ -117,6 +117,20 @@ struct StoreInUseTests {
         #expect(try ModelContext(try v1Container(seed: 3)).fetch(NotesV1.Note.self).count == 2)
     }
 
+    @Test("a container opening with a plan while another migrates the store leaves that migration's staged copy alone")
+    func concurrentMigratorKeepsTheCopy() throws {
+        try makeV1Store()
+        let copy = directory.url.appendingPathComponent("default.store.migrating")
+        let migrating = try StoreFileLock.take(.exclusive, of: directory.storeURL())
+        #expect(FileManager.default.createFile(atPath: copy.path, contents: Data("the other migration's copy".utf8)))
+        for plan in [NotesPlan.self, NotesPlanToV2.self] as [any SchemaMigrationPlan.Type] {
+            let schema = plan == NotesPlan.self ? NotesV3.schema : NotesV2.schema
+            #expect(inUseReason { try ModelContainer(for: schema, migrationPlan: plan, environment: directory.environment(seed: 3)) } != nil)
+            #expect(FileManager.default.contents(atPath: copy.path) == Data("the other migration's copy".utf8))
+        }
+        withExtendedLifetime(migrating) {}
+    }
+
     @Test("a finished migration leaves the store, its lock file and nothing of the staged copy")
     func migrationLeavesNoCopy() throws {
         try makeV1Store()

@@ -296,6 +296,7 @@ struct SchemaGateTests {
             .versions(device: Schema.Version(1, 1, 0), zone: Schema.Version(1, 0, 0)),
         ])
         #expect(throws: expected) { try bad.sync(cloud) }
+        #expect(expected.description.contains("declare a new attribute of the new type and copy the values into it"))
         #expect(try bad.engine.status().blockedBy == expected)
         #expect(try !bad.engine.status().isUpToDate)
         #expect(cloud.storedBytes(of: "notes") == before)

@@ -44,7 +44,6 @@ enum StoreMigrator {
         guard let url = configuration.url(in: environment) else { return }
         func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: configuration.name, reason: reason) }
         let copy = URL(fileURLWithPath: url.path + ".migrating")
-        if configuration.allowsSave { try removeDatabaseFiles(at: copy) }
         guard FileManager.default.fileExists(atPath: url.path) else { return }
         let recorded: Schema.Version?
         do {
@@ -83,6 +82,19 @@ enum StoreMigrator {
             throw loadIssue("cannot lock \(path) (errno \(code))")
         }
         defer { withExtendedLifetime(lock) {} }
+        // Only now, holding the lock, is a copy beside the store a leftover of a crashed migration (before, it may be
+        // the live copy of another process's migration); and that migration may have finished meanwhile.
+        try removeDatabaseFiles(at: copy)
+        let now: Schema.Version?
+        do {
+            now = try recordedVersion(Connection(location: .file(url), readOnly: true))
+        } catch let error as SQLiteError {
+            throw loadIssue(error.description)
+        }
+        guard now == recorded else {
+            throw ReplicaError.storeInUse(configuration: configuration.name,
+                                          reason: "another process or container migrated it meanwhile; open it again")
+        }
         for index in start..<plan.stages.count {
             try runStage(index, of: plan, store: url, copy: copy, configuration: configuration, entityNames: entityNames,
                          environment: environment, interruption: interruption)

@@ -54,7 +54,7 @@ public enum ModelDeclarationMismatch: Error, Sendable, Hashable, CustomStringCon
         case let .propertyWithoutMember(entity, property, type):
             return "\(entity).\(property) (\(type)) is a stored property with no attribute or relationship of that name in \(entity)'s entity"
         case let .memberWithoutProperty(entity, member, keyPath):
-            return "\(entity).\(member) (bound to \(keyPath)) is stored, but decoding \(entity) reads no property '\(member)'"
+            return "\(entity).\(member) (bound to \(keyPath)) is stored, but decoding \(entity) reads no property '\(member)'; when the property has another name, map it in CodingKeys (case <property> = \"\(member)\")"
         case let .typeMismatch(entity, attribute, attributeType, keyPath, property, propertyType):
             return "\(entity).\(attribute) is declared as \(attributeType) (through \(keyPath)), but property '\(property)' decodes as \(propertyType)"
         case let .defaultOfWrongType(entity, attribute, storedForm, propertyType):

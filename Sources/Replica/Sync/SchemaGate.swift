@@ -47,7 +47,8 @@ public enum SchemaDifference: Hashable, Sendable, CustomStringConvertible {
         switch self {
         case let .entityRemoved(e): return "entity \(e) was removed or renamed"
         case let .attributeRemoved(e, a): return "\(e).\(a) was removed or renamed"
-        case let .attributeRetyped(e, a, zone, local): return "\(e).\(a) changed type from \(zone.rawValue) to \(local.rawValue)"
+        case let .attributeRetyped(e, a, zone, local):
+            return "\(e).\(a) changed type from \(zone.rawValue) to \(local.rawValue); a synced attribute cannot be retyped (the cloud schema is additive-only): declare a new attribute of the new type and copy the values into it"
         case let .relationshipRemoved(e, r): return "relationship \(e).\(r) was removed or renamed"
         case let .relationshipChanged(e, r): return "relationship \(e).\(r) changed destination or cardinality"
         case let .attributeOptionChanged(e, a, option, zone):
