@@ -217,14 +217,14 @@ private struct History {
 
     /// Checks that the store in `directory` is exactly the reference at `schemas[version]`: its recorded version (none
     /// for the first schema, as the store was created without a plan), its one entity table, its records and values.
-    func expectStore(in directory: TestDirectory, at version: Int, _ comment: String) throws {
+    func expectStore(in directory: TestDirectory, at version: Int, leftoverCopy: Bool = false, _ comment: String) throws {
         let url = directory.storeURL()
         let db = try rawConnection(url, readOnly: true)
         let recorded = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'schema_version'")
         #expect(recorded == (version == 0 ? nil : .text(schemas[version].version.description)), "\(comment)\n\(description)")
         let entity = schemas[version].entities[0]
         #expect(try tableNames(in: url).filter { $0 != "replica_metadata" } == [entity.name], "\(comment)\n\(description)")
-        #expect(!FileManager.default.fileExists(atPath: url.path + ".migrating"), "\(comment)\n\(description)")
+        #expect(FileManager.default.fileExists(atPath: url.path + ".migrating") == leftoverCopy, "copy, \(comment)\n\(description)")
         let state = states[version]
         #expect(try db.rows("SELECT id FROM \(quoted(entity.name)) ORDER BY id").map(\.[0]) == state.map(\.id.sqliteValue),
                 "records, \(comment)\n\(description)")
@@ -269,12 +269,24 @@ struct MigrationPropertyTests {
                 let directory = TestDirectory()
                 try history.makeStore(in: directory)
                 let crash = "interrupted at stage \(stage + 1), step \(step)"
+                // A crash leaves the stage's copy of the store file as it is at that point: the hook keeps its files
+                // aside before throwing, and puts them back after the thrown error cleaned up (but for the step
+                // after the copy replaced the store, where there is none left).
+                let copy = directory.storeURL().path + ".migrating", kept = directory.url.appendingPathComponent("kept").path
+                let suffixes = ["", "-wal", "-shm", "-journal"]
                 #expect(throws: MigrationInterrupted(), "\(crash)\n\(history.description)") {
                     _ = try ModelContainer(plan: plan, configurations: [], environment: directory.environment(seed: 2)) { _, index, at in
-                        if index == stage && at == step { throw MigrationInterrupted() }
+                        guard index == stage && at == step else { return }
+                        for suffix in suffixes where FileManager.default.fileExists(atPath: copy + suffix) {
+                            try FileManager.default.copyItem(atPath: copy + suffix, toPath: kept + suffix)
+                        }
+                        throw MigrationInterrupted()
                     }
                 }
-                try history.expectStore(in: directory, at: step == .replaced ? stage + 1 : stage, crash)
+                for suffix in suffixes where FileManager.default.fileExists(atPath: kept + suffix) {
+                    try FileManager.default.moveItem(atPath: kept + suffix, toPath: copy + suffix)
+                }
+                try history.expectStore(in: directory, at: step == .replaced ? stage + 1 : stage, leftoverCopy: step != .replaced, crash)
                 _ = try ModelContainer(plan: plan, configurations: [], environment: directory.environment(seed: 3), interruption: nil)
                 try history.expectStore(in: directory, at: history.schemas.count - 1, "\(crash), then reopened")
             }
