@@ -90,6 +90,33 @@ enum TwoStoresFailingPlan: SchemaMigrationPlan {
     static var stages: [MigrationStage] { twoStoresStages(failingForTags: true) }
 }
 
+/// Version 3 with the note entity renamed `Memo` (and its title `heading`), through original names.
+enum RenamedStoresV3: VersionedSchema {
+    static let versionIdentifier = Schema.Version(3, 0, 0)
+    static var models: [any PersistentModel.Type] { [Memo.self, TagV2.self] }
+
+    struct Memo: PersistentModel, Codable, Equatable {
+        static var entityName: String { "Memo" }
+        var id = UUID.unassigned
+        var heading: String = ""
+        var words: Int = 0
+        var pinned: Bool = false
+        static let entity = ModelEntity<Memo>([
+            .attribute("heading", \.heading, default: "", originalName: "title"),
+            .attribute("words", \.words, default: 0),
+            .attribute("pinned", \.pinned, default: false),
+        ], originalName: "Note")
+    }
+}
+
+enum RenamedStoresPlan: SchemaMigrationPlan {
+    static var schemas: [any VersionedSchema.Type] { [TwoStoresV1.self, TwoStoresV2.self, RenamedStoresV3.self] }
+    static var stages: [MigrationStage] {
+        let stages = twoStoresStages(failingForTags: false)
+        return [stages[0], .lightweight(fromVersion: TwoStoresV2.self, toVersion: RenamedStoresV3.self)]
+    }
+}
+
 @Suite("Migration plans, several stores")
 struct MultiStoreMigrationTests {
     let directory = TestDirectory()
@@ -192,5 +219,21 @@ struct MultiStoreMigrationTests {
         #expect(try dump("tags") == before)
         #expect(!FileManager.default.fileExists(atPath: directory.storeURL("tags").path + ".migrating"))
         #expect(try finish(seed: 3) == ["tags"])
+    }
+
+    @Test("an entity renamed in a later version belongs to its configuration in every stage: the earlier stages migrate it in its own store, and the other store gets no table of it")
+    func entityRenamedInLaterVersion() throws {
+        try makeV1Stores()
+        let container = try ModelContainer(for: RenamedStoresV3.schema, migrationPlan: RenamedStoresPlan.self, configurations: [
+            ModelConfiguration("notes", schema: Schema([RenamedStoresV3.Memo.self])), ModelConfiguration("tags"),
+        ], environment: directory.environment(seed: 2))
+        let context = ModelContext(container)
+        let memos = try context.fetch(RenamedStoresV3.Memo.self).map { "\($0.heading)|\($0.words)|\($0.pinned)" }.sorted()
+        #expect(memos == MigrationPlanTests.expectedV3)
+        let tags = try context.fetch(TagV2.self).map { "\($0.name)|\($0.size)" }.sorted()
+        #expect(tags == Self.expectedTags)
+        let notesTables = try tableNames(in: directory.storeURL("notes")), tagsTables = try tableNames(in: directory.storeURL("tags"))
+        #expect(notesTables == ["Memo", "replica_metadata"])
+        #expect(tagsTables == ["Tag", "replica_metadata"])
     }
 }

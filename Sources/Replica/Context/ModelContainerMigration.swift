@@ -61,14 +61,17 @@ extension ModelContainer {
     convenience init(plan: CheckedMigrationPlan, configurations: [ModelConfiguration], environment: ReplicaEnvironment,
                      interruption: MigrationInterruption?) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
-        // Which entities of a schema of the plan each configuration holds: those its schema names, and for the one
-        // without a schema, the rest.
-        let claimed = Set(configurations.flatMap { $0.schema?.entityNames ?? [] })
+        // Which entities of a schema of the plan each configuration holds: those its schema names (by their names in
+        // that schema: an entity renamed in a later version has its original name before), and for the one without a
+        // schema, the rest.
+        let subsets = configurations.map { configuration in configuration.schema.map { plan.entityNames(following: Set($0.entityNames)) } }
+        let claimed = plan.schemas.indices.map { index in subsets.reduce(into: Set<String>()) { $0.formUnion($1?[index] ?? []) } }
         let catchAll = configurations.firstIndex { $0.schema == nil }
         for (i, configuration) in configurations.enumerated() {
             let entityNames: (Schema) -> [String] = { stageSchema in
-                if let subset = configuration.schema { return stageSchema.entityNames.filter(subset.entityNames.contains) }
-                return i == catchAll ? stageSchema.entityNames.filter { !claimed.contains($0) } : []
+                guard let index = plan.schemas.firstIndex(where: { $0.version == stageSchema.version }) else { return [] }
+                if let subset = subsets[i] { return stageSchema.entityNames.filter(subset[index].contains) }
+                return i == catchAll ? stageSchema.entityNames.filter { !claimed[index].contains($0) } : []
             }
             let name = configuration.name
             let storeInterruption = interruption.map { hook in { @Sendable (stage: Int, step: MigrationStep) throws in try hook(name, stage, step) } }
