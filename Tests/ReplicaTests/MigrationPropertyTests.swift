@@ -1,10 +1,12 @@
 // Random schema histories (attributes added with defaults, attributes and the entity renamed through original names,
 // custom stages whose code fills attributes from others and deletes records matching a predicate, before or after the
 // schema change) with random data: migrating a version 1 store through every stage gives what a reference model of
-// the history predicts; interrupted at every step of every stage (as by a crash), the store is exactly the reference
-// before or after that stage, its recorded version says which, and the next open finishes at the final reference.
+// the history predicts; interrupted at every step of every stage and after every save of a stage's code (as by a crash,
+// which leaves the stage's copy of the file behind), the store is exactly the reference before or after that stage,
+// its recorded version says which, and the next open finishes at the final reference.
 // REPLICA_PROPERTY_SCALE=N runs N times as many histories.
 import Foundation
+import Synchronization
 import Testing
 @testable import Replica
 
@@ -99,10 +101,24 @@ private enum StageEdit: Sendable, CustomStringConvertible {
     }
 }
 
+/// Stands for a crash right after the `after`-th save (from 0) of a migration's stage code.
+private final class SaveCrash: Sendable {
+    let remaining: Mutex<Int>
+    init(after save: Int) { remaining = Mutex(save) }
+    func saved() throws {
+        let crashes = remaining.withLock { count in
+            defer { count -= 1 }
+            return count == 0
+        }
+        if crashes { throw MigrationInterrupted() }
+    }
+}
+
 /// A drawn history: its schemas, the code of each stage, the initial records and the reference state at each version.
 private struct History {
     var schemas: [Schema]
-    var stages: [CheckedMigrationPlan.Stage]
+    /// The edits of each stage's `willMigrate` and `didMigrate` (each edit saves once).
+    var stages: [(will: [StageEdit], did: [StageEdit])]
     var ids: [UUID]
     /// `states[i]`: the records at `schemas[i]` (after stage `i - 1`, or the initial ones).
     var states: [[(id: UUID, values: [String: SQLiteValue])]]
@@ -182,7 +198,7 @@ private struct History {
             schemas.append(Schema(entities: [Schema.Entity(name: entityName, attributes: attributes, originalName: entityOriginal)],
                                   version: Schema.Version(version, 0, 0)))
             states.append(rows)
-            stages.append(CheckedMigrationPlan.Stage(willMigrate: Self.code(willEdits), didMigrate: Self.code(didEdits)))
+            stages.append((willEdits, didEdits))
             let entity = schemas[schemas.count - 1].entities[0]
             lines.append("\(version).0.0: will [\(willEdits.map(\.description).joined(separator: "; "))] "
                          + "\(entity.originalName.map { "\($0)→" } ?? "")\(entity.name)(\(entity.attributes.map { "\($0.originalName.map { "\($0)→" } ?? "")\($0.name):\($0.type.rawValue)" }.joined(separator: ", "))) "
@@ -192,16 +208,22 @@ private struct History {
         kinds = seen
     }
 
-    /// A stage's code making `edits`, `nil` for none.
-    static func code(_ edits: [StageEdit]) -> (@Sendable (ModelContext) throws -> Void)? {
+    /// A stage's code making `edits`, `nil` for none; with `crash`, it counts its saves there and throws after one.
+    static func code(_ edits: [StageEdit], crash: SaveCrash?) -> (@Sendable (ModelContext) throws -> Void)? {
         guard !edits.isEmpty else { return nil }
         return { context in
-            for edit in edits { try edit.run(in: context) }
+            for edit in edits {
+                try edit.run(in: context)
+                try crash?.saved()
+            }
         }
     }
 
-    var plan: CheckedMigrationPlan {
-        get throws { try CheckedMigrationPlan(schemas: schemas, stages: stages) }
+    /// The plan of the history; with `crash`, its stages' code throws after the save it names.
+    func plan(crash: SaveCrash? = nil) throws -> CheckedMigrationPlan {
+        try CheckedMigrationPlan(schemas: schemas, stages: stages.map {
+            CheckedMigrationPlan.Stage(willMigrate: Self.code($0.will, crash: crash), didMigrate: Self.code($0.did, crash: crash))
+        })
     }
 
     /// A version 1 store holding the initial records, in `directory`.
@@ -248,7 +270,7 @@ struct MigrationPropertyTests {
         let history = History(seed: seed)
         let directory = TestDirectory()
         try history.makeStore(in: directory)
-        _ = try ModelContainer(plan: history.plan, configurations: [], environment: directory.environment(seed: 2), interruption: nil)
+        _ = try ModelContainer(plan: history.plan(), configurations: [], environment: directory.environment(seed: 2), interruption: nil)
         try history.expectStore(in: directory, at: history.schemas.count - 1, "migrated")
     }
 
@@ -257,13 +279,15 @@ struct MigrationPropertyTests {
         let kinds = seeds(24).reduce(into: Set<String>()) { $0.formUnion(History(seed: $1).kinds) }
             .union(seeds(4).reduce(into: Set<String>()) { $0.formUnion(History(seed: $1 + 1000).kinds) })
         #expect(kinds == ["add", "rename attribute", "rename entity", "will fill", "will delete", "did fill", "did delete"])
+        let saves = seeds(4).map { History(seed: $0 + 2000).stages.reduce(0) { $0 + $1.will.count + $1.did.count } }
+        #expect(saves.filter { $0 > 0 }.count * 2 >= saves.count, "saves of the stages' code in the save-crash histories: \(saves)")
     }
 
     @Test("a random history interrupted at every step of every stage leaves the store exactly before or after that stage, and the next open finishes it",
           arguments: seeds(4))
     func interruptedAtEveryStep(seed: UInt64) throws {
         let history = History(seed: seed + 1000)
-        let plan = try history.plan
+        let plan = try history.plan()
         for stage in history.stages.indices {
             for step in MigrationStep.allCases {
                 let directory = TestDirectory()
@@ -289,6 +313,29 @@ struct MigrationPropertyTests {
                 try history.expectStore(in: directory, at: step == .replaced ? stage + 1 : stage, leftoverCopy: step != .replaced, crash)
                 _ = try ModelContainer(plan: plan, configurations: [], environment: directory.environment(seed: 3), interruption: nil)
                 try history.expectStore(in: directory, at: history.schemas.count - 1, "\(crash), then reopened")
+            }
+        }
+    }
+
+    @Test("a random history interrupted right after each save of its stages' code leaves the store exactly before that stage, and the next open finishes it",
+          arguments: seeds(4))
+    func interruptedAfterEverySave(seed: UInt64) throws {
+        let history = History(seed: seed + 2000)
+        let plan = try history.plan()
+        var save = 0
+        for (stage, edits) in history.stages.enumerated() {
+            for _ in 0..<(edits.will.count + edits.did.count) {
+                let directory = TestDirectory()
+                try history.makeStore(in: directory)
+                let crash = "interrupted after save \(save) (stage \(stage + 1))"
+                #expect(throws: MigrationInterrupted(), "\(crash)\n\(history.description)") {
+                    _ = try ModelContainer(plan: history.plan(crash: SaveCrash(after: save)), configurations: [],
+                                           environment: directory.environment(seed: 2), interruption: nil)
+                }
+                try history.expectStore(in: directory, at: stage, crash)
+                _ = try ModelContainer(plan: plan, configurations: [], environment: directory.environment(seed: 3), interruption: nil)
+                try history.expectStore(in: directory, at: history.schemas.count - 1, "\(crash), then reopened")
+                save += 1
             }
         }
     }
