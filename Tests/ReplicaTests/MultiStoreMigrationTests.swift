@@ -191,11 +191,23 @@ struct MultiStoreMigrationTests {
     func interruptedInSecondStore(stage: Int, step: MigrationStep) throws {
         try makeV1Stores()
         let plan = try CheckedMigrationPlan(TwoStoresPlan.self)
+        // As a crash would, the interruption leaves the stage's copy of the tags store behind (kept aside before
+        // the thrown error cleans it up, then put back).
+        let copy = directory.storeURL("tags").path + ".migrating", kept = directory.url.appendingPathComponent("kept").path
+        let suffixes = ["", "-wal", "-shm", "-journal"]
         #expect(throws: MigrationInterrupted()) {
             _ = try ModelContainer(plan: plan, configurations: Self.configurations, environment: directory.environment(seed: 2)) { store, index, at in
-                if store == "tags" && index == stage && at == step { throw MigrationInterrupted() }
+                guard store == "tags" && index == stage && at == step else { return }
+                for suffix in suffixes where FileManager.default.fileExists(atPath: copy + suffix) {
+                    try FileManager.default.copyItem(atPath: copy + suffix, toPath: kept + suffix)
+                }
+                throw MigrationInterrupted()
             }
         }
+        for suffix in suffixes where FileManager.default.fileExists(atPath: kept + suffix) {
+            try FileManager.default.moveItem(atPath: kept + suffix, toPath: copy + suffix)
+        }
+        #expect(FileManager.default.fileExists(atPath: copy) == (step != .replaced))
         #expect(try recordedVersion("notes") == .text("3.0.0"))
         let reached = step == .replaced ? stage + 2 : stage + 1
         #expect(try recordedVersion("tags") == (reached == 1 ? nil : .text("\(reached).0.0")))
@@ -203,8 +215,8 @@ struct MultiStoreMigrationTests {
         let expected: [SQLiteValue] = reached == 1 ? Self.tagNames.sorted().map { .text($0) } : [.text("blue|4"), .text("red|3")]
         let stored = try db.rows(reached == 1 ? "SELECT name FROM Tag ORDER BY name" : "SELECT name || '|' || size FROM Tag ORDER BY name").map(\.[0])
         #expect(stored == expected)
-        #expect(!FileManager.default.fileExists(atPath: directory.storeURL("tags").path + ".migrating"))
         #expect(try finish(seed: 3) == (reached == 3 ? [] : ["tags"]))
+        #expect(!FileManager.default.fileExists(atPath: copy))
     }
 
     @Test("a custom stage's code that throws for the second store leaves the first migrated and the second exactly as before; the error is the stage's")
