@@ -234,7 +234,7 @@ struct MigrationPlanTests {
         try makeV1Store()
         let plan = try CheckedMigrationPlan(NotesPlan.self)
         #expect(throws: MigrationInterrupted()) {
-            _ = try ModelContainer(plan: plan, configurations: [], environment: directory.environment(seed: 2)) { index, at in
+            _ = try ModelContainer(plan: plan, configurations: [], environment: directory.environment(seed: 2)) { _, index, at in
                 if index == stage && at == step { throw MigrationInterrupted() }
             }
         }

@@ -111,4 +111,21 @@ struct CheckedMigrationPlan {
 
     /// The current schema: the plan's last.
     var current: Schema { schemas[schemas.count - 1] }
+
+    /// For each schema of the plan (by index), the names there of the entities named `names` in the current schema:
+    /// followed back through the versions, an entity renamed in a version (its original name) had its original name
+    /// before it, and one added in a version has no name before it. O(schemas × entities).
+    func entityNames(following names: Set<String>) -> [Set<String>] {
+        var result = Array(repeating: Set<String>(), count: schemas.count)
+        result[schemas.count - 1] = names
+        for index in stride(from: schemas.count - 2, through: 0, by: -1) {
+            let earlier = schemas[index]
+            result[index] = Set(schemas[index + 1].entities.filter { result[index + 1].contains($0.name) }.compactMap { entity in
+                if earlier.entity(named: entity.name) != nil { return entity.name }
+                if let original = entity.originalName, earlier.entity(named: original) != nil { return original }
+                return nil
+            })
+        }
+        return result
+    }
 }

@@ -8,8 +8,9 @@ extension ModelContainer {
     /// (see ``MigrationStage``); each stage is all or nothing, so a store interrupted mid-migration (an error thrown by
     /// a stage's code, a crash) opens next time at the version of its last completed stage and resumes from there.
     /// The container then opens at the plan's last schema and records that version in each store (new and in-memory
-    /// stores too). Each store migrates on its own: stores of several configurations may end at different versions
-    /// when one of them fails.
+    /// stores too). Each store migrates on its own, in the order of `configurations`: stores of several configurations
+    /// may end at different versions when one of them fails. A custom stage's code runs once per store, on a context
+    /// holding only that store's entities.
     ///
     /// - Parameters:
     ///   - schema: the current schema; it must have the entities of the plan's last schema (its version is the
@@ -29,10 +30,16 @@ extension ModelContainer {
         try self.init(for: schema, migrationPlan: migrationPlan, configurations: configurations, environment: environment, interruption: nil)
     }
 
-    /// ``init(for:migrationPlan:configurations:environment:)`` with a hook called after each step of each stage (a
-    /// test throws from it to interrupt the migration there, as a crash would).
+    /// A hook called after each step of each stage of each store's migration, with the name of the configuration
+    /// whose store is migrating, the stage's index into the plan's stages and the step; a test throws from it to
+    /// interrupt the migration there, as a crash would (stores of later configurations are then not migrated).
+    /// Internal, for tests.
+    typealias MigrationInterruption = @Sendable (_ configuration: String, _ stage: Int, _ step: MigrationStep) throws -> Void
+
+    /// ``init(for:migrationPlan:configurations:environment:)`` with a hook called after each step of each stage of
+    /// each store (see ``MigrationInterruption``).
     convenience init(for schema: Schema, migrationPlan: (any SchemaMigrationPlan.Type)?, configurations: [ModelConfiguration],
-                     environment: ReplicaEnvironment, interruption: (@Sendable (Int, MigrationStep) throws -> Void)?) throws {
+                     environment: ReplicaEnvironment, interruption: MigrationInterruption?) throws {
         guard let migrationPlan else {
             try self.init(for: schema, configurations: configurations, environment: environment)
             return
@@ -51,20 +58,27 @@ extension ModelContainer {
         try self.init(plan: plan, configurations: configurations, environment: environment, interruption: interruption)
     }
 
-    /// Migrates the stores of `configurations` through `plan`, then opens them at its last schema.
+    /// Migrates the stores of `configurations` through `plan`, one after the other in their order, then opens them at
+    /// its last schema.
     convenience init(plan: CheckedMigrationPlan, configurations: [ModelConfiguration], environment: ReplicaEnvironment,
-                     interruption: (@Sendable (Int, MigrationStep) throws -> Void)?) throws {
+                     interruption: MigrationInterruption?) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
-        // Which entities of a schema of the plan each configuration holds: those its schema names, and for the one
-        // without a schema, the rest.
-        let claimed = Set(configurations.flatMap { $0.schema?.entityNames ?? [] })
+        // Which entities of a schema of the plan each configuration holds: those its schema names (by their names in
+        // that schema: an entity renamed in a later version has its original name before), and for the one without a
+        // schema, the rest.
+        let subsets = configurations.map { configuration in configuration.schema.map { plan.entityNames(following: Set($0.entityNames)) } }
+        let claimed = plan.schemas.indices.map { index in subsets.reduce(into: Set<String>()) { $0.formUnion($1?[index] ?? []) } }
         let catchAll = configurations.firstIndex { $0.schema == nil }
         for (i, configuration) in configurations.enumerated() {
             let entityNames: (Schema) -> [String] = { stageSchema in
-                if let subset = configuration.schema { return stageSchema.entityNames.filter(subset.entityNames.contains) }
-                return i == catchAll ? stageSchema.entityNames.filter { !claimed.contains($0) } : []
+                guard let index = plan.schemas.firstIndex(where: { $0.version == stageSchema.version }) else { return [] }
+                if let subset = subsets[i] { return stageSchema.entityNames.filter(subset[index].contains) }
+                return i == catchAll ? stageSchema.entityNames.filter { !claimed[index].contains($0) } : []
             }
-            try StoreMigrator.migrate(configuration, plan: plan, entityNames: entityNames, environment: environment, interruption: interruption)
+            let name = configuration.name
+            let storeInterruption = interruption.map { hook in { @Sendable (stage: Int, step: MigrationStep) throws in try hook(name, stage, step) } }
+            try StoreMigrator.migrate(configuration, plan: plan, entityNames: entityNames, environment: environment,
+                                      interruption: storeInterruption)
         }
         try self.init(for: plan.current, configurations: configurations, environment: environment)
         for store in stores where store.configuration.allowsSave {
