@@ -99,7 +99,9 @@ extension SyncEngine {
                 try db.run("DELETE FROM \(sql.table)")
             }
             // Many-to-many links go with their records (R17): the link rows, and links waiting for a record.
-            for table in LinkTable.all(in: store.entities) { try db.run("DELETE FROM \(table.quotedName)") }
+            if !container.environment.canaries.contains(.eraseLeavesLinkRows) {
+                for table in LinkTable.all(in: store.entities) { try db.run("DELETE FROM \(table.quotedName)") }
+            }
             var tables = ["replica_sync_record", "replica_sync_unknown_record", "replica_sync_rejected", "replica_sync_held",
                           "replica_sync_ended_redirect", "replica_sync_uploaded"]
             for table in ["replica_sync_link_waiting", "replica_sync_link_dormant"] {
