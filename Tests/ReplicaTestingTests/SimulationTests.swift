@@ -128,7 +128,7 @@ struct SimulationTraceTests {
         // The hash trips (with 3 steps) had before the operations and faults added for the defects of Simulations/delete-reinsert-one-save.json and its kin existed.
         #expect(trips.hash == "a0dc8bb247b27b7a")
         for key in ["deleteReinsert", "copies", "staleCopy", "batchDelete", "reopen", "corruptStamps", "corruptUnknown", "corruptClock",
-                    "corruptCausalLength", "hostileRecord"] {
+                    "corruptCausalLength", "hostileRecord", "zoneDelete", "zoneDeletionPolicy"] {
             #expect(!trips.canonicalJSON.contains("\"\(key)\""), "\(key)")
         }
         var changed = trips

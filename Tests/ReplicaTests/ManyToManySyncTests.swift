@@ -246,6 +246,45 @@ struct ManyToManySyncTests {
         #expect(try b.engine.ledgerEntry(for: tagID)?.state.kind != .waitingForParent)
     }
 
+    @Test("a link to a record deleted here, made after another device re-inserted it, is applied when the re-insert arrives later")
+    func linkToARecordReinsertedElsewhere() throws {
+        // Found by the simulator (Simulations/regressions/link-to-reinserted-record-never-applied--zone-deletion-policies-seed12-convergence).
+        let cloud = InMemoryCloudDatabase()
+        let a = try device("A", seed: 1), b = try device("B", seed: 2)
+        var trip = LinkTrip(name: "Lisbon")
+        var tag = LinkTag(label: "beach")
+        try a.save { context in
+            trip = context.insert(trip)
+            tag = context.insert(tag)
+        }
+        try settle([a, b], cloud)
+        try a.save { context in context.delete(try #require(try context.model(LinkTrip.self, id: trip.id))) }
+        try settle([a, b], cloud)
+        // A inserts the trip again (a new incarnation) and links the tag to it; B learns of the tag first, while the
+        // trip is still a tombstone there.
+        try a.save { context in
+            let again = context.insert(LinkTrip(id: trip.id, name: "Lisbon again"))
+            var copy = try #require(try context.model(LinkTag.self, id: tag.id))
+            copy.trips = [Reference(again)]
+            context.update(copy)
+        }
+        try a.sync(cloud)
+        let records = cloud.records(in: "notes")
+        let tagRecord = try #require(records.first { $0.recordID == tag.id })
+        let tripRecord = try #require(records.first { $0.recordID == trip.id })
+        #expect(tripRecord.causalLength == 3)
+        try b.deliver([tagRecord], cloud: cloud)
+        #expect(try b.tagLinks() == ["beach": []])
+        // A link to a record deleted here does not wait (it may never come back): nothing counts as waiting.
+        #expect(try b.engine.status().waitingForParent == 0)
+        try b.deliver([tripRecord], cloud: cloud)
+        #expect(try b.tagLinks() == ["beach": [trip.id]])
+        #expect(try b.tripLinks() == ["Lisbon again": [tag.id]])
+        try settle([a, b], cloud)
+        #expect(try a.tagLinks() == b.tagLinks())
+        #expect(try a.linkSet(of: tag.id) == b.linkSet(of: tag.id))
+    }
+
     @Test("a zone deleted in the cloud and erased by policy takes the links with the records; another device's copy brings them back")
     func zoneEraseClearsLinks() throws {
         let cloud = InMemoryCloudDatabase()

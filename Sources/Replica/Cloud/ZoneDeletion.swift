@@ -112,8 +112,11 @@ public struct ZoneDeletionPolicy: Sendable, Hashable {
         ZoneDeletionPolicy(kind: .decide(Decider(decide)))
     }
 
-    /// The response for `deletion`, or `nil` when the app is to be asked (``ask``).
-    func response(to deletion: ZoneDeletion) -> ZoneDeletionResponse? {
+    /// The response this policy gives to `deletion` — what the engine does (``SyncEngine`` consults the policy through
+    /// this function) — or `nil` when the app is to be asked (``ask``). A ``deciding(_:)`` policy calls its closure.
+    /// - Parameter deletion: the zone deletion to answer.
+    /// - Returns: keep and upload again, erase, or `nil` for ``ask``.
+    public func response(to deletion: ZoneDeletion) -> ZoneDeletionResponse? {
         switch kind {
         case .keep: return .keepAndReupload
         case let .erase(reasons): return reasons.contains(deletion.reason) ? .eraseLocalData : .keepAndReupload

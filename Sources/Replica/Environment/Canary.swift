@@ -44,4 +44,7 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// Records kept as of an unknown type are never merged once the schema declares the type: a newer process
     /// sharing the file with the older one that fetched them never shows them (R9).
     case unknownTypesNeverAdopted = "unknown-types-never-adopted"
+    /// A store that erases its synced data because its zone was deleted (``ZoneDeletionResponse/eraseLocalData``)
+    /// deletes the records but leaves their many-to-many link rows behind (R18).
+    case eraseLeavesLinkRows = "erase-leaves-link-rows"
 }

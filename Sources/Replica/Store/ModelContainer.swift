@@ -137,6 +137,17 @@ public final class ModelContainer: Sendable {
         stores.first { $0.configuration.name == configurationName }?.identity
     }
 
+    /// What `sqlite3_open_v2` (with `SQLITE_OPEN_URI`) opens to reach the database of configuration `name` from a
+    /// connection of the caller's own: the file's path, or the `memdb` URI of an in-memory store (shared within this
+    /// process while the container lives). `nil` for unknown names. For the simulator's checks of raw tables.
+    @_spi(Simulation) public func sqliteOpenPath(of configurationName: String) -> String? {
+        guard let store = stores.first(where: { $0.configuration.name == configurationName }) else { return nil }
+        switch store.location {
+        case let .file(url): return url.path
+        case let .memory(name): return "file:/\(Connection.uriPath(name))?vfs=memdb"
+        }
+    }
+
     /// The store file of configuration `name` (`nil` for in-memory stores and unknown names).
     public func url(of configurationName: String) -> URL? {
         guard let store = stores.first(where: { $0.configuration.name == configurationName }),

@@ -35,6 +35,12 @@ enum LinkReplication {
             target BLOB NOT NULL,
             PRIMARY KEY (owner, link, target)) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS replica_sync_link_waiting_target ON replica_sync_link_waiting (target);
+        CREATE TABLE IF NOT EXISTS replica_sync_link_dormant (
+            owner BLOB NOT NULL,
+            link TEXT NOT NULL,
+            target BLOB NOT NULL,
+            PRIMARY KEY (owner, link, target)) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS replica_sync_link_dormant_target ON replica_sync_link_dormant (target);
         """
 
     /// The link tables of `store` that replicate: every many-to-many pair of a store that tracks sync, except a
@@ -182,9 +188,19 @@ enum LinkReplication {
         var arrivedOrDied: [UUID] = changes.inserted.filter { members.contains($0.entityName) }.map(\.id)
         arrivedOrDied += tombstoned.filter { members.contains($0.entityName) }.map(\.id)
         arrivedOrDied += merged.filter { $0.isAlive && members.contains($0.recordType) }.map(\.recordID)
+        // Present links to a record that is deleted here (dormant) come to life when it is inserted again: another
+        // device may have re-inserted it and linked it before this one learned of the re-insert.
+        let alive = Set(changes.inserted.filter { members.contains($0.entityName) }.map(\.id))
+            .union(merged.filter { $0.isAlive && members.contains($0.recordType) }.map(\.recordID))
         if try db.scalar(anyWaiterSQL) == .integer(0) { arrivedOrDied = [] }
         for target in arrivedOrDied {
             for row in try db.rows(waitersSQL, [target.sqliteValue]) {
+                guard let owner = try? UUID(sqliteValue: row[0]), case let .text(link) = row[1],
+                      let table = tables.first(where: { $0.name == link }) else { continue }
+                note(owner, table)
+            }
+            guard alive.contains(target) else { continue }
+            for row in try db.rows(dormantSQL, [target.sqliteValue]) {
                 guard let owner = try? UUID(sqliteValue: row[0]), case let .text(link) = row[1],
                       let table = tables.first(where: { $0.name == link }) else { continue }
                 note(owner, table)
@@ -205,6 +221,9 @@ enum LinkReplication {
                 for row in try db.rows(waitersSQL, [id.id.sqliteValue]) where row[1] == .text(table.name) {
                     if let owner = try? UUID(sqliteValue: row[0]) { followers.append((owner, table)) }
                 }
+                for row in try db.rows(dormantSQL, [id.id.sqliteValue]) where row[1] == .text(table.name) {
+                    if let owner = try? UUID(sqliteValue: row[0]) { followers.append((owner, table)) }
+                }
             }
         }
         for (owner, table) in owners {
@@ -217,7 +236,10 @@ enum LinkReplication {
         return consequences
     }
 
-    static let anyWaiterSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_link_waiting)")
+    static let anyWaiterSQL = StatementKey("""
+        SELECT EXISTS (SELECT 1 FROM replica_sync_link_waiting) OR EXISTS (SELECT 1 FROM replica_sync_link_dormant)
+        """)
+    static let dormantSQL = StatementKey("SELECT owner, link FROM replica_sync_link_dormant WHERE target = ? ORDER BY owner, link")
     static let waitersSQL = StatementKey("SELECT owner, link FROM replica_sync_link_waiting WHERE target = ? ORDER BY owner, link")
 
     /// Writes the link table rows of `owner` that its link set says (see the type's documentation), and its waits.
@@ -226,16 +248,22 @@ enum LinkReplication {
                             set: LinkSet? = nil) throws {
         var desired: [UUID] = []
         var waiting: [UUID] = []
+        var dormant: [UUID] = []
         if let state = try SyncLedger.load(owner, store: store, db, entity: table.ownerEntity), state.isAlive,
            state.entity == table.ownerEntity, try rowExists(owner, entity: table.ownerEntity, store: store, db) {
             for target in try (set ?? linkSet(of: state, field: fieldName(table), store: store)).members {
                 if try rowExists(target, entity: table.memberEntity, store: store, db) {
                     desired.append(target)
                 } else if let other = try SyncLedger.load(target, store: store, db) {
-                    guard other.entity == table.memberEntity, !other.isAlive,
-                          let winner = try SyncLedger.liveRedirectTarget(of: target, store: store, db),
-                          try rowExists(winner, entity: table.memberEntity, store: store, db) else { continue }
-                    desired.append(winner)
+                    guard other.entity == table.memberEntity, !other.isAlive else { continue }
+                    if let winner = try SyncLedger.liveRedirectTarget(of: target, store: store, db),
+                       try rowExists(winner, entity: table.memberEntity, store: store, db) {
+                        desired.append(winner)
+                    } else {
+                        // Deleted here, but present in the set: another device linked it after a re-insert this
+                        // device has not seen yet. No row and no wait (it may never come back); applied if it does.
+                        dormant.append(target)
+                    }
                 } else {
                     waiting.append(target)
                 }
@@ -244,6 +272,11 @@ enum LinkReplication {
         try db.run("DELETE FROM replica_sync_link_waiting WHERE owner = ? AND link = ?", [owner.sqliteValue, .text(table.name)])
         for target in waiting {
             try db.run("INSERT OR IGNORE INTO replica_sync_link_waiting (owner, link, target) VALUES (?, ?, ?)",
+                       [owner.sqliteValue, .text(table.name), target.sqliteValue])
+        }
+        try db.run("DELETE FROM replica_sync_link_dormant WHERE owner = ? AND link = ?", [owner.sqliteValue, .text(table.name)])
+        for target in dormant {
+            try db.run("INSERT OR IGNORE INTO replica_sync_link_dormant (owner, link, target) VALUES (?, ?, ?)",
                        [owner.sqliteValue, .text(table.name), target.sqliteValue])
         }
         let current = try rows(of: owner, table: table, db)

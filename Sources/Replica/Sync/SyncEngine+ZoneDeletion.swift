@@ -99,11 +99,13 @@ extension SyncEngine {
                 try db.run("DELETE FROM \(sql.table)")
             }
             // Many-to-many links go with their records (R17): the link rows, and links waiting for a record.
-            for table in LinkTable.all(in: store.entities) { try db.run("DELETE FROM \(table.quotedName)") }
+            if !container.environment.canaries.contains(.eraseLeavesLinkRows) {
+                for table in LinkTable.all(in: store.entities) { try db.run("DELETE FROM \(table.quotedName)") }
+            }
             var tables = ["replica_sync_record", "replica_sync_unknown_record", "replica_sync_rejected", "replica_sync_held",
                           "replica_sync_ended_redirect", "replica_sync_uploaded"]
-            if try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_sync_link_waiting'") != nil {
-                tables.append("replica_sync_link_waiting")
+            for table in ["replica_sync_link_waiting", "replica_sync_link_dormant"] {
+                if try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table)]) != nil { tables.append(table) }
             }
             for table in tables { try db.run("DELETE FROM \(table)") }
             try db.run("DELETE FROM replica_metadata WHERE key IN ('server_change_token', 'resync_active', 'resync_generation')")

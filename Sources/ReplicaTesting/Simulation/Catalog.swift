@@ -89,6 +89,7 @@ public enum CanaryCatalog {
         ("gate-ignores-options", "encryption-turned-on-across-versions", "the schema gate ignores cloud options such as encryption"),
         ("unknown-entity-refused", "app-group-two-app-versions", "an older process refuses a newer entity's queued records for good"),
         ("unknown-types-never-adopted", "app-group-two-app-versions", "records kept as of an unknown type never reach the table of a schema that declares it"),
+        ("erase-leaves-link-rows", "zone-deletion-policies", "a store erased because its zone was deleted keeps its many-to-many link rows"),
     ]
 
     /// Every canary the library has, in the library's order.

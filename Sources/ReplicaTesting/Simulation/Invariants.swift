@@ -353,9 +353,11 @@ extension SimulationRun {
         for zone in zones {
             for (id, acks) in (reference.acks[zone] ?? [:]).sorted(by: { uuidPrecedes($0.key, $1.key) }) {
                 guard let record = cloudRecords[zone]?[id] else {
+                    // (Writes of a device that erased the zone's data later survive only where another device held them.)
+                    if acks.allSatisfy(\.mayBeLost) { continue }
                     throw InvariantViolation(.noLostWrites, "\(alias(id)) was written (\(describeAcks(zone, id))) but never reached the cloud")
                 }
-                for ack in acks {
+                for ack in acks where !ack.mayBeLost {
                     if record.causalLength < ack.causalLength {
                         throw InvariantViolation(.noLostWrites, "the \(ack.kind.rawValue) of \(alias(id)) by \(ack.device) at step \(ack.step) "
                             + "(causal length \(ack.causalLength)) was lost: the record ended at causal length \(record.causalLength)")
@@ -393,7 +395,18 @@ extension SimulationRun {
                     throw InvariantViolation(.referenceModel, "\(alias(id)) is in the cloud but no device ever acknowledged writing it")
                 }
                 let final = record.causalLength
-                if final != maximum {
+                // Writes of a device that erased the zone's data later (R18) may survive or not: the record ends at the
+                // causal length of one of them at most, and at that of the writes that must survive at least.
+                if acks.contains(where: \.mayBeLost) {
+                    let required = acks.filter { !$0.mayBeLost }.map(\.causalLength).max() ?? 0
+                    let reached = acks.contains { $0.causalLength == final || ($0.causalLength + 1 == final && $0.causalLength % 2 == 1
+                        && (cascadeTargets.contains(record.recordType) || record.redirect != nil)) }
+                    if final < required || !reached {
+                        throw InvariantViolation(.referenceModel, "\(alias(id)) ended at causal length \(final); the acknowledged writes "
+                            + "(\(describeAcks(zone, id)), some of a device that erased the zone since) give at least \(required)")
+                    }
+                    if final != maximum && !acks.contains(where: { $0.causalLength == final }) { continue }
+                } else if final != maximum {
                     // The only changes no workload operation acknowledges: a delete rule that cascaded, and a duplicate
                     // of a unique key resolved into a tombstone that redirects to the winner.
                     let consequence = final == maximum + 1 && maximum % 2 == 1
@@ -416,22 +429,34 @@ extension SimulationRun {
                     guard visited.insert(next.id).inserted else { continue }
                     frontier += redirected[next.id] ?? []
                 }
+                let lenient = acks.contains(where: \.mayBeLost) || losers.contains { reference.acks[zone]?[$0.id]?.contains(where: \.mayBeLost) == true }
                 for attribute in entity.attributes {
                     var winner: (stamp: FieldStamp, value: SQLiteValue, ack: AckWrite)?
+                    // The candidates, when some may be lost: the stored write must be one of them, and not older than
+                    // the newest that must survive (then `winner`).
+                    var candidates: [(stamp: FieldStamp, value: SQLiteValue, ack: AckWrite)] = []
+                    func consider(_ stamp: FieldStamp, _ value: SQLiteValue, _ ack: AckWrite) {
+                        if lenient { candidates.append((stamp, value, ack)) }
+                        if lenient && ack.mayBeLost { return }
+                        if winner.map({ stamp > $0.stamp }) ?? true { winner = (stamp, value, ack) }
+                    }
                     for ack in acks {
                         for field in ack.fields where field.name == attribute.name && field.stamp.incarnation == final {
-                            if winner.map({ field.stamp > $0.stamp }) ?? true { winner = (field.stamp, field.value, ack) }
+                            consider(field.stamp, field.value, ack)
                         }
                     }
                     for loser in losers {
                         for ack in reference.acks[zone]?[loser.id] ?? [] {
                             for field in ack.fields where field.name == attribute.name && field.stamp.incarnation == loser.incarnation {
-                                let moved = FieldStamp(incarnation: final, clock: field.stamp.clock)
-                                if winner.map({ moved > $0.stamp }) ?? true { winner = (moved, field.value, ack) }
+                                consider(FieldStamp(incarnation: final, clock: field.stamp.clock), field.value, ack)
                             }
                         }
                     }
                     let stored = record.fields[attribute.name].flatMap { $0.stamp.incarnation == final ? $0 : nil }
+                    if lenient, let stored, let match = candidates.first(where: { $0.stamp == stored.stamp }),
+                       winner.map({ $0.stamp <= stored.stamp }) ?? true {
+                        winner = match
+                    }
                     // (The message text is built only for a violation.)
                     func label() -> String { "\(alias(id)).\(attribute.name)" }
                     if let winner {

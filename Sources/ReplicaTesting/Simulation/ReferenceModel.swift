@@ -23,6 +23,9 @@ struct AckWrite {
     /// The chaos step that made it (for messages).
     var step: Int
     var device: String
+    /// The device erased the zone's data after this write (a zone deletion, policy erase): the write survives only if
+    /// another device held it, so the end checks accept its loss, and its survival.
+    var mayBeLost = false
 }
 
 final class ReferenceModel {

@@ -45,6 +45,30 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// earlier than its app): two app versions on one app-group store file. `nil` (the default, left out of the
         /// canonical JSON): the app's.
         public var extensionSchemaVersion: Int? = nil
+        /// What the device's synced stores do when the cloud reports their zone deleted (fault `zoneDelete`): `nil`
+        /// (the default, `"keepAndReupload"` in a scenario file, left out of the canonical JSON) keeps the data and
+        /// uploads it again.
+        public var zoneDeletionPolicy: ZoneDeletionChoice? = nil
+
+        /// The library policy the device's engines are given.
+        public var deletionPolicy: ZoneDeletionPolicy { (zoneDeletionPolicy ?? .keepAndReupload).policy }
+    }
+
+    /// A device's zone deletion policy, as a scenario names it (`"zoneDeletionPolicy"`).
+    public enum ZoneDeletionChoice: String, Codable, Sendable, CaseIterable {
+        /// ``ZoneDeletionPolicy/keepAndReupload``: every reason keeps the data.
+        case keepAndReupload
+        /// ``ZoneDeletionPolicy/eraseLocalData``: a deletion or a purge erases the store's synced data; an
+        /// encrypted-data reset keeps it.
+        case eraseLocalData
+
+        /// The library's policy of that name.
+        public var policy: ZoneDeletionPolicy {
+            switch self {
+            case .keepAndReupload: return .keepAndReupload
+            case .eraseLocalData: return .eraseLocalData
+            }
+        }
     }
 
     /// Where stores live.
@@ -141,6 +165,10 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// A record no device wrote appears in the cloud: stamps at the edges of their range, a clock far in the
         /// future, a huge causal length, an incarnation beyond the record's.
         public var hostileRecord = 0.0
+        /// The cloud deletes a synced zone with every record in it and tells devices why (deleted, purged or encrypted
+        /// data reset, drawn per fault): each device's `zoneDeletionPolicy` decides whether it keeps its data and
+        /// uploads it again or erases it (R18).
+        public var zoneDelete = 0.0
         // Per message between a device and the cloud.
         public var dropRequest = 0.01
         public var dropResponse = 0.01
@@ -163,7 +191,7 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// Per-step rates, in chaos-action order (action 0, the workload, takes what they leave).
         var stepRates: [Double] {
             [crash, offline, partition, clockJump, expireTokens, resetZone, corruptStamps, corruptUnknown, corruptClock,
-             corruptCausalLength, hostileRecord]
+             corruptCausalLength, hostileRecord, zoneDelete]
         }
         var messageRates: [Double] { [dropRequest, dropResponse, duplicateRequest, duplicateResponse, delay, staleFetch] }
         var cloudRates: [Double] { [rateLimit, quota, zoneBusy, conflict, partialFailure] }
@@ -173,7 +201,7 @@ public struct Scenario: Codable, Hashable, Sendable {
             ("crash", \.crash), ("offline", \.offline), ("partition", \.partition), ("clockJump", \.clockJump),
             ("expireTokens", \.expireTokens), ("resetZone", \.resetZone), ("corruptStamps", \.corruptStamps),
             ("corruptUnknown", \.corruptUnknown), ("corruptClock", \.corruptClock), ("corruptCausalLength", \.corruptCausalLength),
-            ("hostileRecord", \.hostileRecord),
+            ("hostileRecord", \.hostileRecord), ("zoneDelete", \.zoneDelete),
             ("dropRequest", \.dropRequest), ("dropResponse", \.dropResponse), ("duplicateRequest", \.duplicateRequest),
             ("duplicateResponse", \.duplicateResponse), ("delay", \.delay), ("staleFetch", \.staleFetch),
             ("rateLimit", \.rateLimit), ("quota", \.quota), ("zoneBusy", \.zoneBusy), ("conflict", \.conflict),
@@ -184,7 +212,7 @@ public struct Scenario: Codable, Hashable, Sendable {
             ("maxClockSkewMs", \.maxClockSkewMs), ("maxClockJumpMs", \.maxClockJumpMs),
         ] }
         /// Rates that came later: left out of the canonical JSON while 0.
-        static let optionalRates: Set<String> = ["corruptStamps", "corruptUnknown", "corruptClock", "corruptCausalLength", "hostileRecord"]
+        static let optionalRates: Set<String> = ["corruptStamps", "corruptUnknown", "corruptClock", "corruptCausalLength", "hostileRecord", "zoneDelete"]
     }
 
     /// Virtual-time constants, in milliseconds.
@@ -589,14 +617,24 @@ struct ScenarioReader {
         guard list.count <= Scenario.Limits.devices else { throw fail("devices", "at most \(Scenario.Limits.devices) devices") }
         for (index, item) in list.enumerated() {
             let path = "devices[\(index)]"
-            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion", "extensionSchemaVersion"])
+            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion", "extensionSchemaVersion", "zoneDeletionPolicy"])
             let name = try self.name(object["name"], "\(path).name")
             let version = try object["schemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).schemaVersion") } ?? schema.version
             var names: [String] = []
             let storeList = try object["stores"].map { v throws(ScenarioError) in try array(v, "\(path).stores") } ?? stores.map { $0.name as Any }
             for (i, entry) in storeList.enumerated() { names.append(try string(entry, "\(path).stores[\(i)]")) }
             let extensionVersion = try object["extensionSchemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).extensionSchemaVersion") }
-            result.append(Scenario.Device(name: name, stores: names, schemaVersion: version, extensionSchemaVersion: extensionVersion))
+            var policy: Scenario.ZoneDeletionChoice?
+            if let raw = object["zoneDeletionPolicy"] {
+                let text = try string(raw, "\(path).zoneDeletionPolicy")
+                guard let parsed = Scenario.ZoneDeletionChoice(rawValue: text) else {
+                    throw fail("\(path).zoneDeletionPolicy", "'\(text)' is not one of: \(Scenario.ZoneDeletionChoice.allCases.map(\.rawValue).joined(separator: ", "))")
+                }
+                // The default is left out, so a scenario that spells it keeps its hash.
+                policy = parsed == .keepAndReupload ? nil : parsed
+            }
+            result.append(Scenario.Device(name: name, stores: names, schemaVersion: version, extensionSchemaVersion: extensionVersion,
+                                          zoneDeletionPolicy: policy))
         }
         return result
     }

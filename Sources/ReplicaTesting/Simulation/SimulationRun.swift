@@ -281,9 +281,13 @@ final class SimulationRun {
             let encrypted = encryptedStores.contains(store.name) || process.encryptionOn.contains(store.name)
             let encryption = encrypted ? try FieldEncryption.rawKey(Self.worldKey) : nil
             // One connection per store and process, as one thread drives the context and the engines.
-            let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options,
+            // The device's zone deletion policy, decided by the library's own function and noted for the checks.
+            let decisions = ZoneDeletionDecisions()
+            var storeOptions = options
+            storeOptions.zoneDeletionPolicy = decisions.policy(wrapping: process.device.spec.deletionPolicy)
+            let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: storeOptions,
                                         encryption: encryption, sharingConnectionOf: context)
-            let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process)
+            let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process, decisions: decisions)
             nextEngineSerial += 1
             engines[simEngine.serial] = simEngine
             process.engines[store.name] = simEngine
@@ -373,7 +377,8 @@ final class SimulationRun {
         case 8: try corruptStep(.unknown)
         case 9: try corruptStep(.clock)
         case 10: try corruptStep(.causalLength)
-        default: try hostileRecordStep()
+        case 11: try hostileRecordStep()
+        default: try zoneDeleteStep()
         }
     }
 
@@ -874,11 +879,14 @@ extension SimulationRun {
         do {
             try engine.engine.handle(message.request.id, result)
         } catch let simulated as SimulatedCrash {
+            _ = engine.decisions.take()
             crash(engine.process, reason: simulated.point, restartAfter: engine.process.pendingRestartDelay)
             return
         } catch {
+            _ = engine.decisions.take()
             return try engineFailed(engine, "handling \(message.request.operation.name)", error)
         }
+        try noteZoneDeletionDecisions(engine)
         // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
         // of the reset later, and convergence checks that it uploads them again. An answer the engine ignored — a
         // duplicate of one it applied earlier — dropped nothing: what it dropped then was checked then.)

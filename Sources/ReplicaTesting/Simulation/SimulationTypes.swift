@@ -61,12 +61,18 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// fetch at every quiescent point (see `ObserverAgreement.swift`). Checked as the run settles, not in the check
     /// phase.
     case observersAgree = "observers-agree"
+    /// A store that erased its synced data because its zone was deleted (policy ``ZoneDeletionResponse/eraseLocalData``)
+    /// holds nothing of the zone right after: every entity and many-to-many link table, the ledger, unknown, rejected,
+    /// held and waiting records, upload marks and ended redirects are empty, the change token and resync marks gone
+    /// (checked at each erase, through a connection of the simulator's own).
+    case zoneDeletionErase = "zone-deletion-erase"
 
     /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
     /// after each save, each upload, at each quiescent point): the count the trace's `checked` line reports.
     public static var checkedAtEnd: [Invariant] {
         allCases.filter {
             $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping && $0 != .schemaGate && $0 != .observersAgree
+                && $0 != .zoneDeletionErase
         }
     }
 
@@ -91,6 +97,7 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
         case .noPlaintext: return "no plaintext of encrypted fields in the cloud"
         case .idempotence: return "a full re-read changes nothing"
         case .observersAgree: return "live queries equal a fresh fetch at every quiescent point"
+        case .zoneDeletionErase: return "nothing of a deleted zone is left in a store that erased it"
         }
     }
 }
@@ -149,6 +156,8 @@ public struct SimulationStats: Sendable, Hashable {
     public var cloudSaves = 0
     public var crashes = 0
     public var faults = 0
+    /// Stores that erased their synced data because their zone was deleted (fault `zoneDelete`, policy erase).
+    public var erasedStores = 0
     /// Virtual time the run covered, in milliseconds.
     public var virtualMilliseconds: Int64 = 0
     /// Checks skipped because the scenario does not expect the feature they need (e.g. a configured cipher).
@@ -361,12 +370,15 @@ final class SimEngine {
     var outstanding: UInt64?
     /// Recent fetch results, replayed as stale answers.
     var recentFetches: [ZoneChangeBatch] = []
+    /// What the engine's zone deletion policy decided (see ZoneDeletionFaults.swift).
+    let decisions: ZoneDeletionDecisions
 
-    init(serial: Int, store: String, engine: SyncEngine, process: SimProcess) {
+    init(serial: Int, store: String, engine: SyncEngine, process: SimProcess, decisions: ZoneDeletionDecisions) {
         self.serial = serial
         self.store = store
         self.engine = engine
         self.process = process
+        self.decisions = decisions
     }
 }
 
