@@ -56,9 +56,9 @@ public struct Scenario: Codable, Hashable, Sendable {
 
     /// A device's zone deletion policy, as a scenario names it (`"zoneDeletionPolicy"`).
     public enum ZoneDeletionChoice: String, Codable, Sendable, CaseIterable {
-        /// ``ZoneDeletionPolicy/keepAndReupload``: every reason keeps the data.
+        /// `ZoneDeletionPolicy.keepAndReupload`: every reason keeps the data.
         case keepAndReupload
-        /// ``ZoneDeletionPolicy/eraseLocalData``: a deletion or a purge erases the store's synced data; an
+        /// `ZoneDeletionPolicy.eraseLocalData`: a deletion or a purge erases the store's synced data; an
         /// encrypted-data reset keeps it.
         case eraseLocalData
 

@@ -61,7 +61,7 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// fetch at every quiescent point (see `ObserverAgreement.swift`). Checked as the run settles, not in the check
     /// phase.
     case observersAgree = "observers-agree"
-    /// A store that erased its synced data because its zone was deleted (policy ``ZoneDeletionResponse/eraseLocalData``)
+    /// A store that erased its synced data because its zone was deleted (policy `ZoneDeletionResponse/eraseLocalData`)
     /// holds nothing of the zone right after: every entity and many-to-many link table, the ledger, unknown, rejected,
     /// held and waiting records, upload marks and ended redirects are empty, the change token and resync marks gone
     /// (checked at each erase, through a connection of the simulator's own).
