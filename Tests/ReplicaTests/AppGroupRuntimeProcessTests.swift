@@ -126,7 +126,7 @@ struct AppGroupRuntimeProcessTests {
         deviceContext.insert(SharedNote(text: "late, from a device"))
         try deviceContext.save()
         #expect(try await SyncDriver.syncUntilIdle(deviceEngine, with: deviceCloud).isUpToDate)
-        #expect(try await waitUntil(seconds: 120) { !widget.isRunning })
+        #expect(try await waitUntil(seconds: 600) { !widget.isRunning })
         let data = output.fileHandleForReading.readDataToEndOfFile()
         #expect(widget.terminationStatus == 0)
         let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
