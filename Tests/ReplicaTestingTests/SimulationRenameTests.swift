@@ -109,11 +109,15 @@ struct SimulationRenameTests {
         }
     }
 
-    @Test("a device's update renames its local column and keeps every value")
+    @Test("a device's update renames its local column and keeps every value (with the rename-adds-column canary the values are gone)")
     func updateKeepsLocalValues() throws {
         let scenario = try ScenarioCatalog.resolve(scenarioName)
         // Seed 14 (60 steps) writes a draft on the laptop before its update at step 8.
         let clean = try Simulator.run(scenario, seed: 14, options: SimulationOptions(steps: 60, recordsTrace: false))
         #expect(clean.violation == nil, "\(clean.violation?.description ?? "")")
+        let broken = try Simulator.run(scenario, seed: 14, options: SimulationOptions(canaries: [.renameAddsColumn], steps: 60, recordsTrace: false))
+        let violation = try #require(broken.violation)
+        #expect(violation.invariant == .referenceModel)
+        #expect(violation.description.contains("laptop local store 'drafts'") && violation.description.contains(".body is \"\""), "\(violation)")
     }
 }

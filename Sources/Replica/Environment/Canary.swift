@@ -44,4 +44,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// Records kept as of an unknown type are never merged once the schema declares the type: a newer process
     /// sharing the file with the older one that fetched them never shows them (R9).
     case unknownTypesNeverAdopted = "unknown-types-never-adopted"
+    /// An attribute declared with an original name (``Schema/Attribute/originalName``) gets a new column instead of the
+    /// renamed old one when a local store opens: after the app update every value of the attribute is gone (the
+    /// empty headings of issue 23).
+    case renameAddsColumn = "rename-adds-column"
 }

@@ -89,6 +89,7 @@ public enum CanaryCatalog {
         ("gate-ignores-options", "encryption-turned-on-across-versions", "the schema gate ignores cloud options such as encryption"),
         ("unknown-entity-refused", "app-group-two-app-versions", "an older process refuses a newer entity's queued records for good"),
         ("unknown-types-never-adopted", "app-group-two-app-versions", "records kept as of an unknown type never reach the table of a schema that declares it"),
+        ("rename-adds-column", "renamed-attribute-across-versions", "a local store adds a new column for an attribute with an original name instead of renaming the old one"),
     ]
 
     /// Every canary the library has, in the library's order.
