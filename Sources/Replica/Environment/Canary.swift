@@ -47,4 +47,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// A store that erases its synced data because its zone was deleted (``ZoneDeletionResponse/eraseLocalData``)
     /// deletes the records but leaves their many-to-many link rows behind (R18).
     case eraseLeavesLinkRows = "erase-leaves-link-rows"
+    /// An attribute declared with an original name (``Schema/Attribute/originalName``) gets a new column instead of the
+    /// renamed old one when a local store opens: after the app update every value of the attribute is gone (the
+    /// empty headings of issue 23).
+    case renameAddsColumn = "rename-adds-column"
 }

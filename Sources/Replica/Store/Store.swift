@@ -345,8 +345,10 @@ final class Store: Sendable {
                         try db.execute("CREATE TABLE \(table) (\(columns.joined(separator: ", ")))")
                         grew = true
                     } else {
-                        try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked,
-                                                      takeExclusive: takeExclusive)
+                        if !environment.canaries.contains(.renameAddsColumn) {
+                            try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked,
+                                                          takeExclusive: takeExclusive)
+                        }
                         try checkLayout(of: entity, db, recordedTypes: recordedTypes, synced: synced)
                         // Lightweight migration: add columns for new attributes and references, each with its declared
                         // default as SQL DEFAULT, so rows written before — and rows a process of an older app version

@@ -52,6 +52,10 @@ public struct Scenario: Codable, Hashable, Sendable {
 
         /// The library policy the device's engines are given.
         public var deletionPolicy: ZoneDeletionPolicy { (zoneDeletionPolicy ?? .keepAndReupload).policy }
+
+        /// An app update during the run: the device starts at ``Upgrade/fromVersion`` and moves to `schemaVersion`
+        /// at chaos step ``Upgrade/atStep``. `nil` (the default, left out of the canonical JSON): no update.
+        public var upgrade: Upgrade? = nil
     }
 
     /// A device's zone deletion policy, as a scenario names it (`"zoneDeletionPolicy"`).
@@ -69,6 +73,17 @@ public struct Scenario: Codable, Hashable, Sendable {
             case .eraseLocalData: return .eraseLocalData
             }
         }
+    }
+
+    /// An app update of one device during a run: at the start of chaos step `atStep` (before its action) every
+    /// process of the device closes its container gracefully and opens it again at the device's `schemaVersion`:
+    /// local stores rename the columns of renamed attributes and add new ones, synced stores add columns (and resync).
+    /// A process that is down then restarts at the new version.
+    public struct Upgrade: Codable, Hashable, Sendable {
+        /// The schema version the device runs before the update.
+        public var fromVersion: Int
+        /// The chaos step (1 = the first) at whose start the update happens (never, when the run is shorter).
+        public var atStep: Int
     }
 
     /// Where stores live.
@@ -277,6 +292,15 @@ public struct Scenario: Codable, Hashable, Sendable {
 
     /// The store called `name`.
     public func store(named name: String) -> Store? { stores.first { $0.name == name } }
+
+    /// The entities of local-only stores (local, or app-group without sync): their renamed attributes
+    /// (``SimulationSchema/Attribute/renamedFrom``) are renamed in the store; every other entity's keep their cloud name.
+    public var localEntities: Set<String> { Set(stores.filter { !$0.isSynced }.flatMap(\.entities)) }
+
+    /// The Replica schema the app of schema `version` (the newest when `nil`) declares to the library: renamed
+    /// attributes of local-only stores under that version's name (with their original name once renamed), those of
+    /// synced stores under their cloud name.
+    public func librarySchema(version: Int? = nil) -> Schema { schema.schema(version: version, localEntities: localEntities) }
 
     /// Canonical JSON (sorted keys): what the scenario hash covers and what traces embed.
     public var canonicalJSON: String {
@@ -521,7 +545,8 @@ struct ScenarioReader {
     }
 
     func attribute(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Attribute {
-        let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "optionsSince", "since"])
+        let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "optionsSince", "since",
+                                                                   "renamedFrom", "renamedSince"])
         let name = try identifier(object["name"], join(path, "name"))
         let typeText = try string(object["type"], join(path, "type"))
         let allowedTypes = Scenario.Limits.attributeTypes
@@ -563,8 +588,10 @@ struct ScenarioReader {
             for key in map.keys.sorted() { optionsSince?[key] = try integer(map[key]!, "\(field).\(key)") }
         }
         let since = try object["since"].map { v throws(ScenarioError) in try integer(v, join(path, "since")) } ?? entitySince
+        let renamedFrom = try object["renamedFrom"].map { v throws(ScenarioError) in try identifier(v, join(path, "renamedFrom")) }
+        let renamedSince = try object["renamedSince"].map { v throws(ScenarioError) in try integer(v, join(path, "renamedSince")) }
         return SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, optionsSince: optionsSince,
-                                          since: since)
+                                          since: since, renamedFrom: renamedFrom, renamedSince: renamedSince)
     }
 
     func relationship(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Relationship {
@@ -617,7 +644,7 @@ struct ScenarioReader {
         guard list.count <= Scenario.Limits.devices else { throw fail("devices", "at most \(Scenario.Limits.devices) devices") }
         for (index, item) in list.enumerated() {
             let path = "devices[\(index)]"
-            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion", "extensionSchemaVersion", "zoneDeletionPolicy"])
+            let object = try self.object(item, path, allowed: ["name", "stores", "schemaVersion", "extensionSchemaVersion", "zoneDeletionPolicy", "upgrade"])
             let name = try self.name(object["name"], "\(path).name")
             let version = try object["schemaVersion"].map { v throws(ScenarioError) in try integer(v, "\(path).schemaVersion") } ?? schema.version
             var names: [String] = []
@@ -633,8 +660,17 @@ struct ScenarioReader {
                 // The default is left out, so a scenario that spells it keeps its hash.
                 policy = parsed == .keepAndReupload ? nil : parsed
             }
+            var upgrade: Scenario.Upgrade?
+            if let raw = object["upgrade"] {
+                let fields = try self.object(raw, "\(path).upgrade", allowed: ["fromVersion", "atStep"])
+                func required(_ key: String) throws(ScenarioError) -> Int {
+                    guard let value = fields[key] else { throw fail("\(path).upgrade.\(key)", "missing (expected an integer)") }
+                    return try integer(value, "\(path).upgrade.\(key)")
+                }
+                upgrade = Scenario.Upgrade(fromVersion: try required("fromVersion"), atStep: try required("atStep"))
+            }
             result.append(Scenario.Device(name: name, stores: names, schemaVersion: version, extensionSchemaVersion: extensionVersion,
-                                          zoneDeletionPolicy: policy))
+                                          zoneDeletionPolicy: policy, upgrade: upgrade))
         }
         return result
     }

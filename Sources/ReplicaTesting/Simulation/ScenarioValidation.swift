@@ -45,7 +45,7 @@ extension Scenario {
         try check.name(name, "name")
         try check.schema(schema)
         try check.stores(stores, schema: schema)
-        try check.devices(devices, stores: stores, schema: schema)
+        try check.devices(devices, stores: stores, schema: schema, storage: storage, reopenWeight: workload.reopen)
         try check.workload(workload)
         try check.faults(faults)
         try check.timing(timing)
@@ -123,6 +123,7 @@ struct ScenarioChecker {
                     try range(attribute.optionsSince![option]!, "\(path).optionsSince.\(option)", max(1, attribute.since)...schema.version)
                 }
             }
+            try renames(of: entity, entityPath, schema: schema)
             for (i, relationship) in entity.relationships.enumerated() {
                 let path = "\(entityPath).relationships[\(i)]"
                 try identifier(relationship.name, "\(path).name")
@@ -153,6 +154,37 @@ struct ScenarioChecker {
             try schema.schema().validate()
         } catch {
             throw fail("schema", "\(error)")
+        }
+    }
+
+    /// The renamed attributes of `entity` (``SimulationSchema/Attribute/renamedFrom``): both keys or neither, a rename
+    /// in a version after the attribute's own and at most the schema's, and an original name that no other attribute
+    /// or relationship of the entity has (in any version: so renames never chain) and that is not the new name.
+    func renames(of entity: SimulationSchema.Entity, _ entityPath: String, schema: SimulationSchema) throws(ScenarioError) {
+        for (i, attribute) in entity.attributes.enumerated() {
+            let path = "\(entityPath).attributes[\(i)]"
+            switch (attribute.renamedFrom, attribute.renamedSince) {
+            case (nil, nil):
+                continue
+            case (nil, _?):
+                throw fail("\(path).renamedSince", "renamedSince needs renamedFrom (the name '\(attribute.name)' had before)")
+            case (_?, nil):
+                throw fail("\(path).renamedFrom", "renamedFrom needs renamedSince (the schema version that renamed '\(attribute.name)')")
+            case let (original?, since?):
+                try identifier(original, "\(path).renamedFrom")
+                if original == attribute.name { throw fail("\(path).renamedFrom", "'\(original)' is the attribute's own name") }
+                guard attribute.since < schema.version else {
+                    throw fail("\(path).renamedFrom", "'\(attribute.name)' appears in schema version \(attribute.since), the newest, so it has no "
+                        + "earlier name to rename: no version calls it '\(original)'")
+                }
+                try range(since, "\(path).renamedSince", (attribute.since + 1)...schema.version)
+                let others = entity.attributes.enumerated().filter { $0.offset != i }.flatMap { [$0.element.name] + ($0.element.renamedFrom.map { [$0] } ?? []) }
+                    + entity.relationships.map(\.name)
+                if others.contains(original) {
+                    throw fail("\(path).renamedFrom", "'\(original)' clashes with another attribute or relationship of \(entity.name) of that name "
+                        + "(in some version)")
+                }
+            }
         }
     }
 
@@ -194,7 +226,8 @@ struct ScenarioChecker {
         }
     }
 
-    func devices(_ devices: [Scenario.Device], stores: [Scenario.Store], schema: SimulationSchema) throws(ScenarioError) {
+    func devices(_ devices: [Scenario.Device], stores: [Scenario.Store], schema: SimulationSchema, storage: Scenario.Storage = .memory,
+                 reopenWeight: Int = 0) throws(ScenarioError) {
         guard !devices.isEmpty else { throw fail("devices", "must not be empty") }
         guard devices.count <= Scenario.Limits.devices else { throw fail("devices", "at most \(Scenario.Limits.devices) devices") }
         var names: [String] = []
@@ -213,6 +246,21 @@ struct ScenarioChecker {
                 for store in shared where !store.entities.contains(where: { (schema.entity(named: $0)?.since ?? 1) <= version }) {
                     throw fail("\(path).extensionSchemaVersion", "store '\(store.name)' has no entity in schema version \(version)")
                 }
+                // Two app versions on one local app-group file would declare a renamed attribute's column under two
+                // names: the newer process renames it under the older one, which is not supported (SchemaEvolution).
+                for store in shared where !store.isSynced {
+                    for entityName in store.entities {
+                        for attribute in schema.entity(named: entityName)?.attributes ?? []
+                        where attribute.appName(version: version) != attribute.appName(version: device.schemaVersion) {
+                            throw fail("\(path).extensionSchemaVersion", "the app (v\(device.schemaVersion)) and the extension (v\(version)) "
+                                + "share the local app-group store '\(store.name)', but only one of them calls \(entityName).\(attribute.name) "
+                                + "'\(attribute.name)': a column renamed while another app version has the file open is not supported")
+                        }
+                    }
+                }
+            }
+            if let upgrade = device.upgrade {
+                try upgradeChecks(upgrade, device: device, path, stores: stores, storage: storage, reopenWeight: reopenWeight)
             }
             guard !device.stores.isEmpty else { throw fail("\(path).stores", "must not be empty") }
             var listed: [String] = []
@@ -227,6 +275,31 @@ struct ScenarioChecker {
                 }
                 listed.append(storeName)
             }
+        }
+    }
+
+    /// An app update during the run (``Scenario/Upgrade``): from an older version than the device's, at a step of the
+    /// run, on a device whose stores are files (a container reopened keeps only what its files hold) and whose
+    /// extension runs the app's version; not with the reopen operation (its writes while sync is off are
+    /// acknowledged later in the layout they were made in).
+    func upgradeChecks(_ upgrade: Scenario.Upgrade, device: Scenario.Device, _ path: String, stores: [Scenario.Store],
+                       storage: Scenario.Storage, reopenWeight: Int) throws(ScenarioError) {
+        try range(upgrade.fromVersion, "\(path).upgrade.fromVersion", 1...max(1, device.schemaVersion - 1))
+        guard upgrade.fromVersion < device.schemaVersion else {
+            throw fail("\(path).upgrade.fromVersion", "the device runs schema version \(device.schemaVersion) after the update, so it must start at an older one")
+        }
+        try range(upgrade.atStep, "\(path).upgrade.atStep", Scenario.Limits.steps)
+        if device.extensionSchemaVersion != nil {
+            throw fail("\(path).upgrade", "a device whose extension runs another version (extensionSchemaVersion) cannot be updated during the run")
+        }
+        for storeName in device.stores {
+            guard let store = stores.first(where: { $0.name == storeName }) else { continue }
+            if !(storage == .file || store.kind == .appGroup) {
+                throw fail("\(path).upgrade", "store '\(storeName)' is in memory: an update reopens the container, so its stores must be files (\"storage\": \"file\")")
+            }
+        }
+        if reopenWeight > 0 {
+            throw fail("\(path).upgrade", "an update during the run cannot be combined with the reopen operation (workload.reopen)")
         }
     }
 

@@ -116,7 +116,9 @@ final class SimulationRun {
         var encrypted: [String: Set<String>] = [:]
         for entity in newest.entities {
             // (An attribute encrypted only from a later version on is the schema gate's: invariant schema-gate.)
-            let laterOn = Set(scenario.schema.entity(named: entity.name)?.attributes.filter { $0.optionsSince?["allowsCloudEncryption"] != nil }.map(\.name) ?? [])
+            // (Through the name the library knows: a synced attribute's cloud name, also when the app renamed it.)
+            let laterOn = Set(scenario.schema.entity(named: entity.name)?.attributes.filter { $0.optionsSince?["allowsCloudEncryption"] != nil }
+                .map { $0.storedName(version: scenario.schema.version, locallyRenamed: false).name } ?? [])
             let names = entity.attributes.filter { $0.options.contains(.allowsCloudEncryption) && !laterOn.contains($0.name) }.map(\.name)
             if !names.isEmpty { encrypted[entity.name] = Set(names) }
         }
@@ -189,7 +191,7 @@ final class SimulationRun {
         }
         for (index, spec) in scenario.devices.enumerated() {
             let device = SimDevice(index: index, spec: spec, offset: offsets[index],
-                                   schema: scenario.schema.schema(version: spec.schemaVersion),
+                                   schema: scenario.librarySchema(version: spec.upgrade?.fromVersion ?? spec.schemaVersion),
                                    directory: root.appendingPathComponent("d\(index)", isDirectory: true))
             devices.append(device)
             let stores = spec.stores.compactMap(scenario.store(named:))
@@ -211,7 +213,7 @@ final class SimulationRun {
                 environment.faultHook = { point in try faults.fire(point) }
                 // An extension of an older (or newer) app version than its app shares the app-group file.
                 let view = processIndex > 0 && spec.extensionSchemaVersion.map({ $0 != spec.schemaVersion }) == true
-                    ? SchemaView(scenario.schema.schema(version: spec.extensionSchemaVersion!)) : device.view
+                    ? SchemaView(scenario.librarySchema(version: spec.extensionSchemaVersion!)) : device.view
                 device.processes.append(SimProcess(device: device, index: processIndex, stores: owned, view: view,
                                                    environment: environment, faults: faults))
             }
@@ -220,7 +222,11 @@ final class SimulationRun {
         for device in devices {
             trace.event(now, "device") { line in
                 line.add("device", device.name)
-                line.add("schema_version", device.spec.schemaVersion)
+                line.add("schema_version", device.schemaVersion)
+                if let upgrade = device.spec.upgrade {
+                    line.add("upgrade_to", device.spec.schemaVersion)
+                    line.add("upgrade_at_step", upgrade.atStep)
+                }
                 line.add("clock_offset_ms", device.offset)
                 line.add("stores", device.spec.stores)
                 line.add("processes", device.processes.count)
@@ -327,6 +333,7 @@ final class SimulationRun {
                     let pause = Int64(try dice.skewed(scenario.timing.thinkTimeMs, small: 100, probability: 0.33))
                     try advance(to: now + pause)
                     step += 1
+                    try upgradeDevices(atStep: step)
                     let action = try dice.pick(actionWeights)
                     try dice.span(.simulationAction) { try perform(action: action) }
                     try runPumps()

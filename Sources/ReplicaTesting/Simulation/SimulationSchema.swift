@@ -5,7 +5,8 @@ import Foundation
 import Replica
 
 /// A versioned schema: every entity, attribute and relationship names the schema version that added it, so the
-/// simulator can open devices that run older app versions. Additive only, as synced stores require.
+/// simulator can open devices that run older app versions. Additive only, as synced stores require, except that an
+/// attribute may be renamed in a later version (``Attribute/renamedFrom``).
 public struct SimulationSchema: Codable, Hashable, Sendable {
     /// One attribute.
     public struct Attribute: Codable, Hashable, Sendable {
@@ -22,9 +23,20 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
         public var optionsSince: [String: Int]?
         /// The schema version that added the attribute.
         public var since: Int
+        /// The name the attribute had before schema version ``renamedSince`` (`nil`: never renamed; left out of the
+        /// canonical JSON). App versions before it call the attribute by this name, later ones by ``name``. In a
+        /// local-only store a later version declares ``name`` with this as its original name
+        /// (``Schema/Attribute/originalName``: the store renames the column when it opens). In a synced store the
+        /// cloud field keeps this name forever: the library refuses an original name on a synced attribute
+        /// (``SchemaViolation/syncedRename(entity:member:originalName:)``) and an app renames only its Swift property,
+        /// so every version declares this name to the library (see ``storedName(version:locallyRenamed:)``).
+        public var renamedFrom: String?
+        /// The schema version whose app calls the attribute ``name`` (`nil` without ``renamedFrom``).
+        public var renamedSince: Int?
 
         public init(_ name: String, _ type: Schema.AttributeType, optional: Bool = false, default defaultValue: SQLiteValue? = nil,
-                    options: [String] = [], optionsSince: [String: Int]? = nil, since: Int = 1) {
+                    options: [String] = [], optionsSince: [String: Int]? = nil, since: Int = 1,
+                    renamedFrom: String? = nil, renamedSince: Int? = nil) {
             self.name = name
             self.type = type
             self.optional = optional
@@ -32,6 +44,26 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
             self.options = options
             self.optionsSince = optionsSince
             self.since = since
+            self.renamedFrom = renamedFrom
+            self.renamedSince = renamedSince
+        }
+
+        /// The name the app of schema `version` calls the attribute by.
+        public func appName(version: Int) -> String {
+            guard let renamedFrom, let renamedSince, version < renamedSince else { return name }
+            return renamedFrom
+        }
+
+        /// The cloud field name: the first name the attribute had (what every app version's synced records carry).
+        public var cloudName: String { renamedFrom ?? name }
+
+        /// The name schema `version` declares to the library, with the original name to declare: in a store that
+        /// renames locally (`locallyRenamed`, a local-only store), the app's name, with ``renamedFrom`` as original
+        /// name once renamed; in a synced store, the cloud name in every version.
+        public func storedName(version: Int, locallyRenamed: Bool) -> (name: String, originalName: String?) {
+            guard locallyRenamed else { return (cloudName, nil) }
+            let name = appName(version: version)
+            return (name, name == self.name ? renamedFrom : nil)
         }
 
         /// The options of the attribute in schema `version`.
@@ -98,14 +130,18 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
     }
 
     /// The Replica schema an app at `version` declares: every element added at or before it.
-    public func schema(version requested: Int? = nil) -> Schema {
+    /// - Parameter localEntities: the entities of local-only stores, whose renamed attributes
+    ///   (``Attribute/renamedFrom``) are declared under the app's name of `version` with an original name; every
+    ///   other entity's are declared under their cloud name (see ``Attribute/storedName(version:locallyRenamed:)``).
+    public func schema(version requested: Int? = nil, localEntities: Set<String> = []) -> Schema {
         let version = requested ?? self.version
         let entities = self.entities.filter { $0.since <= version }.map { entity in
             Schema.Entity(
                 name: entity.name,
                 attributes: entity.attributes.filter { $0.since <= version }.map {
-                    Schema.Attribute(name: $0.name, type: $0.type, isOptional: $0.optional, defaultValue: $0.defaultValue,
-                                     options: $0.schemaOptions(version: version))
+                    let stored = $0.storedName(version: version, locallyRenamed: localEntities.contains(entity.name))
+                    return Schema.Attribute(name: stored.name, type: $0.type, isOptional: $0.optional, defaultValue: $0.defaultValue,
+                                            options: $0.schemaOptions(version: version), originalName: stored.originalName)
                 },
                 relationships: entity.relationships.filter { $0.since <= version }.map {
                     Schema.Relationship(name: $0.name, destination: $0.destination, inverse: $0.inverse, isToMany: $0.toMany,

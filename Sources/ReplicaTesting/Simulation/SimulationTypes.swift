@@ -234,8 +234,10 @@ final class SimDevice {
     var offlineUntil: Int64 = -1
     var partitionedUntil: Int64 = -1
     var processes: [SimProcess] = []
-    /// The schema of the device's app version, with its per-entity facts.
-    let view: SchemaView
+    /// The schema of the device's app version, with its per-entity facts (replaced by an app update during the run).
+    var view: SchemaView
+    /// The schema version the device's app runs now (``Scenario/Upgrade/fromVersion`` until its update).
+    var schemaVersion: Int
     let directory: URL
 
     init(index: Int, spec: Scenario.Device, offset: Int64, schema: Schema, directory: URL) {
@@ -244,6 +246,7 @@ final class SimDevice {
         self.offset = offset
         self.clock = ManualClock(milliseconds: SimulationRun.epoch + offset)
         self.view = SchemaView(schema)
+        self.schemaVersion = spec.upgrade?.fromVersion ?? spec.schemaVersion
         self.directory = directory
     }
 
@@ -316,8 +319,9 @@ final class SimProcess {
     let index: Int
     /// The stores this process opens (the app: every store of the device; the extension: the app-group stores).
     let stores: [Scenario.Store]
-    /// The schema of the app version this process runs (the device's, unless its extension runs another).
-    let view: SchemaView
+    /// The schema of the app version this process runs (the device's, unless its extension runs another; replaced by
+    /// an app update during the run).
+    var view: SchemaView
     var environment: ReplicaEnvironment
     let faults: FaultSwitch
     var container: ModelContainer?

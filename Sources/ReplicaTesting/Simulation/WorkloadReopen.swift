@@ -45,12 +45,7 @@ extension SimulationRun {
     /// Closes `process`'s container gracefully and opens it again with sync off for `syncOff` and field encryption
     /// for `encryptionOn`; then acknowledges what was written while sync was off to each store whose sync is on again.
     func reopen(_ process: SimProcess, syncOff: Set<String>, encryptionOn: Set<String>) throws {
-        for engine in orderedEngines(process) { engines[engine.serial] = nil }
-        process.engines = [:]
-        process.context = nil
-        process.observer = nil
-        process.keptCopy = nil
-        process.container = nil
+        close(process)
         let turnedOn = process.syncOff.subtracting(syncOff)
         process.syncOff = syncOff
         process.encryptionOn = encryptionOn
@@ -62,6 +57,17 @@ extension SimulationRun {
         try start(process)
         for store in process.stores where turnedOn.contains(store.name) { try acknowledgeOffSyncWrites(process, store) }
         for engine in orderedEngines(process) { enqueuePump(engine) }
+    }
+
+    /// Drops `process`'s engines, context and container (a graceful close: the stores' file locks go with them).
+    /// Closing a closed process does nothing.
+    func close(_ process: SimProcess) {
+        for engine in orderedEngines(process) { engines[engine.serial] = nil }
+        process.engines = [:]
+        process.context = nil
+        process.observer = nil
+        process.keptCopy = nil
+        process.container = nil
     }
 
     /// Notes a write to a synced store whose sync is off on `process` (see ``OffSyncWrite``).
