@@ -205,6 +205,49 @@ struct CloudSyncTests {
         await sync.stop()
     }
 
+    @Test("syncNow after an outage tries at once instead of waiting out the backoff it left; a server's retry-after is kept")
+    func syncNowSkipsOwnBackoff() async throws {
+        let device = try RuntimeDevice(seed: 31)
+        let cloud = OutageCloud(announcesChanges: true, zoneDeletionNeedsNetwork: false)
+        var options = CloudSync.Options()
+        options.timerMilliseconds = nil
+        options.cloudPollingMilliseconds = nil
+        options.engine.baseBackoffMilliseconds = 10_000
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: options)
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        // The network goes down: a bounded syncNow fails and leaves the engine backing off (at least 10 s).
+        cloud.offline.withLock { $0 = true }
+        _ = try device.save("offline")
+        let failed = try await sync.syncNow(timeoutMilliseconds: 1_000)
+        #expect(failed.pendingRecords == 1 && failed.lastError == .networkUnavailable)
+        // The network is back. With the clock standing still, syncNow has 1 ms: it can only succeed if it does not
+        // wait out the 10 s backoff first.
+        cloud.offline.withLock { $0 = false }
+        let start = device.clock.nowMilliseconds()
+        let status = try await sync.syncNow(timeoutMilliseconds: 1)
+        #expect(status.pendingRecords == 0, "\(status)")
+        #expect(status.lastError == nil)
+        #expect(device.clock.nowMilliseconds() == start)
+        #expect(cloud.inner.records(in: "notes").count == 1)
+        #expect(await log.waitFor(isSent))
+        await sync.stop()
+
+        // A server that asks for a delay (rate limit) gets it, explicit sync or not.
+        let limited = try RuntimeDevice(seed: 32)
+        let inner = InMemoryCloudDatabase()
+        let limitedSync = try limited.container.startSync(store: "notes", cloud: inner, options: options)
+        _ = try await limitedSync.syncNow(timeoutMilliseconds: 1_000)
+        _ = try limited.save("limited")
+        inner.injectFailure(.rateLimited(retryAfterMilliseconds: 60_000))
+        let first = try await limitedSync.syncNow(timeoutMilliseconds: 1_000)
+        #expect(first.pendingRecords == 1 && first.lastError == .rateLimited(retryAfterMilliseconds: 60_000))
+        let again = try await limitedSync.syncNow(timeoutMilliseconds: 1)
+        #expect(again.pendingRecords == 1, "the server's 60 s retry-after was not honoured: \(again)")
+        #expect(inner.records(in: "notes").isEmpty)
+        await limitedSync.stop()
+    }
+
     @Test("another device's upload is noticed by polling the cloud's change counter and fetched")
     func pollingNoticesCloudChanges() async throws {
         let cloud = InMemoryCloudDatabase()

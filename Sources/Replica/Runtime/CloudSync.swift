@@ -165,9 +165,11 @@ public actor CloudSync {
     public nonisolated var events: AsyncStream<CloudSyncEvent> { broadcaster.subscribe() }
 
     /// Syncs now: fetches the zone's changes and uploads the outbox, within `timeout` milliseconds of the
-    /// environment's clock. Returns when the work is done, the time is up, or the only remaining problem is
-    /// transient and its retry lies past the bound (the status then shows it in ``SyncStatus/lastError``) — never
-    /// hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs nothing.
+    /// environment's clock. Its first request goes out at once, even while the runtime is backing off after a
+    /// transient failure (the network just came back) — only a delay the server asked for
+    /// (``CloudError/retryAfterMilliseconds``) or another process's upload lease is waited out. Returns when the work
+    /// is done, the time is up, or the only remaining problem is transient and its retry lies past the bound (the
+    /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs nothing.
     /// Waits for a pass under way to end first (that wait counts toward the bound only as long as its request).
     /// - Parameter timeout: the bound in milliseconds (default 30 s).
     /// - Returns: the engine's status at the end.
@@ -179,6 +181,8 @@ public actor CloudSync {
         await acquireRun()
         defer { releaseRun() }
         engine.setNeedsFetch()
+        // Asked for explicitly: a backoff of ours left by an outage does not delay it (a server's retry-after does).
+        engine.endOwnBackoff()
         let status = try await pass(deadline: deadline, sleeps: true, automatic: false)
         // The scheduler looks again: a retry time may have been set, or the work it was waiting for is done.
         wakeup.signal()

@@ -130,6 +130,8 @@ public final class SyncEngine {
     private var leaseCache: (text: String, lease: Lease?)?
     /// The current wait is for another engine's upload lease (rather than a backoff).
     private var waitingForLease = false
+    /// The current wait is the delay a server asked for (``CloudError/retryAfterMilliseconds``), not one of ours.
+    private var waitIsServerDirected = false
     private var consecutiveFailures = 0
     var lastError: CloudError?
     /// The last fetch was refused for good (invalidRecord): the zone cannot be read for now.
@@ -326,8 +328,9 @@ public final class SyncEngine {
     }
 
     /// Starts a wait of `duration` milliseconds from now (saturating).
-    private func wait(milliseconds duration: Int64, forLease: Bool = false) {
+    private func wait(milliseconds duration: Int64, forLease: Bool = false, serverDirected: Bool = false) {
         waitingForLease = forLease
+        waitIsServerDirected = serverDirected
         let start = now
         let (until, overflow) = start.addingReportingOverflow(max(0, duration))
         backoffStart = start
@@ -345,16 +348,28 @@ public final class SyncEngine {
             backoffUntil = .min
             backoffStart = .min
             waitingForLease = false
+            waitIsServerDirected = false
         } else if current < backoffStart {
             if waitingForLease {
                 // The lease is judged again at once (``acquireLease()`` clamps one that now ends too far ahead).
                 wait(milliseconds: 0)
             } else {
                 let (duration, overflow) = backoffUntil.subtractingReportingOverflow(backoffStart)
-                wait(milliseconds: overflow ? .max : duration)
+                wait(milliseconds: overflow ? .max : duration, serverDirected: waitIsServerDirected)
             }
         }
         return backoffUntil
+    }
+
+    /// Ends a backoff the engine chose itself after a transient failure (exponential, with jitter), so that a sync
+    /// the app asks for explicitly tries at once — as `CKSyncEngine`'s `sendChanges`/`fetchChanges` do — rather than
+    /// waiting out a delay left by an outage that is over. A delay the server asked for (rate limit, busy zone:
+    /// ``CloudError/retryAfterMilliseconds``) and another engine's upload lease are kept. The count of consecutive
+    /// failures is kept too: if the request fails again, the next backoff is longer still.
+    func endOwnBackoff() {
+        guard !waitingForLease, !waitIsServerDirected, backoffDeadline() > now else { return }
+        backoffUntil = .min
+        backoffStart = .min
     }
 
     /// `true` while a request is outstanding.
@@ -935,7 +950,7 @@ public final class SyncEngine {
             let base = max(0, min(options.maxBackoffMilliseconds, doubled.overflow ? .max : doubled.partialValue))
             delay = Self.saturatingSum(base, Int64(container.environment.random.next() % UInt64(max(1, base / 4) + 1)))
         }
-        wait(milliseconds: delay)
+        wait(milliseconds: delay, serverDirected: error.retryAfterMilliseconds != nil)
     }
 
     // MARK: Token
