@@ -140,6 +140,14 @@ public final class ModelContainer: Sendable {
     /// What `sqlite3_open_v2` (with `SQLITE_OPEN_URI`) opens to reach the database of configuration `name` from a
     /// connection of the caller's own: the file's path, or the `memdb` URI of an in-memory store (shared within this
     /// process while the container lives). `nil` for unknown names. For the simulator's checks of raw tables.
+    /// Gives up every store's file lock (``StoreFileLock``) as the kernel does when a process crashes, while the
+    /// container and its connections stay: the simulator keeps a crashed process's connections open (closing the last
+    /// one would checkpoint the WAL, which a crash does not), and a later migration must not find the locks held.
+    /// The container must not be used afterwards.
+    @_spi(Simulation) public func releaseStoreLocksAsAfterCrash() {
+        for store in stores { store.releaseFileLockAsAfterCrash() }
+    }
+
     @_spi(Simulation) public func sqliteOpenPath(of configurationName: String) -> String? {
         guard let store = stores.first(where: { $0.configuration.name == configurationName }) else { return nil }
         switch store.location {

@@ -44,6 +44,10 @@ final class Store: Sendable {
     /// For a store file: the shared lock this store holds while it exists, by which other processes and containers
     /// learn it is open (see ``StoreFileLock``).
     private let fileLock: StoreFileLock?
+
+    /// Gives up the store's file lock as a crash of this process would (the kernel drops it), keeping the connections
+    /// (see ``ModelContainer/releaseStoreLocksAsAfterCrash()``).
+    func releaseFileLockAsAfterCrash() { fileLock?.unlock() }
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 

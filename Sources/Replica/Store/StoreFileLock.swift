@@ -73,5 +73,11 @@ final class StoreFileLock: Sendable {
         }
     }
 
+    /// Gives the lock up while keeping the descriptor (what the kernel does for a process that crashed; the
+    /// simulator's crashed processes keep their connections open, but not their locks).
+    func unlock() {
+        while flock(descriptor, LOCK_UN) != 0 && errno == EINTR {}
+    }
+
     deinit { close(descriptor) }
 }

@@ -446,6 +446,8 @@ final class SimulationRun {
         process.observer = nil
         process.keptCopy = nil
         if process.stores.allSatisfy(usesFile), let container = process.container {
+            // The kernel drops a crashed process's store locks; its connections stay open here (see above).
+            container.releaseStoreLocksAsAfterCrash()
             graveyard.append(container)
             process.container = nil
         }
