@@ -146,6 +146,9 @@ enum StoreMigrator {
             try step(.didMigrate)
             do {
                 let db = try Connection(location: .file(copy))
+                if !configuration.isSynced {
+                    try dropRemovedAttributes(from: old, to: new, entities: Set(entityNames(new)), db)
+                }
                 try record(new.version, db)
                 try db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             }
@@ -166,6 +169,52 @@ enum StoreMigrator {
         }
         try removeDatabaseFiles(at: copy)
         try step(.replaced)
+    }
+
+    /// Drops the columns of the attributes `old` declares and `new` does not (neither by name nor as an
+    /// ``Schema/Attribute/originalName``) from the tables of `entities` — a lightweight stage's "drop" for a local
+    /// store (SwiftData deletes a removed attribute's data). With `secure_delete` on, so the freed space holds no
+    /// trace of the values (a removed attribute is often a sensitive one), and their recorded types go too, so a later
+    /// schema may declare the name again with any type and starts empty. A store that keeps sync bookkeeping (synced
+    /// once) keeps its columns: its cloud schema is additive-only. Entity tables a schema no longer declares are kept.
+    private static func dropRemovedAttributes(from old: Schema, to new: Schema, entities: Set<String>, _ db: Connection) throws {
+        if try !db.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_sync_record'").isEmpty { return }
+        var drops: [(entity: String, column: String)] = []
+        for entity in new.entities where entities.contains(entity.name) {
+            guard let before = old.entities.first(where: { $0.name == entity.name })
+                ?? entity.originalName.flatMap({ name in old.entities.first { $0.name == name } }) else { continue }
+            let kept = Set(entity.attributes.flatMap { [$0.name] + ($0.originalName.map { [$0] } ?? []) })
+            let relationships = Set(entity.relationships.map(\.name))
+            for attribute in before.attributes where !kept.contains(attribute.name) && !relationships.contains(attribute.name) {
+                drops.append((entity.name, attribute.name))
+            }
+        }
+        guard !drops.isEmpty else { return }
+        try db.execute("PRAGMA secure_delete = ON")
+        try db.execute("BEGIN IMMEDIATE")
+        do {
+            var types = try StoreAttributeTypes.read(db)
+            for (entity, column) in drops {
+                let columns = try db.rows("SELECT name FROM pragma_table_info(?)", [.text(entity)]).compactMap { row -> String? in
+                    if case let .text(name)? = row.first { return name } else { return nil }
+                }
+                guard columns.contains(column) else { continue }
+                // An index on the column (a uniqueness constraint the old schema declared) must go first.
+                for row in try db.rows("SELECT DISTINCT il.name FROM pragma_index_list(?) il, pragma_index_info(il.name) ii WHERE ii.name = ? AND il.origin = 'c'",
+                                       [.text(entity), .text(column)]) {
+                    if case let .text(index)? = row.first { try db.execute("DROP INDEX \(quoted(index))") }
+                }
+                try db.execute("ALTER TABLE \(quoted(entity)) DROP COLUMN \(quoted(column))")
+                types?[StoreAttributeTypes.key(entity, column)] = nil
+            }
+            if let types {
+                try db.run("UPDATE replica_metadata SET value = ? WHERE key = ?", [.text(StoreAttributeTypes.encode(types)), .text(StoreAttributeTypes.metadataKey)])
+            }
+            try db.execute("COMMIT")
+        } catch {
+            try? db.execute("ROLLBACK")
+            throw error
+        }
     }
 
     /// Deletes a database file and the files SQLite keeps beside it, where they exist.
