@@ -196,6 +196,11 @@ struct CloudSyncTests {
         #expect(await sync.state == .waitingForNetwork)
         #expect(await log.waitFor { $0 == .requestFailed(operation: "fetchZoneChanges", error: .networkUnavailable) })
         #expect(await log.waitFor { $0 == .stateChanged(.waitingForNetwork) })
+        // The state says so from the first failure on, not only once the bounded syncNow gave up (new-user trial F11).
+        let failures = log.all.enumerated().filter { if case .requestFailed = $0.element { true } else { false } }.map(\.offset)
+        let waiting = log.all.firstIndex(of: .stateChanged(.waitingForNetwork))
+        #expect(failures.count >= 2, "\(log.all)")
+        if failures.count >= 2, let waiting { #expect(waiting < failures[1], "\(log.all)") }
         // The network comes back: the runtime's retry (at the engine's backoff) uploads without being asked.
         cloud.offline.withLock { $0 = false }
         #expect(await eventually { device.clock.waiterCount > 0 })

@@ -45,6 +45,23 @@ struct UpsertTests {
         #expect(last.changes.first?.changedPersistentIdentifier == first.persistentModelID)
     }
 
+    @Test("an upsert writes every field of the inserted model, nil included, as SwiftData does; a partial change is an update")
+    func upsertWritesEveryField() throws {
+        let context = ModelContext(container)
+        let first = context.insert(User(email: "a@example.com", nickname: "ada"))
+        try context.save()
+        // The new model leaves nickname nil: the stored record's nickname is cleared, not kept.
+        context.insert(User(email: "a@example.com"))
+        try context.save()
+        #expect(try ModelContext(container).fetch(User.self) == [User(id: first.id, email: "a@example.com", nickname: nil)])
+        // To change some fields only, fetch by the key and update.
+        var stored = try #require(try context.fetch(FetchDescriptor<User>(predicate: #Predicate { $0.email == "a@example.com" })).first)
+        stored.nickname = "countess"
+        context.update(stored)
+        try context.save()
+        #expect(try ModelContext(container).fetch(User.self) == [User(id: first.id, email: "a@example.com", nickname: "countess")])
+    }
+
     @Test("an upsert from another context, and one that changes nothing, write nothing new")
     func upsertFromAnotherContextAndWithoutChanges() throws {
         let writer = ModelContext(container)

@@ -471,6 +471,10 @@ public actor CloudSync {
             case let .failure(error):
                 broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
                 if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
+                // The wait starts now, not when the pass ends (a bounded syncNow may retry several times first).
+                if error.isTransient, engine.wakeTime != nil {
+                    setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
+                }
             case .success:
                 break
             }
