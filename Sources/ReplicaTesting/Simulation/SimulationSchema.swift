@@ -26,9 +26,9 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
         /// The name the attribute had before schema version ``renamedSince`` (`nil`: never renamed; left out of the
         /// canonical JSON). App versions before it call the attribute by this name, later ones by ``name``. In a
         /// local-only store a later version declares ``name`` with this as its original name
-        /// (``Schema/Attribute/originalName``: the store renames the column when it opens). In a synced store the
+        /// (`Schema.Attribute.originalName`: the store renames the column when it opens). In a synced store the
         /// cloud field keeps this name forever: the library refuses an original name on a synced attribute
-        /// (``SchemaViolation/syncedRename(entity:member:originalName:)``) and an app renames only its Swift property,
+        /// (`SchemaViolation.syncedRename`) and an app renames only its Swift property,
         /// so every version declares this name to the library (see ``storedName(version:locallyRenamed:)``).
         public var renamedFrom: String?
         /// The schema version whose app calls the attribute ``name`` (`nil` without ``renamedFrom``).
