@@ -64,10 +64,13 @@ public final class ModelContext {
     /// The checks of the undo or redo this context is saving, if any (see ``ModelUndoManager``).
     var undoApplication: UndoApplication?
 
-    /// Creates a context on `container`.
-    public init(_ container: ModelContainer) {
+    /// Creates a context on `container`, belonging to the isolation domain of the code that creates it: `isolation`
+    /// is the caller's actor by default (`#isolation`; `nil` in nonisolated code). On an actor, the context can
+    /// autosave there (see ``autosaveEnabled``).
+    public init(_ container: ModelContainer, isolation: (any Actor)? = #isolation) {
         self.container = container
         self.connections = Array(repeating: nil, count: container.stores.count)
+        if let isolation { bindAutosave(enabled: false, scheduler: Self.autosaveScheduler(for: self, on: isolation)) }
     }
 
     /// Gives the context's connections back to their stores, for the next context or sync engine (see
