@@ -11,6 +11,31 @@ private func turns(until done: () -> Bool, limit: Int = 1_000) async {
 
 @Suite("Autosave")
 struct AutosaveTests {
+    @Test("autosaveEnabled on a context made with ModelContext(_:) on an actor autosaves at the end of that actor's turn")
+    @MainActor
+    func plainContextOnAnActor() async throws {
+        let container = try observationContainer()
+        let context = ModelContext(container)
+        context.autosaveEnabled = true
+        #expect(context.autosaveEnabled)
+        context.insert(OList(name: "Groceries"))
+        #expect(try ModelContext(container).fetchCount(FetchDescriptor<OList>()) == 0)
+        await turns(until: { !context.hasChanges })
+        #expect(!context.hasChanges)
+        #expect(try ModelContext(container).fetchCount(FetchDescriptor<OList>()) == 1)
+    }
+
+    @Test("autosaveEnabled on a context made in nonisolated code does not trap; it has no turn to save at, so it stays off")
+    func plainContextNonisolated() throws {
+        let container = try observationContainer()
+        let context = ModelContext(container)
+        context.autosaveEnabled = true
+        #expect(!context.autosaveEnabled)
+        context.insert(OList(name: "Groceries"))
+        try context.save()
+        #expect(try ModelContext(container).fetchCount(FetchDescriptor<OList>()) == 1)
+    }
+
     @Test("the main context saves at the end of the turn: every change of one synchronous stretch in one save")
     @MainActor
     func savesAtTheEndOfTheTurn() async throws {

@@ -7,8 +7,9 @@ struct AutosaveState {
     var isScheduled = false
     /// A save is running (an autosave waits for the next turn).
     var isSaving = false
-    /// How the context gets a turn of its own after the current one: set for ``ModelContainer/mainContext`` (a main
-    /// actor task) and for a ``DefaultSerialModelExecutor``'s context (a block on its queue); `nil` for other contexts.
+    /// How the context gets a turn of its own after the current one: for ``ModelContainer/mainContext`` a main actor
+    /// task, for a ``DefaultSerialModelExecutor``'s context a block on its queue, for a context made on an actor a task
+    /// on that actor; `nil` for a context made in nonisolated code.
     var scheduler: (@Sendable () -> Void)?
     var lastError: (any Error)?
     var errorHandler: ((any Error) -> Void)?
@@ -23,23 +24,35 @@ struct AutosaveState {
 // no clock are involved (a debounce would need one, and library code waits on no wall clock). Code that wants several
 // turns' changes in one save turns autosave off for them, or calls `save()` itself.
 
+/// A context and the actor it belongs to, held weakly for its autosave task. `@unchecked Sendable`: the context is
+/// only touched in a job isolated to that actor, the context's own isolation domain.
+final class AutosaveTarget: @unchecked Sendable {
+    weak var context: ModelContext?
+    weak var actor: (any Actor)?
+
+    init(context: ModelContext, actor: any Actor) {
+        self.context = context
+        self.actor = actor
+    }
+}
+
 extension ModelContext {
     /// Whether the context saves its changes by itself at the end of the current turn (see the comment in
     /// Autosave.swift): after a change is registered, the context saves once the code running in its isolation domain
     /// returns or suspends. On by default for ``ModelContainer/mainContext`` and off for other contexts, as in SwiftData.
     ///
-    /// Only contexts that know their isolation domain can autosave: the main context and a ``ModelActor``'s context
-    /// (made by a ``DefaultSerialModelExecutor``). Setting it on a context made with ``init(_:)``, which has no turn to
-    /// save at, traps (a programming error). An autosave that fails is reported through ``autosaveError`` and
+    /// A context autosaves in its isolation domain: the main context on the main actor, a ``ModelActor``'s context
+    /// on its executor, and a context made with ``init(_:isolation:)`` on the actor whose code made it (after that
+    /// actor's current job, as for the main context). A context made in nonisolated code has no turn to save at:
+    /// setting `autosaveEnabled` there has no effect (it stays `false`, nothing traps) and it saves when you call
+    /// ``save()``. A context handed (`sending`) to another domain keeps the one it was made in: enable autosave
+    /// only where the context was made. An autosave that fails is reported through ``autosaveError`` and
     /// ``autosaveErrorHandler``, and its changes stay pending.
     public var autosaveEnabled: Bool {
         get { autosave.isEnabled }
         set {
-            precondition(!newValue || autosave.scheduler != nil, "Replica: autosaveEnabled needs a context bound to an isolation "
-                + "domain (ModelContainer.mainContext, or a ModelActor's context through DefaultSerialModelExecutor); "
-                + "a context made with ModelContext(_:) saves when you call save()")
-            autosave.isEnabled = newValue
-            if newValue && hasChanges { scheduleAutosave() }
+            autosave.isEnabled = newValue && autosave.scheduler != nil
+            if autosave.isEnabled && hasChanges { scheduleAutosave() }
         }
     }
 
@@ -58,6 +71,20 @@ extension ModelContext {
     func bindAutosave(enabled: Bool, scheduler: @escaping @Sendable () -> Void) {
         autosave.scheduler = scheduler
         autosave.isEnabled = enabled
+    }
+
+    /// A scheduler that runs `context`'s scheduled autosave on `actor`, the isolation domain the context was made in,
+    /// after the actor's current job. It holds neither weakly.
+    static func autosaveScheduler(for context: ModelContext, on actor: any Actor) -> @Sendable () -> Void {
+        let target = AutosaveTarget(context: context, actor: actor)
+        return {
+            guard let actor = target.actor else { return }
+            Task { await runAutosave(of: target, on: actor) }
+        }
+    }
+
+    private static func runAutosave(of target: AutosaveTarget, on actor: isolated any Actor) {
+        target.context?.runScheduledAutosave()
     }
 
     /// Schedules one autosave at the end of the current turn (nothing when one is scheduled already).

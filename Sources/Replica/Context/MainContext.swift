@@ -10,7 +10,7 @@ final class MainContextSlot {
 
 extension ModelContainer {
     /// The context bound to the main actor (SwiftData's `mainContext`): one per container, made on first use, for the
-    /// UI's reads and writes. Unlike contexts made with ``ModelContext/init(_:)``, it saves by itself
+    /// UI's reads and writes. Unlike contexts made with ``ModelContext/init(_:isolation:)``, it saves by itself
     /// (``ModelContext/autosaveEnabled`` is on). Background work uses a ``ModelActor`` with a context of its own.
     ///
     /// The main context and the container keep each other alive (the context holds its container): a container

@@ -53,18 +53,24 @@ public final class ModelContext {
     /// Autosave settings and state (see Autosave.swift).
     var autosave = AutosaveState()
     /// Records each save of this context for undo and redo when set (SwiftData's `undoManager`; see
-    /// ``ModelUndoManager``: Foundation's `UndoManager` is not available on Linux). A manager serves one context.
+    /// ``ModelUndoManager``: Foundation's `UndoManager` is not available on Linux). One manager may serve several
+    /// contexts; setting another manager (or `nil`) makes the previous one forget this context's groups.
     public var undoManager: ModelUndoManager? {
         didSet {
-            precondition(undoManager?.context.map { $0 === self } ?? true, "Replica: a ModelUndoManager serves one context")
-            undoManager?.context = self
+            if oldValue !== undoManager { oldValue?.detach(self) }
+            undoManager?.attach(self)
         }
     }
+    /// The checks of the undo or redo this context is saving, if any (see ``ModelUndoManager``).
+    var undoApplication: UndoApplication?
 
-    /// Creates a context on `container`.
-    public init(_ container: ModelContainer) {
+    /// Creates a context on `container`, belonging to the isolation domain of the code that creates it: `isolation`
+    /// is the caller's actor by default (`#isolation`; `nil` in nonisolated code). On an actor, the context can
+    /// autosave there (see ``autosaveEnabled``).
+    public init(_ container: ModelContainer, isolation: (any Actor)? = #isolation) {
         self.container = container
         self.connections = Array(repeating: nil, count: container.stores.count)
+        if let isolation { bindAutosave(enabled: false, scheduler: Self.autosaveScheduler(for: self, on: isolation)) }
     }
 
     /// Gives the context's connections back to their stores, for the next context or sync engine (see
@@ -429,6 +435,7 @@ public final class ModelContext {
                 open.append(connection)
                 var writer = StoreWriter(store: container.stores[index], db: connection)
                 writer.capturesPreviousValues = undoManager != nil
+                writer.undoApplication = undoApplication
                 try writer.apply(byStore[index])
                 failures += writer.failures
                 upserts += writer.upserts

@@ -21,6 +21,10 @@ struct StoreWriter {
     var upserts: [(inserted: PersistentIdentifier, existing: PersistentIdentifier)] = []
     /// Whether updates keep the row they replaced in ``StoreChanges/previousValues`` (for undo).
     var capturesPreviousValues = false
+    /// Set while the save applies an undo or redo (see ``ModelUndoManager``): inserts are not upserted (a re-inserted
+    /// record is itself), updates of records that no longer exist are skipped, and fields that no longer hold the
+    /// value the undone save wrote are left alone; both are recorded in it.
+    var undoApplication: UndoApplication?
     /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
     private var deferredChecks: [DeferredCheck] = []
     /// What inserts of the entity written last need, looked up once per entity rather than once per row.
@@ -103,7 +107,7 @@ struct StoreWriter {
             }
         }
         // Inserts of a unique key an existing record holds update that record instead (SwiftData's upsert).
-        let batch = try resolveUpserts(batch)
+        let batch = undoApplication == nil ? try resolveUpserts(batch) : batch
         // Records whose unique keys must be checked once everything is written.
         var written: [Snapshot] = []
         changes.inserted.reserveCapacity(batch.count)
@@ -212,12 +216,25 @@ struct StoreWriter {
             }
         }()
         guard let current = row else {
+            if let undoApplication {
+                // Deleted by another writer since the save being undone: that part of the undo is skipped.
+                undoApplication.deletedRecords.append(snapshot.persistentModelID)
+                return nil
+            }
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
         let names = sql.fieldNames
         var changed: [Int] = []
         for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
             changed.append(i)
+        }
+        if let undoApplication, let expected = undoApplication.expected[snapshot.persistentModelID] {
+            // An undo sets a field back only while it holds what the undone save wrote: a newer edit is kept.
+            let kept = changed.filter { field in expected[field].map { current[field + 1] != $0 } ?? false }
+            if !kept.isEmpty {
+                changed.removeAll(where: kept.contains)
+                undoApplication.keptFields.append(.init(id: snapshot.persistentModelID, fields: kept.map { names[$0] }))
+            }
         }
         // For undo: the many-to-many members before this save's links are written.
         let linksBefore = capturesPreviousValues && !snapshot.toManyMembers.isEmpty ? try manyToManyMembers(of: snapshot.persistentModelID) : nil

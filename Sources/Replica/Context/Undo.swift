@@ -25,32 +25,83 @@ import Foundation
 /// many-to-many links sets every many-to-many relationship of that record back to its members before the save. In a
 /// synced store the restored links are a new local change, stamped and uploaded like any other (R17).
 ///
-/// **Limits.** To-one references a delete rule nullified are not restored. An undo that cannot be saved (a unique key taken meanwhile, a record
-/// deleted by another writer) throws the save's error, keeps the group on its stack and leaves the changes pending
-/// on the context (``ModelContext/rollback()`` them).
+/// **Undo never overwrites newer changes, and never leaves anything pending.** Other writers (another context,
+/// another process, a device through sync) may change or delete the group's records after its save. The undo's save
+/// checks, inside its write transaction:
+/// - a record the group updated that no longer exists (deleted elsewhere) is skipped, and the rest of the group is
+///   applied — as Core Data, where an undo applies to the objects that still exist; the record is reported in
+///   ``UndoResult/deletedRecords``;
+/// - a field is set back only where it still holds the value the group's save wrote; a field a newer edit changed
+///   keeps that edit (the stale-copy rule: an undo never writes an old value over another writer's change), reported
+///   in ``UndoResult/keptFields``;
+/// - a record the group deleted is inserted again as itself (its own ID), never upserted onto another record that
+///   took its unique key meanwhile: then the undo fails with the save's
+///   ``ModelValidationFailure/uniqueConstraintViolation(entity:attributes:id:)``.
 ///
-/// Not `Sendable`: it belongs to its context's isolation domain.
+/// An undo (or redo) whose inverse cannot be saved — a validation failure such as that unique key, a required
+/// relationship or a deny rule — throws the save's error, rolls back exactly the inverse's changes (the user's own
+/// pending edits were saved before it, so nothing of theirs is lost) and drops the group from the stack, so the
+/// groups before it stay reachable. A save that fails for another reason (``SQLiteError`` such as a busy database, a
+/// read-only store) also leaves nothing pending, but keeps the group, to be tried again.
+///
+/// **Contexts.** One manager may serve several contexts (SwiftUI's pattern: one undo manager for a window's contexts):
+/// each group undoes on the context whose saves it recorded, newest group first, whichever context it came from;
+/// ``undo()`` and ``redo()`` first save the pending changes of every context the manager serves. Setting a context's
+/// ``ModelContext/undoManager`` to another manager or `nil` forgets that context's groups. A group whose context is
+/// gone (deinitialized) is forgotten: a manager that outlives its contexts has nothing to undo (``canUndo`` is
+/// `false`, ``undo()`` does nothing).
+///
+/// **Limits.** To-one references a delete rule nullified are not restored. Many-to-many links are set back as they
+/// were before the save, without the per-field check.
+///
+/// Not `Sendable`: it belongs to its contexts' isolation domain.
 public final class ModelUndoManager {
     /// One record change of an undo group, in the form that undoes it.
     fileprivate enum Step {
         case delete(PersistentIdentifier)
         case insert(Snapshot)
-        case update(Snapshot, fields: Set<Int>)
+        /// The values to set back at `fields`, and the values the undone save wrote there (`wrote`): a field is set
+        /// back only while it still holds what the save wrote.
+        case update(Snapshot, fields: Set<Int>, wrote: [Int: SQLiteValue])
     }
 
-    /// The inverse of one or more saves, applied in order.
+    /// The inverse of one context's saves, applied in order in one save of that context.
+    fileprivate struct Part {
+        weak var context: ModelContext?
+        var steps: [Step]
+    }
+
+    /// The inverse of one or more saves (of one or more contexts), applied part by part.
     fileprivate struct Group {
-        var steps: [Step] = []
+        var parts: [Part] = []
+        /// Whether a context of the group is still alive.
+        var isLive: Bool { parts.contains { $0.context != nil } }
+
+        /// Adds the inverse of a newer save: it is applied first.
+        mutating func prepend(_ steps: [Step], of context: ModelContext) {
+            if let first = parts.first, first.context === context {
+                parts[0].steps.insert(contentsOf: steps, at: 0)
+            } else {
+                parts.insert(Part(context: context, steps: steps), at: 0)
+            }
+        }
+    }
+
+    /// A context the manager serves.
+    private struct Served {
+        weak var context: ModelContext?
     }
 
     private var undoStack: [Group] = []
     private var redoStack: [Group] = []
     private var openGroup: Group?
     private var openLevels = 0
-    /// The context whose ``ModelContext/undoManager`` this is (set by that property).
-    weak var context: ModelContext?
+    /// The contexts whose ``ModelContext/undoManager`` this is (kept by that property), in the order they were set.
+    private var served: [Served] = []
     private enum Mode { case normal, undoing, redoing }
     private var mode = Mode.normal
+    /// While ``undo()`` or ``redo()`` runs: the inverse of what its saves did, pushed onto the other stack at the end.
+    private var collecting: Group?
 
     /// Whether each save outside an explicit group is one undo group (the default). When `false`, only saves inside
     /// ``beginUndoGrouping()`` / ``endUndoGrouping()`` are recorded.
@@ -60,12 +111,13 @@ public final class ModelUndoManager {
         didSet { trim() }
     }
 
+    /// A manager serving no context yet: set it as a context's ``ModelContext/undoManager``.
     public init() {}
 
-    /// Whether there is a group to undo.
-    public var canUndo: Bool { !undoStack.isEmpty }
-    /// Whether there is an undone group to redo.
-    public var canRedo: Bool { !redoStack.isEmpty }
+    /// Whether there is a group to undo (of a context that still exists).
+    public var canUndo: Bool { undoStack.contains(where: \.isLive) }
+    /// Whether there is an undone group to redo (of a context that still exists).
+    public var canRedo: Bool { redoStack.contains(where: \.isLive) }
     /// Whether ``undo()`` is running.
     public var isUndoing: Bool { mode == .undoing }
     /// Whether ``redo()`` is running.
@@ -80,46 +132,47 @@ public final class ModelUndoManager {
         openLevels += 1
     }
 
-    /// Closes the group ``beginUndoGrouping()`` opened. Traps without an open group (a programming error).
+    /// Closes the group ``beginUndoGrouping()`` opened. Traps without an open group (a programming error, as
+    /// Foundation's `UndoManager` raises).
     public func endUndoGrouping() {
         precondition(openLevels > 0, "Replica: endUndoGrouping() without beginUndoGrouping()")
         openLevels -= 1
         if openLevels == 0, let group = openGroup {
             openGroup = nil
-            if !group.steps.isEmpty { push(group) }
+            if !group.parts.isEmpty { push(group) }
         }
     }
 
-    /// Undoes the newest group on the context this manager is the ``ModelContext/undoManager`` of: one save of the
-    /// group's inverse. Nothing without a group. Traps while a group is open, or when the manager belongs to no
-    /// context (programming errors).
-    /// Unsaved changes on the context are saved first, as their own group, and that group is the one undone.
-    /// - Throws: the save's error (of the unsaved changes: nothing is undone, they stay pending; of the inverse: the
-    ///   group stays to be undone and its inverse stays pending on the context).
-    public func undo() throws {
+    /// Undoes the newest group: one save of the group's inverse on the context whose saves it recorded (one per
+    /// context, for a group of several contexts). Nothing without a group (also when its contexts are gone). Traps
+    /// while a group is open (a programming error, as Foundation's `UndoManager` raises).
+    ///
+    /// Unsaved changes on the contexts the manager serves are saved first, as their own groups, and the newest of
+    /// them is the one undone. Records deleted and fields changed by other writers since the group's save are left
+    /// alone (see the type's documentation) and reported in the result.
+    /// - Returns: what the undo left alone (``UndoResult/isComplete`` when it set everything back).
+    /// - Throws: the save's error. Of the unsaved changes: nothing is undone, they stay pending. Of the inverse:
+    ///   nothing of the inverse stays pending; after a validation failure (``ReplicaError/modelValidationFailure(_:)``,
+    ///   e.g. a unique key another record took) the group is dropped, after any other error it stays to be undone.
+    @discardableResult
+    public func undo() throws -> UndoResult {
         precondition(openLevels == 0, "Replica: undo() while an undo group is open; call endUndoGrouping() first")
-        let context = attachedContext()
-        if context.hasChanges { try context.save() }
-        guard let group = undoStack.last else { return }
-        mode = .undoing
-        defer { mode = .normal }
-        try apply(group, to: context)
-        undoStack.removeLast()
+        try savePendingChanges()
+        guard let group = popLive(&undoStack) else { return UndoResult() }
+        return try run(group, mode: .undoing) { undoStack.append($0) }
     }
 
-    /// Redoes the newest undone group: one save of the undo's inverse. Nothing without one. Traps as ``undo()``.
-    /// Unsaved changes on the context are saved first: a new change, which clears the redo stack as any save does,
-    /// so nothing is redone then.
-    /// - Throws: the save's error; the group stays to be redone.
-    public func redo() throws {
+    /// Redoes the newest undone group: one save of the undo's inverse, with the same checks as ``undo()``. Nothing
+    /// without one. Traps as ``undo()``. Unsaved changes on the contexts are saved first: a new change, which clears
+    /// the redo stack as any save does, so nothing is redone then.
+    /// - Returns: what the redo left alone.
+    /// - Throws: as ``undo()``; the group stays to be redone unless the error is a validation failure.
+    @discardableResult
+    public func redo() throws -> UndoResult {
         precondition(openLevels == 0, "Replica: redo() while an undo group is open; call endUndoGrouping() first")
-        let context = attachedContext()
-        if context.hasChanges { try context.save() }
-        guard let group = redoStack.last else { return }
-        mode = .redoing
-        defer { mode = .normal }
-        try apply(group, to: context)
-        redoStack.removeLast()
+        try savePendingChanges()
+        guard let group = popLive(&redoStack) else { return UndoResult() }
+        return try run(group, mode: .redoing) { redoStack.append($0) }
     }
 
     /// Forgets every undo and redo group.
@@ -129,20 +182,105 @@ public final class ModelUndoManager {
         openGroup = openGroup.map { _ in Group() }
     }
 
-    private func attachedContext() -> ModelContext {
-        guard let context else { preconditionFailure("Replica: this ModelUndoManager is no context's undoManager") }
-        return context
+    /// Starts serving `context` (its ``ModelContext/undoManager`` was set to this manager).
+    func attach(_ context: ModelContext) {
+        served.removeAll { $0.context == nil }
+        if !served.contains(where: { $0.context === context }) { served.append(Served(context: context)) }
     }
 
-    private func apply(_ group: Group, to context: ModelContext) throws {
-        for step in group.steps {
+    /// Stops serving `context` and forgets its groups (its ``ModelContext/undoManager`` was set to another one).
+    func detach(_ context: ModelContext) {
+        served.removeAll { $0.context == nil || $0.context === context }
+        func forget(_ stack: inout [Group]) {
+            for index in stack.indices { stack[index].parts.removeAll { $0.context == nil || $0.context === context } }
+            stack.removeAll { $0.parts.isEmpty }
+        }
+        forget(&undoStack)
+        forget(&redoStack)
+        if openGroup != nil { openGroup!.parts.removeAll { $0.context === context } }
+    }
+
+    /// Whether the manager serves `context`.
+    func serves(_ context: ModelContext) -> Bool { served.contains { $0.context === context } }
+
+    private func savePendingChanges() throws {
+        served.removeAll { $0.context == nil }
+        for entry in served {
+            if let context = entry.context, context.hasChanges { try context.save() }
+        }
+    }
+
+    /// Removes and returns the newest group of `stack` whose contexts are not all gone (dropping those that are).
+    private func popLive(_ stack: inout [Group]) -> Group? {
+        while let group = stack.popLast() {
+            if group.isLive { return group }
+        }
+        return nil
+    }
+
+    /// Applies `group` in `mode`; on an error that is no validation failure and before any part was saved, gives
+    /// the group back to `restore`.
+    private func run(_ group: Group, mode: Mode, restore: (Group) -> Void) throws -> UndoResult {
+        self.mode = mode
+        collecting = Group()
+        var savedParts = 0
+        defer {
+            let inverse = collecting
+            collecting = nil
+            self.mode = .normal
+            if let inverse, !inverse.parts.isEmpty {
+                if mode == .undoing { redoStack.append(inverse) } else { undoStack.append(inverse) }
+                trim()
+            }
+        }
+        var result = UndoResult()
+        do {
+            for part in group.parts {
+                guard let context = part.context else { continue }
+                try apply(part.steps, to: context, into: &result)
+                savedParts += 1
+            }
+        } catch {
+            if savedParts == 0, !Self.isValidationFailure(error) { restore(group) }
+            throw error
+        }
+        return result
+    }
+
+    private static func isValidationFailure(_ error: any Error) -> Bool {
+        switch error as? ReplicaError {
+        case .modelValidationFailure?, .recordNotFound?, .partialSave?: return true
+        default: return false
+        }
+    }
+
+    /// One save of `steps` on `context` (which has no pending changes), checked as the type's documentation says.
+    /// On an error the steps' changes are rolled back: nothing stays pending.
+    private func apply(_ steps: [Step], to context: ModelContext, into result: inout UndoResult) throws {
+        let application = UndoApplication()
+        for step in steps {
             switch step {
             case let .delete(id): context.delete(id)
             case let .insert(snapshot): context.registerInsert(snapshot)
-            case let .update(snapshot, fields): context.registerUpdate(snapshot, fields: fields)
+            case let .update(snapshot, fields, wrote):
+                let id = snapshot.persistentModelID
+                // The newest save's values are what the store holds now (steps run newest save first).
+                for (field, value) in wrote where application.expected[id]?[field] == nil {
+                    application.expected[id, default: [:]][field] = value
+                }
+                context.registerUpdate(snapshot, fields: fields)
             }
         }
-        try context.save()
+        context.undoApplication = application
+        defer { context.undoApplication = nil }
+        do {
+            try context.save()
+        } catch {
+            context.rollback()
+            throw error
+        }
+        for id in application.deletedRecords where !result.deletedRecords.contains(id) { result.deletedRecords.append(id) }
+        result.keptFields += application.keptFields
     }
 
     private func push(_ group: Group) {
@@ -169,12 +307,16 @@ public final class ModelUndoManager {
             steps += Self.inverse(of: changes, in: context)
         }
         guard !steps.isEmpty else { return }
+        if mode != .normal, collecting != nil {
+            collecting?.prepend(steps, of: context)
+            return
+        }
         if mode == .normal, openLevels > 0 {
-            openGroup?.steps.insert(contentsOf: steps, at: 0)
+            openGroup?.prepend(steps, of: context)
             return
         }
         if mode == .normal && !groupsByEvent { return }
-        push(Group(steps: steps))
+        push(Group(parts: [Part(context: context, steps: steps)]))
     }
 
     /// The changes that undo `changes`: deletes of what it inserted, inserts of what it deleted (with the values
@@ -191,9 +333,13 @@ public final class ModelUndoManager {
             let links = changes.previousLinks[index]
             guard !fields.isEmpty || links != nil else { continue }
             var restored = after
-            for field in fields where field < before.count { restored.values[field] = before[field] }
+            var wrote: [Int: SQLiteValue] = [:]
+            for field in fields where field < before.count {
+                wrote[field] = after.values[field]
+                restored.values[field] = before[field]
+            }
             if let links { restored.toManyMembers = links }
-            steps.append(.update(restored, fields: fields))
+            steps.append(.update(restored, fields: fields, wrote: wrote))
         }
         for snapshot in changes.inserted.reversed() { steps.append(.delete(snapshot.persistentModelID)) }
         for record in changes.deleted.reversed() where !record.values.isEmpty {
@@ -202,4 +348,43 @@ public final class ModelUndoManager {
         }
         return steps
     }
+}
+
+/// What an ``ModelUndoManager/undo()`` or ``ModelUndoManager/redo()`` left alone because other writers changed the
+/// group's records after its save (see ``ModelUndoManager``).
+public struct UndoResult: Sendable, Hashable {
+    /// Fields of one record that a newer edit changed, so the undo kept that edit.
+    public struct KeptFields: Sendable, Hashable {
+        /// The record.
+        public var id: PersistentIdentifier
+        /// The fields' names (stored names), in schema order.
+        public var fields: [String]
+
+        /// Fields `fields` of record `id`.
+        public init(id: PersistentIdentifier, fields: [String]) {
+            self.id = id
+            self.fields = fields
+        }
+    }
+
+    /// Records the group changed that another writer deleted since: their part was skipped.
+    public var deletedRecords: [PersistentIdentifier] = []
+    /// Fields that another writer changed since the group's save: they keep that writer's value.
+    public var keptFields: [KeptFields] = []
+
+    /// A result with nothing left alone.
+    public init() {}
+
+    /// Whether the undo (or redo) set everything back: nothing was deleted or changed by another writer.
+    public var isComplete: Bool { deletedRecords.isEmpty && keptFields.isEmpty }
+}
+
+/// The checks of one undo (or redo) save, shared with the writers of its stores (see ``ModelUndoManager``).
+final class UndoApplication {
+    /// The values the undone save wrote, by record and field index: a field is set back only while it holds them.
+    var expected: [PersistentIdentifier: [Int: SQLiteValue]] = [:]
+    /// Updated records that no longer exist (skipped).
+    var deletedRecords: [PersistentIdentifier] = []
+    /// Fields left alone because they no longer hold what the undone save wrote.
+    var keptFields: [UndoResult.KeptFields] = []
 }
