@@ -15,8 +15,20 @@ public protocol VersionedSchema: SendableMetatype {
 }
 
 extension VersionedSchema {
-    /// The schema of ``models`` at ``versionIdentifier``.
-    public static var schema: Schema { Schema(models, version: versionIdentifier) }
+    /// The schema of ``models`` at ``versionIdentifier`` (``Schema/init(versionedSchema:)``).
+    public static var schema: Schema { Schema(versionedSchema: self) }
+}
+
+extension Schema {
+    /// The schema of a versioned schema's models at its version (SwiftData's `Schema(versionedSchema:)`).
+    ///
+    /// A container that creates a store from it — with or without a migration plan, say in a widget or an app
+    /// extension — records its version in the store, so a plan opening the store later runs no stage that the store's
+    /// tables are past already.
+    public init(versionedSchema: any VersionedSchema.Type) {
+        self.init(versionedSchema.models, version: versionedSchema.versionIdentifier)
+        isVersioned = true
+    }
 }
 
 /// How a store moves from each schema version to the next (SwiftData's `SchemaMigrationPlan`).

@@ -25,8 +25,10 @@ enum MigrationStep: String, Sendable, Hashable, CaseIterable {
 /// of the store's configuration: history transactions, and in a synced store new changes with new stamps that
 /// replicate like any other (another device on an older schema version keeps fields it does not know, R9).
 ///
-/// A store without a recorded version (created by a container without a plan, or before versions were recorded) is
-/// taken to be at the plan's first schema. Only a store no other process or container has open is migrated: the
+/// A store without a recorded version (created by a container without a plan from a schema that is no versioned
+/// schema's, or before versions were recorded) is taken to be at the plan's first schema — unless its tables are
+/// past it (see ``StoreLayoutMatch``): then it is at the earliest later schema whose layout they have, or, matching
+/// none, a load issue. A recorded version whose tables are past it is treated alike. Only a store no other process or container has open is migrated: the
 /// migration holds the store's lock exclusively (``StoreFileLock``) from before the first stage to after the last,
 /// and throws ``ReplicaError/storeInUse(configuration:reason:)`` without changing anything when it cannot have it.
 enum StoreMigrator {
@@ -46,25 +48,31 @@ enum StoreMigrator {
         let copy = URL(fileURLWithPath: url.path + ".migrating")
         guard FileManager.default.fileExists(atPath: url.path) else { return }
         let recorded: Schema.Version?
+        let start: Int
         do {
-            recorded = try recordedVersion(Connection(location: .file(url), readOnly: true))
+            let db = try Connection(location: .file(url), readOnly: true)
+            recorded = try recordedVersion(db)
+            let current = plan.current.version
+            let claimed: Int
+            if let recorded {
+                if recorded == current { return }
+                if recorded > current {
+                    throw loadIssue("the store is at schema version \(recorded), newer than this app's latest schema version \(current)")
+                }
+                guard let index = plan.schemas.firstIndex(where: { $0.version == recorded }) else {
+                    throw loadIssue("the store is at schema version \(recorded), which the migration plan does not list (it lists \(plan.schemas.map(\.version.description).joined(separator: ", ")))")
+                }
+                claimed = index
+            } else {
+                claimed = 0
+            }
+            start = try StoreLayoutMatch.start(db, plan: plan, entityNames: entityNames, claimed: claimed, recorded: recorded)
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
+        } catch let error as StoreLayoutError {
+            throw loadIssue(error.reason)
         }
         let current = plan.current.version
-        let start: Int
-        if let recorded {
-            if recorded == current { return }
-            if recorded > current {
-                throw loadIssue("the store is at schema version \(recorded), newer than this app's latest schema version \(current)")
-            }
-            guard let index = plan.schemas.firstIndex(where: { $0.version == recorded }) else {
-                throw loadIssue("the store is at schema version \(recorded), which the migration plan does not list (it lists \(plan.schemas.map(\.version.description).joined(separator: ", ")))")
-            }
-            start = index
-        } else {
-            start = 0
-        }
         guard start < plan.stages.count else { return }
         guard configuration.allowsSave else {
             throw loadIssue("the read-only store is at schema version \(plan.schemas[start].version); migrating it to \(current) needs a writable store")
@@ -90,6 +98,8 @@ enum StoreMigrator {
             now = try recordedVersion(Connection(location: .file(url), readOnly: true))
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
+        } catch let error as StoreLayoutError {
+            throw loadIssue(error.reason)
         }
         guard now == recorded else {
             throw ReplicaError.storeInUse(configuration: configuration.name,
@@ -138,6 +148,9 @@ enum StoreMigrator {
                 try willMigrate(ModelContext(try container(old)))
             }
             try step(.willMigrate)
+            // The new schema's open renames through original names; it knows the stage's old schema, so a swap of
+            // two names is made here, once (see StoreRenames).
+            staged.migrationSource = old
             let migrated = try container(new)
             try step(.schemaChanged)
             if let didMigrate = stage.didMigrate {
@@ -156,6 +169,9 @@ enum StoreMigrator {
         } catch let error as SQLiteError {
             try? removeDatabaseFiles(at: copy)
             throw loadIssue("migration stage \(old.version) → \(new.version): \(error.description)")
+        } catch let error as StoreLayoutError {
+            try? removeDatabaseFiles(at: copy)
+            throw loadIssue("migration stage \(old.version) → \(new.version): \(error.reason)")
         } catch {
             try? removeDatabaseFiles(at: copy)
             throw error

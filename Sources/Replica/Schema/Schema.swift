@@ -33,6 +33,10 @@ public struct Schema: Sendable, Hashable, Codable {
     /// (``ModelDeclarationMismatch``); empty for a schema of explicit entity descriptions or a decoded one. Found when
     /// the schema is built from model types, reported when a container opens. Not part of equality or coding.
     var declarationMismatches: [ModelDeclarationMismatch] = []
+    /// Whether the schema is a ``VersionedSchema``'s (``init(versionedSchema:)``, ``VersionedSchema/schema``): a
+    /// store a container creates from it records its version, so a migration plan opening the store later knows it is
+    /// at that version already. Not part of equality or coding.
+    var isVersioned = false
 
     private enum CodingKeys: String, CodingKey { case version, entities }
 

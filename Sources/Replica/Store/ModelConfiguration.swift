@@ -45,6 +45,10 @@ public struct ModelConfiguration: Sendable, Hashable {
     /// stores need their history (sync imports and other processes are observed through it): a container refuses
     /// them with ``ReplicaError/loadIssueModelContainer(configuration:reason:)`` when it is off.
     public var tracksHistory = true
+    /// Set by a migration stage on the configuration of the store copy it opens at the stage's new schema: the
+    /// stage's old schema, by which renames through original names tell a swap to make from one made already (see
+    /// ``StoreRenames``). Internal.
+    var migrationSource: Schema?
 
     /// A configuration whose file lives in the environment's default store directory or, with `groupContainer`,
     /// in the app group's shared directory.

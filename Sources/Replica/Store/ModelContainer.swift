@@ -100,7 +100,8 @@ public final class ModelContainer: Sendable {
         self.storeIndexByEntity = storeIndexByEntity
         let stores = try configurations.enumerated().map { i, configuration in
             try Store(configuration: configuration, entities: entitiesByConfiguration[i].compactMap(schema.entity(named:)),
-                      schemaVersion: schema.version, environment: environment)
+                      schemaVersion: schema.version, recordsVersion: schema.isVersioned,
+                      migrationSource: configuration.migrationSource, environment: environment)
         }
         self.stores = stores
         self.changeHub = ChangeHub(stores: stores, environment: environment)

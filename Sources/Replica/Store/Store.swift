@@ -53,9 +53,14 @@ final class Store: Sendable {
 
     /// Opens (creating if needed) the store and brings its tables up to `entities`.
     /// - Throws: ``ReplicaError/loadIssueModelContainer(configuration:reason:)``.
-    /// - Parameter schemaVersion: the version of the schema opening the store; a store that a migration plan
-    ///   migrated to a later version (``recordedSchemaVersion(_:)``) is refused.
-    init(configuration: ModelConfiguration, entities: [Schema.Entity], schemaVersion: Schema.Version, environment: ReplicaEnvironment) throws {
+    /// - Parameters:
+    ///   - schemaVersion: the version of the schema opening the store; a store that a migration plan migrated to a
+    ///     later version, or that a later versioned schema created (``recordedSchemaVersion(_:)``), is refused.
+    ///   - recordsVersion: whether a store created now records `schemaVersion` (the schema is a ``VersionedSchema``'s).
+    ///   - migrationSource: when the store opens as a migration stage's new schema, the stage's old schema (see
+    ///     ``StoreRenames``).
+    init(configuration: ModelConfiguration, entities: [Schema.Entity], schemaVersion: Schema.Version, recordsVersion: Bool = false,
+         migrationSource: Schema? = nil, environment: ReplicaEnvironment) throws {
         var recycled: Connection?
         self.configuration = configuration
         self.entities = entities
@@ -105,7 +110,7 @@ final class Store: Sendable {
             // A store a migration plan took past this schema's version holds what an older build cannot know (renamed
             // columns, transformed values): opening it would add the old columns back and read defaults.
             if recycled == nil, let recorded = try Self.recordedSchemaVersion(connection), recorded > schemaVersion {
-                throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a migration plan of a newer app version migrated it); this is an older build of the app — update it")
+                throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a newer app version migrated or created it); this is an older build of the app — update it")
             }
             var isNew = false
             if configuration.allowsSave {
@@ -128,6 +133,8 @@ final class Store: Sendable {
                 (identity, isNew, tracksSync) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
                                                                  sharedFile: !configuration.isStoredInMemoryOnly,
                                                                  appGroup: configuration.groupContainer != .none,
+                                                                 recordVersion: recordsVersion ? schemaVersion : nil,
+                                                                 migrationSource: migrationSource,
                                                                  takeExclusive: takeExclusive, environment: environment)
                 if exclusive, let fileLock {
                     do {
@@ -160,15 +167,29 @@ final class Store: Sendable {
         }
     }
 
-    /// The schema version a migration plan recorded in the store (`replica_metadata['schema_version']`), `nil` when
-    /// it has none.
-    /// - Throws: `SQLiteError` when it cannot be read or is not a version.
+    /// The schema version recorded in the store (`replica_metadata['schema_version']`, by a migration plan or by the
+    /// container that created the store from a versioned schema), `nil` when it has none.
+    /// - Throws: `SQLiteError` when it cannot be read; ``StoreLayoutError`` when the recorded value is damaged: not
+    ///   text (an integer, a blob, NULL), or text that is not a version (`major.minor.patch`, decimal digits only,
+    ///   no spaces).
     static func recordedSchemaVersion(_ db: Connection) throws -> Schema.Version? {
         guard try db.scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_metadata')") == .integer(1),
-              case let .text(text)? = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'schema_version'") else { return nil }
-        let parts = text.split(separator: ".", omittingEmptySubsequences: false).map { Int($0) }
-        guard parts.count == 3, let major = parts[0], let minor = parts[1], let patch = parts[2] else {
-            throw SQLiteError(extendedResultCode: 1, message: "the store's recorded schema version '\(text)' is not a version")
+              let value = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'schema_version'") else { return nil }
+        func damaged(_ shown: String) -> StoreLayoutError {
+            StoreLayoutError(reason: "its schema-version bookkeeping value (replica_metadata 'schema_version') is damaged: it holds \(shown), not a version such as 1.0.0; it cannot tell which migration stages ran — restore the store file from a backup, or set the value to the version its tables are at")
+        }
+        guard case let .text(text) = value else {
+            switch value {
+            case let .integer(number): throw damaged("the integer \(number)")
+            case let .real(number): throw damaged("the number \(number)")
+            case let .blob(bytes): throw damaged("a \(bytes.count)-byte blob")
+            default: throw damaged("NULL")
+            }
+        }
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        let numbers = parts.map { part in part.allSatisfy { ("0"..."9").contains($0) } && part.count <= 9 ? Int(part) : nil }
+        guard numbers.count == 3, let major = numbers[0], let minor = numbers[1], let patch = numbers[2] else {
+            throw damaged(text.isEmpty ? "empty text" : "the text '\(text)'")
         }
         return Schema.Version(major, minor, patch)
     }
@@ -296,7 +317,7 @@ final class Store: Sendable {
     /// app-group store (`appGroup`), which processes of several app versions share at once, tables whose columns lack
     /// their SQL defaults are rebuilt (a copy of each such table, once).
     private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool, appGroup: Bool,
-                                takeExclusive: () throws -> Void,
+                                recordVersion: Schema.Version?, migrationSource: Schema?, takeExclusive: () throws -> Void,
                                 environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool) {
         let entities = layout.entities, synced = layout.synced
         return try db.transaction(.immediate) {
@@ -316,6 +337,12 @@ final class Store: Sendable {
                 } else {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?), ('attribute_types', ?)",
                                     [identity.sqliteValue, types], cache: false)
+                }
+                // Created from a versioned schema: the store is at its version (with or without a migration plan), so
+                // a plan opening it later runs no stage it is past (see StoreMigrator).
+                if let recordVersion {
+                    _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('schema_version', ?)",
+                                    [.text(recordVersion.description)], cache: false)
                 }
                 return (identity, true, synced)
             }
@@ -337,7 +364,8 @@ final class Store: Sendable {
                 for entity in entities {
                     let table = quoted(entity.name)
                     // Renames through original names (local stores; synced entities cannot declare them).
-                    try StoreRenames.renameTable(of: entity, db, recordedTypes: &recordedTypes, tracksSync: tracked, takeExclusive: takeExclusive)
+                    try StoreRenames.renameTable(of: entity, in: entities, db, recordedTypes: &recordedTypes, tracksSync: tracked,
+                                                 stageSource: migrationSource, takeExclusive: takeExclusive)
                     // Each existing column with the text of its SQL default (`nil`: none).
                     var existing: [String: String?] = [:]
                     for row in try db.rows("SELECT name, dflt_value FROM pragma_table_info(?)", [.text(entity.name)]) {
@@ -351,7 +379,7 @@ final class Store: Sendable {
                     } else {
                         if !environment.canaries.contains(.renameAddsColumn) {
                             try StoreRenames.renameColumns(of: entity, db, existing: &existing, recordedTypes: &recordedTypes, tracksSync: tracked,
-                                                          takeExclusive: takeExclusive)
+                                                          stageSource: migrationSource, takeExclusive: takeExclusive)
                         }
                         try checkLayout(of: entity, db, recordedTypes: recordedTypes, synced: synced)
                         // Lightweight migration: add columns for new attributes and references, each with its declared
