@@ -243,13 +243,16 @@ final class AssetStore: Sendable {
 
     // MARK: Garbage
 
-    /// The hashes the committed state of the store references: every TEXT value of an external-storage column of
-    /// `entities`, and every reference inside a history tombstone.
+    /// The hashes the committed state of the store references: every reference in a BLOB-declared column of the
+    /// tables of `entities` (the external-storage columns, and columns of data attributes an earlier schema had:
+    /// their values are kept, so their files are too), and every reference inside a history tombstone.
     static func referencedHashes(_ db: Connection, entities: [Schema.Entity]) throws -> Set<String> {
         var hashes = Set<String>()
         for entity in entities {
-            for attribute in entity.attributes where attribute.options.contains(.externalStorage) && attribute.type == .data {
-                let column = quoted(attribute.name)
+            let columns = try db.rows("SELECT name FROM pragma_table_info(?) WHERE type = 'BLOB' AND name <> 'id' ORDER BY cid",
+                                      [.text(entity.name)], cache: false)
+            for case let .text(name) in columns.map({ $0[0] }) {
+                let column = quoted(name)
                 for row in try db.rows("SELECT \(column) FROM \(quoted(entity.name)) WHERE typeof(\(column)) = 'text'", cache: false) {
                     if case let .text(text) = row[0], let (hash, _) = parse(text) { hashes.insert(hash) }
                 }

@@ -155,8 +155,10 @@ final class Store: Sendable {
                 entity.attributes.indices.filter { entity.attributes[$0].options.contains(.externalStorage) && entity.attributes[$0].type == .data }
             }
             // Files a save wrote before it crashed (or rolled back) are referenced by no committed row: removed now.
+            // Best effort: while another process holds the write lock past the busy timeout, the next collection
+            // removes them instead.
             if let assets, configuration.allowsSave, externalFields.contains(where: { !$0.isEmpty }) {
-                try assets.collectGarbage(connection, entities: entities)
+                _ = try? assets.collectGarbage(connection, entities: entities)
             }
             // The connection that created an in-memory store keeps it alive, and is the first one handed out.
             idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
