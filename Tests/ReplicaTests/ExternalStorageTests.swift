@@ -227,6 +227,24 @@ struct ExternalStorageTests {
         #expect(try context.fetch(FetchDescriptor<Scan>()).map(\.image) == [kept])
     }
 
+    @Test("a file referenced from a column an earlier schema's attribute left behind is kept")
+    func leftoverColumnKeepsFile() throws {
+        let old = bytes(12_000, seed: 14)
+        let id: UUID
+        do {
+            let context = ModelContext(try container())
+            id = context.insert(Scan(title: "o", image: bytes(100, seed: 15))).id
+            try context.save()
+        }
+        // As an earlier schema with a data attribute `scan` (no longer declared) would have left the table.
+        let db = try rawConnection(storeURL)
+        try db.execute("ALTER TABLE \"Scan\" ADD COLUMN \"scan\" BLOB")
+        try db.run("UPDATE \"Scan\" SET \"scan\" = ? WHERE id = ?", [.text(AssetStore.reference(for: old)), id.sqliteValue])
+        try old.write(to: assetDirectory.appendingPathComponent(sha256(old)))
+        _ = try container(seed: 2)
+        #expect(assetFiles() == [sha256(old), sha256(bytes(100, seed: 15))].sorted())
+    }
+
     @Test("a save that fails validation removes the files it wrote")
     func failedSave() throws {
         let context = ModelContext(try container())
