@@ -151,8 +151,10 @@ struct ModelTests {
         let db = try rawConnection(directory.storeURL())
         let row = try #require(try db.rows(#"SELECT "string", "data", "optionalString", "optionalData", "optionalInt" FROM "Everything" WHERE "id" = ?"#,
                                            [model.id.sqliteValue]).first)
-        #expect(row == [.text(""), .blob(Data()), .text(""), .blob(Data()), .null])
+        // `data` is marked external storage: the row references an empty file (see Specs/external-storage.md).
+        #expect(row == [.text(""), .text(AssetStore.reference(for: Data())), .text(""), .blob(Data()), .null])
         let fetched = try #require(try ModelContext(container).model(Everything.self, id: model.id))
+        #expect(fetched.data == Data())
         #expect(fetched.optionalString == "")
         #expect(fetched.optionalData == Data())
         #expect(fetched.optionalInt == nil)

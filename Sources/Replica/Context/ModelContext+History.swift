@@ -109,7 +109,7 @@ extension ModelContext {
                 }
                 return try HistoryLog.fetch(descriptor, storeName: store.configuration.name, identity: store.identity, db: db)
             }
-            result += transactions.map { (index, $0.describingTombstones(with: store.entities)) }
+            result += transactions.map { (index, $0.describingTombstones(with: store.entities, assets: store.assets)) }
         }
         guard indices.count > 1 else { return result.map(\.transaction) }
         result.sort { a, b in
@@ -133,7 +133,10 @@ extension ModelContext {
         guard let index = container.stores.firstIndex(where: { $0.identity == token.storeIdentity }) else {
             throw ReplicaError.historyTokenFromAnotherStore(token)
         }
-        return try HistoryLog.prune(throughToken: token.value, before: nil, db: connection(for: index))
+        let removed = try HistoryLog.prune(throughToken: token.value, before: nil, db: connection(for: index))
+        // Tombstones that named external-storage files may be gone: their files with them.
+        if removed > 0 { collectAssetGarbage(in: [index]) }
+        return removed
     }
 
     /// Deletes, in every store, the history transactions saved before `date`.
@@ -142,7 +145,9 @@ extension ModelContext {
     public func deleteHistory(before date: Date) throws -> Int {
         var removed = 0
         for index in container.stores.indices where container.stores[index].configuration.allowsSave {
-            removed += try HistoryLog.prune(throughToken: nil, before: date, db: connection(for: index))
+            let count = try HistoryLog.prune(throughToken: nil, before: date, db: connection(for: index))
+            if count > 0 { collectAssetGarbage(in: [index]) }
+            removed += count
         }
         return removed
     }

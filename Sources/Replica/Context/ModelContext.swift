@@ -420,6 +420,9 @@ public final class ModelContext {
         var failures: [ModelValidationFailure] = []
         var saved: [StoreChanges] = []
         var upserts: [(inserted: PersistentIdentifier, existing: PersistentIdentifier)] = []
+        /// Stores whose external-storage files may hold garbage: once committed (references dropped), or if the save
+        /// does not commit (files written).
+        var assetGarbageIfCommitted: [Int] = [], assetGarbageIfRolledBack: [Int] = []
         /// The history token each store's transaction records (announced to the change hub before the commit).
         var tokens: [Int64?] = []
         let hub = container.changeHub
@@ -436,6 +439,10 @@ public final class ModelContext {
                 var writer = StoreWriter(store: container.stores[index], db: connection)
                 writer.capturesPreviousValues = undoManager != nil
                 writer.undoApplication = undoApplication
+                defer {
+                    if writer.droppedAssetReferences { assetGarbageIfCommitted.append(index) }
+                    if writer.wroteAssetFiles { assetGarbageIfRolledBack.append(index) }
+                }
                 try writer.apply(byStore[index])
                 failures += writer.failures
                 upserts += writer.upserts
@@ -456,11 +463,13 @@ public final class ModelContext {
         } catch {
             open.forEach { $0.rollback() }
             abandonTokens()
+            collectAssetGarbage(in: assetGarbageIfRolledBack)
             throw error
         }
         if !failures.isEmpty {
             open.forEach { $0.rollback() }
             abandonTokens()
+            collectAssetGarbage(in: assetGarbageIfRolledBack)
             throw ReplicaError.modelValidationFailure(failures)
         }
         var committed: [Int] = []
@@ -468,6 +477,8 @@ public final class ModelContext {
             do {
                 for index in affected { try hook(.beforeCommit(store: container.stores[index].configuration.name)) }
             } catch {
+                // A fault here stands for a crash before the commit: the files it wrote stay until a collection
+                // (the next open of the store, or a save that drops references), as after a real crash.
                 open.forEach { $0.rollback() }
                 abandonTokens()
                 throw error
@@ -488,6 +499,8 @@ public final class ModelContext {
             } catch let error as SQLiteError {
                 open[position...].forEach { $0.rollback() }
                 abandonTokens(from: position)
+                collectAssetGarbage(in: assetGarbageIfRolledBack.filter { !committed.contains($0) }
+                                    + assetGarbageIfCommitted.filter { committed.contains($0) })
                 for store in committed { forgetPending(inStore: store) }
                 if committed.isEmpty { throw error }
                 throw ReplicaError.partialSave(
@@ -495,6 +508,7 @@ public final class ModelContext {
                     failed: container.stores[index].configuration.name, underlying: error)
             }
         }
+        collectAssetGarbage(in: assetGarbageIfCommitted)
         // The versions of change tracking: deleted records are forgotten (also those a cascade deleted, and those
         // the save inserted again: a new incarnation), inserted ones (as written) begin their list, and updated ones
         // add the state the save left (the stored row).
@@ -509,6 +523,16 @@ public final class ModelContext {
         rememberUpserts(upserts)
         handoutLoaderStorage?.invalidate()
         postDidSave(saved)
+    }
+
+    /// Removes the external-storage files no committed row or history tombstone references, in the given stores
+    /// (after a save dropped references, or did not commit files it wrote). Best effort: what remains is removed at
+    /// the next collection (the next such save, or the next open of the store).
+    func collectAssetGarbage(in stores: [Int]) {
+        for index in Set(stores).sorted() {
+            guard let assets = container.stores[index].assets, let db = try? connection(for: index) else { continue }
+            _ = try? assets.collectGarbage(db, entities: container.stores[index].entities)
+        }
     }
 
     private func forgetPending(inStore index: Int) {

@@ -100,6 +100,20 @@ final class QueryEngine: QuerySources, ModelLoading {
             try SQLFunctions.register(on: db)
             db.hasSQLFunctions = true
         }
+        if let assets = store.assets, db.assetReader == nil { try AssetReader.register(on: db, assets: assets) }
+    }
+
+    /// The external-storage fields of `entityName` whose values this store keeps in files (see ``AssetStore``).
+    func externalFields(_ entityName: String) -> [Int] {
+        guard store.assets != nil, let index = store.entityIndex[entityName] else { return [] }
+        return store.externalFields[index]
+    }
+
+    /// The statement that reads one record of `storage`'s entity by ID, every field: the entity's prebuilt lookup, or,
+    /// when the store keeps some of its fields in files, the same read through `replica_asset`.
+    func oneIDLookup<T: PersistentModel>(_ storage: ModelEntity<T>.Storage) throws -> Statement {
+        if externalFields(storage.schemaEntity.name).isEmpty { return try db.cachedStatement(storage.oneIDLookup) }
+        return try db.cachedStatement("SELECT \(selectList(T.self, fields: storage.allFields)) FROM \(storage.table) AS t0 WHERE t0.\"id\" = ?")
     }
 
     func schemaEntity(_ name: String) -> Schema.Entity? {
@@ -391,7 +405,17 @@ final class QueryEngine: QuerySources, ModelLoading {
 
     /// The main query's SELECT list and row layout for `Model` with `fields`.
     func selectList<Model: PersistentModel>(_ type: Model.Type, fields: [Int], alias: String = "t0") -> String {
-        Self.selectList(names: Model.entity.storage.fieldNames, fields: fields, alias: alias)
+        let names = Model.entity.storage.fieldNames
+        let external = externalFields(Model.entityName)
+        if external.isEmpty { return Self.selectList(names: names, fields: fields, alias: alias) }
+        // Fields kept in files are read through `replica_asset` (their bytes, checked against the reference).
+        func literal(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "''") + "'" }
+        return ([alias + ".\"id\""] + fields.map { field in
+            let column = alias + "." + quoted(names[field])
+            return external.contains(field)
+                ? "replica_asset(\(column), \(alias).\"id\", \(literal(names[field])), \(literal(Model.entityName)))"
+                : column
+        }).joined(separator: ", ")
     }
 
     static func selectList(names: [String], fields: [Int], alias: String) -> String {
@@ -462,6 +486,9 @@ final class QueryEngine: QuerySources, ModelLoading {
             throw ReplicaError.valueConversion(error)
         } catch let error as SQLiteError where error.message.contains(SQLFunctions.unwrapFailureMessage) {
             throw PredicateError.forceUnwrapFailure
+        } catch let error as SQLiteError where error.message.contains(AssetReader.failureMessage) {
+            guard let failure = db.assetReader?.lastError else { throw error }
+            throw ReplicaError.externalStorage(failure)
         }
         if !batch.isEmpty { _ = try handle(&batch) }
     }
@@ -538,7 +565,7 @@ final class QueryEngine: QuerySources, ModelLoading {
         }
         let entity = T.entity
         let storage = entity.storage
-        let statement = try db.cachedStatement(storage.oneIDLookup)
+        let statement = try oneIDLookup(storage)
         var models: [T] = []
         do {
             defer { statement.reset() }
@@ -564,7 +591,7 @@ final class QueryEngine: QuerySources, ModelLoading {
         if ids.count == 1 && source == storage.table {
             // One ID on the stored table (e.g. a prefetched reference, no pending changes of the entity): the
             // entity's prebuilt lookup statement (`model(_:id:)` runs it through `loadModel(_:id:)`).
-            models = try decodeAll(T.self, statement: try db.cachedStatement(storage.oneIDLookup), fields: storage.allFields, [ids[0].sqliteValue])
+            models = try decodeAll(T.self, statement: try oneIDLookup(storage), fields: storage.allFields, [ids[0].sqliteValue])
         } else {
             let select = "SELECT \(selectList(T.self, fields: storage.allFields)) FROM \(source) AS t0 "
             // One ID is a plain key lookup: no JSON list to build and walk.

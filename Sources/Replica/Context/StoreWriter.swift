@@ -25,6 +25,11 @@ struct StoreWriter {
     /// record is itself), updates of records that no longer exist are skipped, and fields that no longer hold the
     /// value the undone save wrote are left alone; both are recorded in it.
     var undoApplication: UndoApplication?
+    /// Whether this save wrote a new external-storage file (garbage if the save does not commit).
+    private(set) var wroteAssetFiles = false
+    /// Whether this save dropped a row's reference to an external-storage file (deleted or replaced the value): the
+    /// file may be garbage once the save commits.
+    private(set) var droppedAssetReferences = false
     /// Delete rules that can only be judged once every change is applied (see ``checkDeletedRelationships()``).
     private var deferredChecks: [DeferredCheck] = []
     /// What inserts of the entity written last need, looked up once per entity rather than once per row.
@@ -158,11 +163,14 @@ struct StoreWriter {
             failures.append(.duplicateIdentifier(snapshot.persistentModelID))
             return false
         }
+        var values = snapshot.values
+        let external = store.externalFields[store.entityIndex[snapshot.entityName]!]
+        for index in external { values[index] = try externalized(values[index], snapshot: snapshot, field: index) }
         let statement = context.insert
         // Every parameter is bound again for each row, from bytes the statement owns: no need to clear them.
         defer { statement.reset(clearingBindings: false) }
         do {
-            try statement.withBound(id: snapshot.id, snapshot.values) {
+            try statement.withBound(id: snapshot.id, values) {
                 while try statement.step() {}
             }
         } catch let error as SQLiteError where error.extendedResultCode == SQLiteError.constraintPrimaryKey
@@ -224,17 +232,34 @@ struct StoreWriter {
             throw ReplicaError.recordNotFound(snapshot.persistentModelID)
         }
         let names = sql.fieldNames
+        // External-storage values compare (and are written) as references to their files.
+        var values = snapshot.values
+        let external = store.externalFields[store.entityIndex[snapshot.entityName]!]
+        for index in external where fields?.contains(index) ?? true {
+            guard case let .blob(data) = values[index] else { continue }
+            values[index] = .text(AssetStore.reference(for: data))
+        }
         var changed: [Int] = []
-        for (i, value) in snapshot.values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
+        for (i, value) in values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
             changed.append(i)
         }
         if let undoApplication, let expected = undoApplication.expected[snapshot.persistentModelID] {
             // An undo sets a field back only while it holds what the undone save wrote: a newer edit is kept.
-            let kept = changed.filter { field in expected[field].map { current[field + 1] != $0 } ?? false }
+            // (An external-storage field holds a reference to its file: the bytes the save wrote compare as theirs.)
+            let kept = changed.filter { field in
+                expected[field].map { wrote in
+                    if external.contains(field), case let .blob(data) = wrote { return current[field + 1] != .text(AssetStore.reference(for: data)) }
+                    return current[field + 1] != wrote
+                } ?? false
+            }
             if !kept.isEmpty {
                 changed.removeAll(where: kept.contains)
                 undoApplication.keptFields.append(.init(id: snapshot.persistentModelID, fields: kept.map { names[$0] }))
             }
+        }
+        for index in external where changed.contains(index) {
+            if case .text = current[index + 1] { droppedAssetReferences = true }
+            values[index] = try externalized(snapshot.values[index], snapshot: snapshot, field: index)
         }
         // For undo: the many-to-many members before this save's links are written.
         let linksBefore = capturesPreviousValues && !snapshot.toManyMembers.isEmpty ? try manyToManyMembers(of: snapshot.persistentModelID) : nil
@@ -255,12 +280,40 @@ struct StoreWriter {
                 let assignments = changed.map { "\(quoted(names[$0])) = ?" }.joined(separator: ", ")
                 return "UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?"
             }
-            try statement.run(changed.map { snapshot.values[$0] } + [snapshot.id.sqliteValue])
+            try statement.run(changed.map { values[$0] } + [snapshot.id.sqliteValue])
         }
-        if capturesPreviousValues { changes.previousValues[changes.updated.count] = Array(current.dropFirst()) }
+        if capturesPreviousValues { changes.previousValues[changes.updated.count] = resolvedForUndo(Array(current.dropFirst()), external: external) }
         if let linksBefore, !changedLinks.isEmpty { changes.previousLinks[changes.updated.count] = linksBefore }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
+    }
+
+    /// The stored form of external-storage field `field` of `snapshot`: for a value with bytes, the reference to
+    /// its file, written now (before the save commits) unless it exists; anything else as it is.
+    /// - Throws: ``ReplicaError/externalStorage(_:)`` when the file cannot be written.
+    private mutating func externalized(_ value: SQLiteValue, snapshot: Snapshot, field: Int) throws -> SQLiteValue {
+        guard case let .blob(data) = value, let assets = store.assets else { return value }
+        let reference = AssetStore.reference(for: data)
+        do throws(ExternalStorageError.Problem) {
+            if try assets.write(data, reference: reference) { wroteAssetFiles = true }
+        } catch {
+            throw ReplicaError.externalStorage(ExternalStorageError(store: store.configuration.name, entity: snapshot.entityName,
+                                                                    recordID: snapshot.id, attribute: store.statements[store.entityIndex[snapshot.entityName]!].fieldNames[field],
+                                                                    problem: error))
+        }
+        return .text(reference)
+    }
+
+    /// A row's values as undo restores them: external-storage references replaced by their bytes, so that undoing
+    /// after the collector removed the file (the save dropped its last reference) writes it again. A file that
+    /// cannot be read keeps its reference (undo then restores that).
+    private func resolvedForUndo(_ row: [SQLiteValue], external: [Int]) -> [SQLiteValue] {
+        guard let assets = store.assets, !external.isEmpty else { return row }
+        var row = row
+        for index in external {
+            if case let .text(reference) = row[index], let data = try? assets.read(reference) { row[index] = .blob(data) }
+        }
+        return row
     }
 
     /// Records a failure for every NaN among `fields` (all fields when `nil`): SQLite would store it as NULL.
@@ -387,10 +440,13 @@ struct StoreWriter {
             }
             guard let row = frame.row else { continue }
             try db.run(sql.delete, [frame.id.id.sqliteValue])
+            let external = store.externalFields[store.entityIndex[entity.name]!]
+            if external.contains(where: { if case .text = row[$0 + 1] { true } else { false } }) { droppedAssetReferences = true }
             let preserved = entity.attributes.enumerated().filter { $0.element.options.contains(.preserveValueOnDeletion) }
             changes.deleted.append(DeletedRecord(
                 id: frame.id, preservedValues: preserved.map { ($0.element.name, row[$0.offset + 1]) }, viaCascade: frame.viaCascade,
-                values: Array(row.dropFirst()), links: frame.links))
+                values: capturesPreviousValues ? resolvedForUndo(Array(row.dropFirst()), external: external) : Array(row.dropFirst()),
+                links: frame.links))
         }
     }
 

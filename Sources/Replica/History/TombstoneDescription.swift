@@ -55,9 +55,20 @@ extension HistoryTombstone: CustomStringConvertible {
 
 extension HistoryChange {
     /// This change, its tombstone described with the attribute types of `entities` (the store's).
-    func describingTombstone(with entities: [Schema.Entity]) -> HistoryChange {
-        guard case let .delete(id, tombstone) = self, !tombstone.values.isEmpty,
+    /// With `assets` (a store that keeps external-storage values in files), preserved values that reference a file
+    /// read as its bytes; a file that cannot be read leaves the reference (TEXT `replica-asset:sha256:…`).
+    func describingTombstone(with entities: [Schema.Entity], assets: AssetStore? = nil) -> HistoryChange {
+        guard case .delete(let id, var tombstone) = self, !tombstone.values.isEmpty,
               let entity = entities.first(where: { $0.name == id.entityName }) else { return self }
+        if let assets {
+            var values = tombstone.values
+            for attribute in entity.attributes where attribute.options.contains(.externalStorage) {
+                if case let .text(reference)? = values[attribute.name], let data = try? assets.read(reference) {
+                    values[attribute.name] = .blob(data)
+                }
+            }
+            if values != tombstone.values { tombstone = HistoryTombstone(values: values) }
+        }
         return .delete(id, tombstone: tombstone.describing(entity))
     }
 }
@@ -73,17 +84,17 @@ extension [HistoryChange] {
 
     /// The changes, tombstones described with the attribute types of `entities`; unchanged (no copy) without
     /// preserved values. Complexity: O(changes).
-    func describingTombstones(with entities: [Schema.Entity]) -> [HistoryChange] {
-        hasTombstoneValues ? map { $0.describingTombstone(with: entities) } : self
+    func describingTombstones(with entities: [Schema.Entity], assets: AssetStore? = nil) -> [HistoryChange] {
+        hasTombstoneValues ? map { $0.describingTombstone(with: entities, assets: assets) } : self
     }
 }
 
 extension HistoryTransaction {
     /// This transaction, its tombstones described with the attribute types of `entities` (the store's).
-    func describingTombstones(with entities: [Schema.Entity]) -> HistoryTransaction {
+    func describingTombstones(with entities: [Schema.Entity], assets: AssetStore? = nil) -> HistoryTransaction {
         guard changes.hasTombstoneValues else { return self }
         return HistoryTransaction(token: token, storeName: storeName, author: author, timestamp: timestamp,
                                   bundleIdentifier: bundleIdentifier, processName: processName, processID: processID,
-                                  changes: changes.describingTombstones(with: entities))
+                                  changes: changes.describingTombstones(with: entities, assets: assets))
     }
 }

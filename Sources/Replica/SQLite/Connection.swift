@@ -78,6 +78,8 @@ final class Connection {
     /// its owner: registering them again on a reused connection would replace them, which expires every prepared
     /// statement of the connection (each would be prepared again at its next use).
     var hasSQLFunctions = false
+    /// The reader of `replica_asset` (see ``AssetReader``), once registered for the store this connection serves.
+    var assetReader: AssetReader?
     /// Nesting depth of `transaction` calls; inner calls use savepoints.
     private var transactionDepth = 0
 

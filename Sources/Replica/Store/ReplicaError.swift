@@ -72,6 +72,9 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     /// ``ReplicationBounds/maxLocalVersion``): the change that would pass it is refused rather than overflow. Takes a
     /// record deleted and re-inserted 2⁶² times, or a causal length received at the bound.
     case counterExhausted(store: String, recordID: UUID, counter: String)
+    /// The file of an external-storage attribute could not be written or read (missing, damaged, or a failed file
+    /// operation); see ``ExternalStorageError``.
+    case externalStorage(ExternalStorageError)
 
     public var description: String {
         switch self {
@@ -109,6 +112,7 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .clockExhausted(store): return "the clock of store '\(store)' reached the top of its range: no later stamp exists"
         case let .counterExhausted(store, id, counter):
             return "the \(counter) of record \(id.uuidString.lowercased()) in store '\(store)' reached its bound"
+        case let .externalStorage(error): return error.description
         }
     }
 }

@@ -48,6 +48,13 @@ final class Store: Sendable {
     /// Gives up the store's file lock as a crash of this process would (the kernel drops it), keeping the connections
     /// (see ``ModelContainer/releaseStoreLocksAsAfterCrash()``).
     func releaseFileLockAsAfterCrash() { fileLock?.unlock() }
+    /// The files of ``Schema/Attribute/Options/externalStorage`` attributes (see ``AssetStore``): for a store file
+    /// without sync bookkeeping; `nil` for in-memory stores (which keep the bytes in their rows, in memory) and for
+    /// stores that track sync (which keep them inline until assets sync, issue 24 item 3).
+    let assets: AssetStore?
+    /// Per entity (``entities`` order): the field indices of its external-storage data attributes when ``assets``
+    /// is set, else empty.
+    let externalFields: [[Int]]
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
@@ -147,6 +154,23 @@ final class Store: Sendable {
                 identity = try Self.readIdentity(connection, entities: entities, synced: configuration.isSynced)
                 tracksSync = false
             }
+            let fileURL: URL? = if case let .file(url) = location { url } else { nil }
+            let assetStore = fileURL.map { AssetStore(storeURL: $0, storeName: name) }
+            if let assetStore, tracksSync, configuration.allowsSave {
+                // A store that kept files while local-only now tracks sync: its values go back into the rows, which
+                // sync reads (assets do not sync yet).
+                try Self.inlineExternalValues(connection, entities: entities, assets: assetStore)
+            }
+            assets = tracksSync ? nil : assetStore
+            externalFields = assets == nil ? entities.map { _ in [] } : entities.map { entity in
+                entity.attributes.indices.filter { entity.attributes[$0].options.contains(.externalStorage) && entity.attributes[$0].type == .data }
+            }
+            // Files a save wrote before it crashed (or rolled back) are referenced by no committed row: removed now.
+            // Best effort: while another process holds the write lock past the busy timeout, the next collection
+            // removes them instead.
+            if let assets, configuration.allowsSave, externalFields.contains(where: { !$0.isEmpty }) {
+                _ = try? assets.collectGarbage(connection, entities: entities)
+            }
             // The connection that created an in-memory store keeps it alive, and is the first one handed out.
             idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
             if configuration.isStoredInMemoryOnly, configuration.allowsSave, isNew, case let .integer(version)? = try connection.scalar(Self.schemaVersionSQL) {
@@ -164,6 +188,30 @@ final class Store: Sendable {
             throw loadIssue(error.reason)
         } catch let error as StoreInUse {
             throw ReplicaError.storeInUse(configuration: name, reason: error.reason)
+        }
+    }
+
+    /// Puts the bytes of every external-storage value that a row references back into the row (one write
+    /// transaction), for a store that now tracks sync. Files stay for the history tombstones that may name them.
+    private static func inlineExternalValues(_ db: Connection, entities: [Schema.Entity], assets: AssetStore) throws {
+        guard FileManager.default.fileExists(atPath: assets.directory.path) else { return }
+        try db.transaction(.immediate) {
+            for entity in entities {
+                for attribute in entity.attributes where attribute.options.contains(.externalStorage) && attribute.type == .data {
+                    let column = quoted(attribute.name), table = quoted(entity.name)
+                    for row in try db.rows("SELECT \"id\", \(column) FROM \(table) WHERE typeof(\(column)) = 'text' ORDER BY \"id\"", cache: false) {
+                        guard case let .text(reference) = row[1] else { continue }
+                        let data: Data
+                        do throws(ExternalStorageError.Problem) {
+                            data = try assets.read(reference)
+                        } catch {
+                            throw StoreLayoutError(reason: ExternalStorageError(store: assets.storeName, entity: entity.name, recordID: try? UUID(sqliteValue: row[0]),
+                                                                                attribute: attribute.name, problem: error).description)
+                        }
+                        try db.run("UPDATE \(table) SET \(column) = ? WHERE \"id\" = ?", [.blob(data), row[0]])
+                    }
+                }
+            }
         }
     }
 

@@ -1,0 +1,351 @@
+import CSodium
+import CSQLite
+import Foundation
+
+/// The value of an attribute marked ``Schema/Attribute/Options/externalStorage`` could not be written to or read from
+/// its file beside the store. Names the store, entity, record and attribute, never the value.
+public struct ExternalStorageError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What went wrong.
+    public enum Problem: Error, Sendable, Hashable, CustomStringConvertible {
+        /// The row references a file that does not exist in the store's asset directory.
+        case missingFile
+        /// The file's bytes do not hash to the name the row references (the file was damaged or replaced).
+        case hashMismatch
+        /// The file's length is not the length the row records.
+        case sizeMismatch(expected: Int, found: Int)
+        /// The stored reference is not one Replica writes.
+        case malformedReference
+        /// A file operation failed with `errno` `code`.
+        case fileOperationFailed(operation: String, code: Int32)
+
+        public var description: String {
+            switch self {
+            case .missingFile: return "its file is missing"
+            case .hashMismatch: return "its file's content does not match its SHA-256 name (damaged file)"
+            case let .sizeMismatch(expected, found): return "its file holds \(found) bytes, the row records \(expected)"
+            case .malformedReference: return "the stored reference is malformed"
+            case let .fileOperationFailed(operation, code): return "\(operation) failed (errno \(code))"
+            }
+        }
+    }
+
+    /// The store (configuration name).
+    public let store: String
+    /// The entity.
+    public let entity: String
+    /// The record, when known.
+    public let recordID: UUID?
+    /// The attribute.
+    public let attribute: String
+    /// What went wrong.
+    public let problem: Problem
+
+    public init(store: String, entity: String, recordID: UUID?, attribute: String, problem: Problem) {
+        self.store = store
+        self.entity = entity
+        self.recordID = recordID
+        self.attribute = attribute
+        self.problem = problem
+    }
+
+    public var description: String {
+        let record = recordID.map { " of record \($0.uuidString.lowercased())" } ?? ""
+        return "external storage of \(entity).\(attribute)\(record) in store '\(store)': \(problem)"
+    }
+}
+
+/// The files of a store's ``Schema/Attribute/Options/externalStorage`` attributes. Internal.
+///
+/// Layout and rules (Specs/external-storage.md): the directory `<store file>-assets/` beside the store holds one file
+/// per distinct value, named by the lowercase hex SHA-256 of its bytes (libsodium's `crypto_hash_sha256`). The row's
+/// column holds the reference `replica-asset:sha256:<hex>:<size>` as TEXT (a data column otherwise only holds BLOBs
+/// or NULL, so a TEXT value is always a reference). Files are written inside the save's write transaction, before it
+/// commits (`<hex>.tmp`, `fsync`, `rename`, `fsync` of the directory); the garbage collector removes, inside a write
+/// transaction of its own, every file that no committed row or history tombstone references.
+final class AssetStore: Sendable {
+    /// `<store file>-assets/`.
+    let directory: URL
+    /// The store's configuration name (for errors).
+    let storeName: String
+    /// Whether the collector may remove files. Not for the copy a migration stage works on: the store it was copied
+    /// from may still reference what the copy no longer does.
+    let collects: Bool
+
+    static let prefix = "replica-asset:sha256:"
+
+    /// The asset directory of the store file at `url` (a migration's `.migrating` copy shares the store's).
+    init(storeURL url: URL, storeName: String) {
+        var path = url.path
+        let migrating = path.hasSuffix(".migrating")
+        if migrating { path.removeLast(".migrating".count) }
+        directory = URL(fileURLWithPath: path + "-assets", isDirectory: true)
+        self.storeName = storeName
+        collects = !migrating
+    }
+
+    // MARK: References
+
+    /// The reference to `data`'s file: its hash and size.
+    static func reference(for data: Data) -> String {
+        prefix + hexDigest(data) + ":" + String(data.count)
+    }
+
+    /// The hash and size a reference names, or `nil` when it is not a reference.
+    static func parse(_ reference: String) -> (hash: String, size: Int)? {
+        guard reference.hasPrefix(prefix) else { return nil }
+        let rest = reference.utf8.dropFirst(prefix.utf8.count)
+        guard rest.count > 65, let colon = rest.firstIndex(of: UInt8(ascii: ":")),
+              rest.distance(from: rest.startIndex, to: colon) == 64 else { return nil }
+        let hash = String(decoding: rest[rest.startIndex..<colon], as: UTF8.self)
+        guard isHexDigest(hash), let size = Int(String(decoding: rest[rest.index(after: colon)...], as: UTF8.self)), size >= 0 else { return nil }
+        return (hash, size)
+    }
+
+    static func isHexDigest(_ name: String) -> Bool {
+        name.utf8.count == 64 && name.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
+    }
+
+    static func hexDigest(_ data: Data) -> String {
+        var state = crypto_hash_sha256_state()
+        crypto_hash_sha256_init(&state)
+        data.withUnsafeBytes { buffer in
+            _ = crypto_hash_sha256_update(&state, buffer.bindMemory(to: UInt8.self).baseAddress, UInt64(buffer.count))
+        }
+        return hex(finish(&state))
+    }
+
+    private static func finish(_ state: inout crypto_hash_sha256_state) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
+        crypto_hash_sha256_final(&state, &digest)
+        return digest
+    }
+
+    private static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var text = [UInt8]()
+        text.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 15)])
+        }
+        return String(decoding: text, as: UTF8.self)
+    }
+
+    func path(ofHash hash: String) -> String { directory.appendingPathComponent(hash).path }
+
+    // MARK: Writing
+
+    /// Makes sure the file of `reference` (the reference of `data`) exists, durably: an existing file of the right
+    /// size is kept (content-addressed), otherwise the bytes go to `<hash>.tmp`, are synced, and renamed into place,
+    /// and the directory is synced. Called inside the save's write transaction, so no collector runs meanwhile.
+    /// - Throws: ``ExternalStorageError/Problem`` on a failed file operation.
+    /// - Returns: whether a file was created.
+    @discardableResult
+    func write(_ data: Data, reference: String) throws(ExternalStorageError.Problem) -> Bool {
+        guard let (hash, _) = Self.parse(reference) else { throw .malformedReference }
+        let final = path(ofHash: hash)
+        var info = stat()
+        if stat(final, &info) == 0, Int(info.st_size) == data.count { return false }
+        try makeDirectory()
+        let temporary = final + ".tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        guard fd >= 0 else { throw .fileOperationFailed(operation: "creating the file", code: errno) }
+        var failure: ExternalStorageError.Problem?
+        data.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = posixWrite(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    failure = .fileOperationFailed(operation: "writing the file", code: errno)
+                    return
+                }
+                offset += written
+            }
+        }
+        if failure == nil, fsync(fd) != 0 { failure = .fileOperationFailed(operation: "syncing the file", code: errno) }
+        close(fd)
+        if let failure {
+            unlink(temporary)
+            throw failure
+        }
+        guard rename(temporary, final) == 0 else {
+            let code = errno
+            unlink(temporary)
+            throw .fileOperationFailed(operation: "renaming the file into place", code: code)
+        }
+        try syncDirectory(directory.path)
+        return true
+    }
+
+    private func makeDirectory() throws(ExternalStorageError.Problem) {
+        var info = stat()
+        if stat(directory.path, &info) == 0 { return }
+        guard mkdir(directory.path, 0o755) == 0 || errno == EEXIST else {
+            throw .fileOperationFailed(operation: "creating the asset directory", code: errno)
+        }
+        try syncDirectory(directory.deletingLastPathComponent().path)
+    }
+
+    private func syncDirectory(_ path: String) throws(ExternalStorageError.Problem) {
+        let fd = open(path, O_RDONLY)
+        guard fd >= 0 else { throw .fileOperationFailed(operation: "opening the directory to sync it", code: errno) }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw .fileOperationFailed(operation: "syncing the directory", code: errno) }
+    }
+
+    // MARK: Reading
+
+    /// The bytes of the file `reference` names, checked against its size and hash, in a buffer from `malloc` that
+    /// the caller owns (SQLite frees it: see ``AssetReader``). Read in chunks into one buffer of the recorded size.
+    func readBuffer(_ reference: String) throws(ExternalStorageError.Problem) -> (UnsafeMutableRawPointer?, Int) {
+        guard let (hash, size) = Self.parse(reference) else { throw .malformedReference }
+        let fd = open(path(ofHash: hash), O_RDONLY)
+        guard fd >= 0 else {
+            throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno)
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw .fileOperationFailed(operation: "reading the file's size", code: errno) }
+        guard Int(info.st_size) == size else { throw .sizeMismatch(expected: size, found: Int(info.st_size)) }
+        guard size > 0 else {
+            if hash != Self.hexDigest(Data()) { throw .hashMismatch }
+            return (nil, 0)
+        }
+        guard let buffer = malloc(size) else { throw .fileOperationFailed(operation: "allocating the read buffer", code: ENOMEM) }
+        var state = crypto_hash_sha256_state()
+        crypto_hash_sha256_init(&state)
+        var offset = 0
+        while offset < size {
+            let count = posixRead(fd, buffer + offset, min(size - offset, 1 << 20))
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else {
+                let code = errno
+                free(buffer)
+                throw count == 0 ? .sizeMismatch(expected: size, found: offset) : .fileOperationFailed(operation: "reading the file", code: code)
+            }
+            _ = crypto_hash_sha256_update(&state, buffer.assumingMemoryBound(to: UInt8.self) + offset, UInt64(count))
+            offset += count
+        }
+        guard Self.hex(Self.finish(&state)) == hash else {
+            free(buffer)
+            throw .hashMismatch
+        }
+        return (buffer, size)
+    }
+
+    /// The bytes of the file `reference` names, checked (see ``readBuffer(_:)``).
+    func read(_ reference: String) throws(ExternalStorageError.Problem) -> Data {
+        let (buffer, count) = try readBuffer(reference)
+        guard let buffer else { return Data() }
+        return Data(bytesNoCopy: buffer, count: count, deallocator: .free)
+    }
+
+    // MARK: Garbage
+
+    /// The hashes the committed state of the store references: every reference in a BLOB-declared column of the
+    /// tables of `entities` (the external-storage columns, and columns of data attributes an earlier schema had:
+    /// their values are kept, so their files are too), and every reference inside a history tombstone.
+    static func referencedHashes(_ db: Connection, entities: [Schema.Entity]) throws -> Set<String> {
+        var hashes = Set<String>()
+        for entity in entities {
+            let columns = try db.rows("SELECT name FROM pragma_table_info(?) WHERE type = 'BLOB' AND name <> 'id' ORDER BY cid",
+                                      [.text(entity.name)], cache: false)
+            for case let .text(name) in columns.map({ $0[0] }) {
+                let column = quoted(name)
+                for row in try db.rows("SELECT \(column) FROM \(quoted(entity.name)) WHERE typeof(\(column)) = 'text'", cache: false) {
+                    if case let .text(text) = row[0], let (hash, _) = parse(text) { hashes.insert(hash) }
+                }
+            }
+        }
+        let tombstones = try db.rows("SELECT tombstone FROM replica_history_change WHERE tombstone LIKE '%' || ? || '%'",
+                                     [.text(prefix)], cache: false)
+        for row in tombstones {
+            guard case let .text(json) = row[0] else { continue }
+            var rest = Substring(json)
+            while let range = rest.range(of: prefix) {
+                let hash = String(rest[range.upperBound...].prefix(64))
+                if isHexDigest(hash) { hashes.insert(hash) }
+                rest = rest[range.upperBound...]
+            }
+        }
+        return hashes
+    }
+
+    /// Removes every file of the directory that no committed row or history tombstone references (and leftover
+    /// `.tmp` files), inside a write transaction: no save is between writing its files and committing meanwhile, in
+    /// this process or another. Returns the names removed, in order.
+    @discardableResult
+    func collectGarbage(_ db: Connection, entities: [Schema.Entity]) throws -> [String] {
+        guard collects, FileManager.default.fileExists(atPath: directory.path) else { return [] }
+        return try db.transaction(.immediate) {
+            let referenced = try Self.referencedHashes(db, entities: entities)
+            let names = ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []).sorted()
+            var removed: [String] = []
+            for name in names where !referenced.contains(name) {
+                if unlink(directory.appendingPathComponent(name).path) == 0 { removed.append(name) }
+            }
+            return removed
+        }
+    }
+}
+
+/// `write(2)` and `read(2)`, named apart from the methods of ``AssetStore`` that would hide them.
+@inline(__always)
+private func posixWrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int) -> Int {
+    write(fd, buffer, count)
+}
+
+@inline(__always)
+private func posixRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int {
+    read(fd, buffer, count)
+}
+
+/// The SQL function `replica_asset(value, id, attribute)` that queries read external-storage columns through: a
+/// reference (TEXT) becomes the file's bytes (checked against size and hash); a BLOB (a value written before the
+/// store kept files, or an unsaved value of the pending-changes overlay) or NULL passes through. A failure is kept
+/// here, as a typed error, and the function fails with ``failureMessage``, which the query maps back. Internal.
+final class AssetReader {
+    let assets: AssetStore
+    /// The error of the last failed call.
+    var lastError: ExternalStorageError?
+
+    static let failureMessage = "replica: an external-storage file could not be read"
+
+    init(assets: AssetStore) {
+        self.assets = assets
+    }
+
+    /// Registers `replica_asset` on `connection` for `assets`; the connection keeps the reader.
+    static func register(on connection: Connection, assets: AssetStore) throws {
+        let reader = AssetReader(assets: assets)
+        let pointer = Unmanaged.passRetained(reader).toOpaque()
+        let code = sqlite3_create_function_v2(connection.handle, "replica_asset", 4, SQLITE_UTF8, pointer, { context, _, arguments in
+            guard let arguments, let value = arguments[0] else { sqlite3_result_null(context); return }
+            guard sqlite3_value_type(value) == SQLITE_TEXT else { sqlite3_result_value(context, value); return }
+            let reader = Unmanaged<AssetReader>.fromOpaque(sqlite3_user_data(context)!).takeUnretainedValue()
+            let reference = String(statementValue: value)
+            do throws(ExternalStorageError.Problem) {
+                let (buffer, count) = try reader.assets.readBuffer(reference)
+                if let buffer {
+                    sqlite3_result_blob64(context, buffer, sqlite3_uint64(count), { free($0) })
+                } else {
+                    sqlite3_result_zeroblob(context, 0)
+                }
+            } catch {
+                func text(_ index: Int) -> String {
+                    guard let argument = arguments[index], sqlite3_value_type(argument) == SQLITE_TEXT else { return "?" }
+                    return String(statementValue: argument)
+                }
+                let id = arguments[1].flatMap { UUID(statementValue: $0) }
+                reader.lastError = ExternalStorageError(store: reader.assets.storeName, entity: text(3), recordID: id,
+                                                        attribute: text(2), problem: error)
+                sqlite3_result_error(context, AssetReader.failureMessage, -1)
+            }
+        }, nil, nil, { pointer in
+            if let pointer { Unmanaged<AssetReader>.fromOpaque(pointer).release() }
+        })
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle) }
+        connection.assetReader = reader
+    }
+}
