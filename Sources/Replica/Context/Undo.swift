@@ -99,7 +99,7 @@ public final class ModelUndoManager {
     public func undo() throws {
         precondition(openLevels == 0, "Replica: undo() while an undo group is open; call endUndoGrouping() first")
         let context = attachedContext()
-        if context.hasChanges { try context.save() }
+        if context.hasChanges && !context.container.environment.canaries.contains(.undoDropsPendingEdit) { try context.save() }
         guard let group = undoStack.last else { return }
         mode = .undoing
         defer { mode = .normal }
