@@ -59,7 +59,7 @@ extension SimulationRun {
         for engine in orderedEngines(process) { enqueuePump(engine) }
     }
 
-    /// Drops `process`'s engines, context and container (a graceful close: the stores' file locks go with them).
+    /// Drops `process`'s engines, context, live queries and container (a graceful close: the stores' file locks go with them).
     /// Closing a closed process does nothing.
     func close(_ process: SimProcess) {
         for engine in orderedEngines(process) { engines[engine.serial] = nil }
@@ -67,6 +67,8 @@ extension SimulationRun {
         process.context = nil
         process.observer = nil
         process.keptCopy = nil
+        // The live queries hold the context and the container too (``start(_:)`` makes new ones).
+        observers.byProcess[ObjectIdentifier(process)] = nil
         process.container = nil
     }
 
