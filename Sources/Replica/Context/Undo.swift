@@ -157,7 +157,7 @@ public final class ModelUndoManager {
     @discardableResult
     public func undo() throws -> UndoResult {
         precondition(openLevels == 0, "Replica: undo() while an undo group is open; call endUndoGrouping() first")
-        try savePendingChanges()
+        try savePendingChanges(undoing: true)
         guard let group = popLive(&undoStack) else { return UndoResult() }
         return try run(group, mode: .undoing) { undoStack.append($0) }
     }
@@ -203,10 +203,13 @@ public final class ModelUndoManager {
     /// Whether the manager serves `context`.
     func serves(_ context: ModelContext) -> Bool { served.contains { $0.context === context } }
 
-    private func savePendingChanges() throws {
+    private func savePendingChanges(undoing: Bool = false) throws {
         served.removeAll { $0.context == nil }
         for entry in served {
-            if let context = entry.context, context.hasChanges { try context.save() }
+            guard let context = entry.context, context.hasChanges else { continue }
+            // The canary: undo() as before the fix, folding the pending edit into the inverse.
+            if undoing && context.container.environment.canaries.contains(.undoDropsPendingEdit) { continue }
+            try context.save()
         }
     }
 

@@ -51,4 +51,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// renamed old one when a local store opens: after the app update every value of the attribute is gone (the
     /// empty headings of issue 23).
     case renameAddsColumn = "rename-adds-column"
+    /// ``ModelUndoManager/undo()`` with an edit pending applies the newest saved group's inverse on top of it and saves
+    /// both, instead of saving the edit first as its own group and undoing that: the edit is overwritten or saved
+    /// with the undo, and the save before it is undone instead (the behaviour before the fix of issue 23's trial).
+    case undoDropsPendingEdit = "undo-drops-pending-edit"
 }

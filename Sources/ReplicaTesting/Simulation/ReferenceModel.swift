@@ -64,7 +64,11 @@ final class ReferenceModel {
     func record(zone: String, id: UUID, write: AckWrite) {
         acks[zone, default: [:]][id, default: []].append(write)
         for field in write.fields where field.isAttribute && field.value.isIdentifying {
-            writers[zone, default: [:]][WriterKey(id: id, field: field.name, value: field.value)] = field.stamp
+            // A value written again (an undo sets a field back) keeps its first write's stamp: a writer that saw the
+            // value may have seen only that one.
+            let key = WriterKey(id: id, field: field.name, value: field.value)
+            if let first = writers[zone]?[key], first <= field.stamp { continue }
+            writers[zone, default: [:]][key] = field.stamp
         }
     }
 

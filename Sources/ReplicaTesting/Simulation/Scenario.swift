@@ -127,6 +127,12 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var reopen = 0
         /// Add a many-to-many link of a record or remove one, from either side of the relationship.
         public var linkEdit = 0
+        /// `undo()` on the process's context (which has a ``ModelUndoManager`` in scenarios that use this or ``redo``),
+        /// sometimes with an edit left pending first (undo saves it as its own group and undoes that).
+        public var undo = 0
+        /// `redo()` on the process's context, sometimes with an edit left pending first (redo saves it, which clears
+        /// the redo stack, so nothing is redone).
+        public var redo = 0
         /// Attributes one update changes, at most.
         public var maxFieldsPerUpdate = 2
         /// Size of the pool of unique-key values (smaller: more collisions).
@@ -138,7 +144,7 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// Every operation weight, in `WorkloadOperation` order (index 0 is the simplest).
         var weights: [Int] {
             [insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit, deleteReinsert, copies, staleCopy,
-             batchDelete, reopen, linkEdit]
+             batchDelete, reopen, linkEdit, undo, redo]
         }
 
         /// The weight fields by JSON key, in `weights` order.
@@ -146,7 +152,7 @@ public struct Scenario: Codable, Hashable, Sendable {
             ("insert", \.insert), ("update", \.update), ("delete", \.delete), ("reinsert", \.reinsert),
             ("relationshipEdit", \.relationshipEdit), ("uniqueCollision", \.uniqueCollision), ("encryptedEdit", \.encryptedEdit),
             ("deleteReinsert", \.deleteReinsert), ("copies", \.copies), ("staleCopy", \.staleCopy), ("batchDelete", \.batchDelete),
-            ("reopen", \.reopen), ("linkEdit", \.linkEdit),
+            ("reopen", \.reopen), ("linkEdit", \.linkEdit), ("undo", \.undo), ("redo", \.redo),
         ] }
         /// The numbers that are not weights, by JSON key.
         static var otherFields: [(String, WritableKeyPath<Workload, Int>)] { [

@@ -81,6 +81,8 @@ final class SimulationRun {
     /// Whether every workload save is checked against the local reference model (scenarios that use the later
     /// operations); otherwise only the saves of those operations are.
     let checksEverySave: Bool
+    /// Whether each process's context has an undo manager (scenarios with the undo or redo operation).
+    let usesUndo: Bool
     /// The records each zone's end checks leave out (computed by the check phase).
     var exemptFromChecks: [String: Set<UUID>] = [:]
     /// Device stores ("device/store") whose engine refused to go on after a corruption (a typed error).
@@ -126,6 +128,7 @@ final class SimulationRun {
         self.hasOptionChanges = scenario.schema.entities.contains { $0.attributes.contains { !($0.optionsSince ?? [:]).isEmpty } }
         let workload = scenario.workload
         self.checksEverySave = workload.deleteReinsert + workload.copies + workload.staleCopy + workload.batchDelete + workload.reopen > 0
+        self.usesUndo = workload.undo + workload.redo > 0
         self.messageWeights = weights(scenario.faults.messageRates)
         self.cloudWeights = weights(scenario.faults.cloudRates)
         self.workloadWeights = scenario.workload.weights.map { UInt64($0) }
@@ -280,6 +283,9 @@ final class SimulationRun {
         guard let container = process.container else { return }
         let context = ModelContext(container)
         process.context = context
+        process.undoStack = []
+        process.redoStack = []
+        if usesUndo { context.undoManager = ModelUndoManager() }
         var options = SyncEngine.Options()
         options.uploadBatchSize = 10
         options.fetchLimit = 10

@@ -340,6 +340,10 @@ final class SimProcess {
     var observer: ModelContext?
     /// A copy of a record kept to be saved at a later step (the stale-copy operation); gone with the context.
     var keptCopy: KeptCopy?
+    /// The undo and redo stacks of the context's undo manager as the simulator models them (WorkloadUndo.swift): per
+    /// group, the records it moves, or `nil` for a group the model does not follow. Gone with the context.
+    var undoStack: [[UndoRecord]?] = []
+    var redoStack: [[UndoRecord]?] = []
     /// Synced stores this process opens local-only for now (the reopen operation).
     var syncOff = Set<String>()
     /// Stores without encrypted attributes whose engines this process gives the field key anyway (the reopen operation).

@@ -8,7 +8,7 @@ import Foundation
 
 enum WorkloadOperation: Int, CaseIterable {
     case insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit
-    case deleteReinsert, copies, staleCopy, batchDelete, reopen, linkEdit
+    case deleteReinsert, copies, staleCopy, batchDelete, reopen, linkEdit, undo, redo
 
     var name: String {
         switch self {
@@ -25,6 +25,8 @@ enum WorkloadOperation: Int, CaseIterable {
         case .batchDelete: return "batch-delete"
         case .reopen: return "reopen"
         case .linkEdit: return "link-edit"
+        case .undo: return "undo"
+        case .redo: return "redo"
         }
     }
 }
@@ -177,6 +179,8 @@ extension SimulationRun {
             try reopenStep(&outcome)
         case .linkEdit:
             try linkEditStep(&outcome, context: context, pool: pool)
+        case .undo, .redo:
+            try undoStep(&outcome, context: context, pool: pool, redo: operation == .redo)
         }
     }
 
@@ -241,6 +245,8 @@ extension SimulationRun {
         var record: UUID?
         var fields: [String] = []
         var result = "ok"
+        /// What the save undoes, for the undo model (`nil`: a save the model does not follow, see WorkloadUndo.swift).
+        var undoGroup: [UndoRecord]?
     }
 
     func report(_ outcome: Outcome) {
@@ -303,6 +309,7 @@ extension SimulationRun {
             throw InvariantViolation(.unexpectedError, "\(process.label) save of \(outcome.operation.name) threw \(error)")
         }
         stats.acknowledgedSaves += 1
+        noteUndoableSave(outcome, context: context)
         return true
     }
 

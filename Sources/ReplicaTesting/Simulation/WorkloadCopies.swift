@@ -11,6 +11,7 @@ extension SimulationRun {
     /// - Returns: whether the save committed.
     func saveChecked(_ outcome: inout Outcome, context: ModelContext, records: [ExpectedRecord], baseline: SaveBaseline?,
                      operation: String) throws -> Bool {
+        outcome.undoGroup = undoGroup(of: records, outcome: outcome)
         guard try save(&outcome, context: context) else { return false }
         guard baseline != nil else { return true }
         try checkLocalSave(records, operation: operation, store: outcome.store, process: outcome.process, baseline: baseline)
