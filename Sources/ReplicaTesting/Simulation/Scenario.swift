@@ -127,7 +127,7 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var reopen = 0
         /// Add a many-to-many link of a record or remove one, from either side of the relationship.
         public var linkEdit = 0
-        /// `undo()` on the process's context (which has a ``ModelUndoManager`` in scenarios that use this or ``redo``),
+        /// `undo()` on the process's context (which has a `ModelUndoManager` in scenarios that use this or ``redo``),
         /// sometimes with an edit left pending first (undo saves it as its own group and undoes that).
         public var undo = 0
         /// `redo()` on the process's context, sometimes with an edit left pending first (redo saves it, which clears
