@@ -215,12 +215,7 @@ enum StoreMigrator {
                     if case let .text(name)? = row.first { return name } else { return nil }
                 }
                 guard columns.contains(column) else { continue }
-                // An index on the column (a uniqueness constraint the old schema declared) must go first.
-                for row in try db.rows("SELECT DISTINCT il.name FROM pragma_index_list(?) il, pragma_index_info(il.name) ii WHERE ii.name = ? AND il.origin = 'c'",
-                                       [.text(entity), .text(column)]) {
-                    if case let .text(index)? = row.first { try db.execute("DROP INDEX \(quoted(index))") }
-                }
-                try db.execute("ALTER TABLE \(quoted(entity)) DROP COLUMN \(quoted(column))")
+                try StoreRenames.dropColumn(column, of: entity, db)
                 types?[StoreAttributeTypes.key(entity, column)] = nil
             }
             if let types {

@@ -11,6 +11,19 @@ import Foundation
 /// the names they were recorded with. A rename needs the store to itself (`takeExclusive`, see ``StoreFileLock``): a
 /// process of the older app version that has it open would find its tables and columns gone.
 enum StoreRenames {
+    /// Drops `column` of table `table` with the indexes on it first (SQLite cannot drop an indexed column), inside
+    /// the caller's write transaction: for a rename that replaces an empty target, and for a stage's removed
+    /// attributes (``StoreMigrator``).
+    static func dropColumn(_ column: String, of table: String, _ db: Connection) throws {
+        let indexes = try db.rows("SELECT DISTINCT il.name FROM pragma_index_list(?) AS il JOIN pragma_index_info(il.name) AS ii WHERE ii.name = ? AND il.origin = 'c'",
+                                  [.text(table), .text(column)], cache: false)
+        for row in indexes {
+            guard case let .text(index) = row[0] else { continue }
+            try db.execute("DROP INDEX \(quoted(index))")
+        }
+        try db.execute("ALTER TABLE \(quoted(table)) DROP COLUMN \(quoted(column))")
+    }
+
     /// Renames the table `entity.originalName` to `entity.name` when the store has the former, dropping its indexes
     /// named after the original entity (the caller creates those of the new name), and moves the recorded attribute
     /// types.
@@ -144,14 +157,8 @@ enum StoreRenames {
         try takeExclusive()
         let table = quoted(entity.name)
         for column in replaced {
-            // Indexes on the column go first (SQLite cannot drop an indexed column); the caller creates the schema's.
-            let indexes = try db.rows("SELECT DISTINCT il.name FROM pragma_index_list(?) AS il JOIN pragma_index_info(il.name) AS ii WHERE ii.name = ? AND il.origin = 'c'",
-                                      [.text(entity.name), .text(column)], cache: false)
-            for row in indexes {
-                guard case let .text(index) = row[0] else { continue }
-                try db.execute("DROP INDEX \(quoted(index))")
-            }
-            try db.execute("ALTER TABLE \(table) DROP COLUMN \(quoted(column))")
+            // (The caller creates the schema's indexes again.)
+            try dropColumn(column, of: entity.name, db)
             existing[column] = nil
             recordedTypes?[StoreAttributeTypes.key(entity.name, column)] = nil
         }
