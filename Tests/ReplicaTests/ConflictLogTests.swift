@@ -167,6 +167,29 @@ struct ConflictLogTests {
         #expect(try a.engine.conflictLog().isEmpty)
     }
 
+    /// Found by the simulator's conflict-log invariant (Simulations/regressions/dedup-winner-edit-replaced-unlogged…):
+    /// the winner of a duplicate absorbs the loser's newer fields, which replaced the winner's own unsynced value
+    /// without an entry.
+    @Test("an unsynced field of a duplicate's winner that the loser's newer value replaces is logged once, on the winner's device")
+    func winnerFieldReplacedByAbsorbedValueIsLogged() throws {
+        let cloud = InMemoryCloudDatabase()
+        let models: [any PersistentModel.Type] = [DPerson.self, DAddress.self]
+        let a = try Device("A", seed: 1, models: models)
+        let b = try Device("B", seed: 2, models: models)
+        let winner = a.context.insert(DPerson(email: "k@example.com", name: "first"))
+        try a.context.save()
+        b.clock.advance(by: 100)
+        _ = b.context.insert(DPerson(email: "k@example.com", name: "second"))
+        try b.context.save()
+        try b.sync(cloud)
+        try settle([a, b], cloud)
+        #expect(try a.context.model(DPerson.self, id: winner.id)?.name == "second")
+        let log = try a.engine.conflictLog()
+        #expect(log.count == 1)
+        #expect(log.first?.kind == .overwritten && log.first?.id.id == winner.id && log.first?.field == "name")
+        #expect(try b.engine.conflictLog().isEmpty)
+    }
+
     /// A reference model of one note on each device and in the cloud: per field the value and the step that wrote it,
     /// and per device the fields written since the last upload. Syncing a device merges the cloud's note (each field
     /// by the step that wrote it; a delete wins over a live note) and then uploads; a local write the merge replaces by

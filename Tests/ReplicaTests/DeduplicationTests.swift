@@ -179,9 +179,13 @@ struct DeduplicationTests {
         #expect(persons.map(\.id) == [winner.id])
         #expect(persons.first?.nickname == "edited on C")
         #expect(try context.model(DAddress.self, id: child.id)?.person?.id == winner.id)
-        // The loser was uploaded before it was resolved, and its fields live on in the winner: no device lost a write
-        // the cloud did not hold (R16).
-        for device in [a, b, c] { #expect(try device.engine.conflictLog().isEmpty) }
+        // The loser was uploaded before it was resolved, and its fields live on in the winner: B and C lost no write
+        // the cloud did not hold (R16). A's own name for the winner, never uploaded, gave way to the loser's newer one:
+        // that one loss is logged, on A.
+        for device in [b, c] { #expect(try device.engine.conflictLog().isEmpty) }
+        let log = try a.engine.conflictLog()
+        #expect(log.map(\.field) == ["name"] && log.first?.id.id == winner.id && log.first?.kind == .overwritten)
+        #expect(persons.first?.name == "loser")
     }
 
     @Test("random schedules of random key collisions converge with one live record per key on every device")

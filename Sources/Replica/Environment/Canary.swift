@@ -55,4 +55,7 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// both, instead of saving the edit first as its own group and undoing that: the edit is overwritten or saved
     /// with the undo, and the save before it is undone instead (the behaviour before the fix of issue 23's trial).
     case undoDropsPendingEdit = "undo-drops-pending-edit"
+    /// A local write the cloud did not hold that a remote delete or a remote cascade removed is not logged: only
+    /// overwritten values reach the conflict log (the false negatives of issue 21's trial; R16).
+    case conflictLogMissesDeletes = "conflict-log-misses-deletes"
 }

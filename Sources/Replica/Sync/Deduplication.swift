@@ -110,11 +110,18 @@ extension SyncLedger {
         }
         var changed: [Int] = []
         var unknownChanged = false
+        // The winner's own writes that an absorbed, newer value replaces (the first replaced stamp of each field).
+        var losses: [ConflictRecording.Loss] = []
         for fields in contributions {
             for (name, field) in fields.sorted(by: { $0.key < $1.key }) {
                 if let index = entity.fieldNames.firstIndex(of: name) {
                     if let current = state.stamps[name], current.clock >= field.stamp.clock { continue }
-                    state.stamps[name] = FieldStamp(incarnation: state.incarnation, clock: field.stamp.clock)
+                    let absorbed = FieldStamp(incarnation: state.incarnation, clock: field.stamp.clock)
+                    if let current = state.stamps[name], current.incarnation == state.incarnation, current.clock.replica == store.identity,
+                       row[index + 1] != field.value, !losses.contains(where: { $0.field == name }) {
+                        losses.append(ConflictRecording.Loss(field: name, local: current, winning: absorbed, kind: .overwritten))
+                    }
+                    state.stamps[name] = absorbed
                     row[index + 1] = field.value
                     if !changed.contains(index) { changed.append(index) }
                 } else if LinkReplication.isLinkField(name) {
@@ -136,6 +143,8 @@ extension SyncLedger {
             let assignments = changed.map { "\(quoted(entity.fieldNames[$0])) = ?" }.joined(separator: ", ")
             try db.run("UPDATE \(sql.table) SET \(assignments) WHERE \"id\" = ?", changed.map { row[$0 + 1] } + [winner.id.sqliteValue])
         }
+        // Logged where the winner's write was local and the cloud did not hold it (R16): the duplicate's newer value won.
+        try ConflictRecording.log(losses, id: winner.id, entity: entity.name, store: store, db)
         try state.bumpLocalVersion(in: store)
         state.pending = true
         try SyncLedger.store(state, db)

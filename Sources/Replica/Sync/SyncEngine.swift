@@ -784,7 +784,9 @@ public final class SyncEngine {
             try SyncLedger.absorbEndedRedirects(absorbing, arrived: changes.inserted, store: store, db: db, changes: &changes)
         }
         let consequences = try SyncLedger.resolveReferences(after: &changes, tombstoned: tombstoned, store: store, db: db, batch: batch)
-        try ConflictRecording.logCascades(consequences.deleted, applied: hlc, store: store, db: db)
+        if !container.environment.canaries.contains(.conflictLogMissesDeletes) {
+            try ConflictRecording.logCascades(consequences.deleted, applied: hlc, store: store, db: db)
+        }
         // Many-to-many links: the merged link sets into the link tables; owners of links to records that died
         // remove them, and winners of duplicates take their losers' links, as local changes (R17). (Those owners are
         // stamped only where their sets change; the rows that change are in `changes`.)

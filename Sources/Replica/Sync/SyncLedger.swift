@@ -655,7 +655,8 @@ enum SyncLedger {
                 winnerValue = localValue ?? local?.tombstone[name]?.value
                 if localStamp.incarnation == incarnation { localNewer = true }
             }
-            if endsLocalIncarnation, let localStamp, localStamp.incarnation == local!.incarnation, localStamp.clock.replica == store.identity {
+            if endsLocalIncarnation, !canaries.contains(.conflictLogMissesDeletes), let localStamp, localStamp.incarnation == local!.incarnation,
+               localStamp.clock.replica == store.identity {
                 conflicts.append(ConflictRecording.Loss(field: name, local: localStamp, winning: ConflictRecording.newestStamp(remote), kind: .deleted))
             }
             if let winnerStamp, winnerStamp.incarnation == incarnation, let winnerValue {

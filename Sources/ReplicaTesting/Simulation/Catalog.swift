@@ -91,6 +91,7 @@ public enum CanaryCatalog {
         ("unknown-types-never-adopted", "app-group-two-app-versions", "records kept as of an unknown type never reach the table of a schema that declares it"),
         ("erase-leaves-link-rows", "zone-deletion-policies", "a store erased because its zone was deleted keeps its many-to-many link rows"),
         ("rename-adds-column", "renamed-attribute-across-versions", "a local store adds a new column for an attribute with an original name instead of renaming the old one"),
+        ("conflict-log-misses-deletes", "trips", "an unsynced local write that a remote delete or cascade removed is not logged as a conflict"),
         ("undo-drops-pending-edit", "undo-redo", "undo() with an edit pending undoes the save before it and overwrites or keeps the edit, instead of undoing the edit"),
     ]
 

@@ -54,6 +54,7 @@ extension SimulationRun {
         try checkLocalOnly(cloudRecords)
         try checkPlaintext()
         try checkIdempotence(views)
+        try checkConflictLog(views)
         trace.event(now, "checked") { $0.add("invariants", Invariant.checkedAtEnd.count + (corruptions.isEmpty ? 0 : 1) + (hasOptionChanges ? 1 : 0)) }
     }
 

@@ -47,6 +47,19 @@ final class ReferenceModel {
     /// ended (its fields were absorbed into the winner, which keeps them even if the loser is re-inserted later).
     var absorbed: [String: [UUID: [(id: UUID, incarnation: Int64)]]] = [:]
 
+    /// Per zone and record, every field stamp a version saved in the cloud ever carried: a write whose stamp is not here
+    /// never reached the cloud (the conflict-log check).
+    var cloudStamps: [String: [UUID: Set<FieldStamp>]] = [:]
+    /// Per zone and device, the steps at which the device's own deletes were acknowledged (their delete rules may have
+    /// removed other records without an acknowledged write of their own).
+    var deleteSteps: [String: [String: [Int]]] = [:]
+
+    /// Notes the stamps of a version the cloud saved.
+    func noteCloudVersion(zone: String, _ record: CloudRecord) {
+        guard !record.fields.isEmpty else { return }
+        cloudStamps[zone, default: [:]][record.recordID, default: []].formUnion(record.fields.values.map(\.stamp))
+    }
+
     /// Notes a saved tombstone that redirects to a winner.
     func noteRedirect(zone: String, _ record: CloudRecord) {
         guard !record.isAlive, let winner = record.redirect else { return }
@@ -63,6 +76,7 @@ final class ReferenceModel {
 
     func record(zone: String, id: UUID, write: AckWrite) {
         acks[zone, default: [:]][id, default: []].append(write)
+        if write.kind == .delete { deleteSteps[zone, default: [:]][write.device, default: []].append(write.step) }
         for field in write.fields where field.isAttribute && field.value.isIdentifying {
             // A value written again (an undo sets a field back) keeps its first write's stamp: a writer that saw the
             // value may have seen only that one.

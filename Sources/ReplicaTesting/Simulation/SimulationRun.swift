@@ -1058,6 +1058,7 @@ extension SimulationRun {
                     stored.changeTag = tag
                     mirror[zone, default: [:]][id] = stored
                     reference.noteRedirect(zone: zone, stored)
+                    reference.noteCloudVersion(zone: zone, stored)
                     saved += 1
                 }
             }

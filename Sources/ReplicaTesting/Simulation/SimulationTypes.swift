@@ -57,6 +57,12 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     case noPlaintext = "no-plaintext-in-cloud"
     /// Reading the whole zone again (an expired change token) changes nothing: no upload, no row, stamp or history.
     case idempotence
+    /// Every local write that lost to a merge before the cloud held it is in its store's conflict log (R16): an
+    /// acknowledged attribute write that no cloud version ever carried, that its own device did not replace or delete
+    /// later, is gone from the converged state, so a remote write, delete or cascade discarded it, and the device's log
+    /// must name the record with the write's stamp (or the record's loss as a duplicate). Only this direction is
+    /// checked; that nothing else is logged is the conflict log property test's (ConflictLogTests).
+    case conflictLog = "conflict-log"
     /// Every process's live queries (one per entity of each store, observed from the process's start) equal a fresh
     /// fetch at every quiescent point (see `ObserverAgreement.swift`). Checked as the run settles, not in the check
     /// phase.
@@ -96,6 +102,7 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
         case .localOnly: return "local-only data never leaves its device"
         case .noPlaintext: return "no plaintext of encrypted fields in the cloud"
         case .idempotence: return "a full re-read changes nothing"
+        case .conflictLog: return "every local write a merge discarded unsynced is in the conflict log"
         case .observersAgree: return "live queries equal a fresh fetch at every quiescent point"
         case .zoneDeletionErase: return "nothing of a deleted zone is left in a store that erased it"
         }
