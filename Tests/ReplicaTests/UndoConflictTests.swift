@@ -166,4 +166,91 @@ struct UndoConflictTests {
         try undo.redo()
         #expect(try ModelContext(container).fetch(UTag.self).map(\.id) == [second.id])
     }
+
+    @Test("undo of an insert after another context edited the new record keeps the record with that edit and reports it; redo has nothing to insert again")
+    func insertEditedElsewhereKept() throws {
+        let container = try tagContainer()
+        let context = context(container)
+        let undo = try #require(context.undoManager)
+        let tag = context.insert(UTag(name: "x", note: "c1"))
+        try context.save()
+        let other = ModelContext(container)
+        var copy = try #require(try other.model(UTag.self, id: tag.id))
+        copy.note = "c2 wrote a long note later"
+        other.update(copy)
+        try other.save()
+        let result = try undo.undo()
+        #expect(result.keptRecords == [UndoResult.KeptFields(id: tag.persistentModelID, fields: ["note"])])
+        #expect(result.deletedRecords.isEmpty && result.keptFields.isEmpty)
+        #expect(!result.isComplete)
+        #expect(!context.hasChanges)
+        #expect(try ModelContext(container).fetch(UTag.self).map { "\($0.name)/\($0.note)" } == ["x/c2 wrote a long note later"])
+        // Nothing was undone, so nothing is redone: no second record, no error.
+        #expect(!undo.canRedo)
+        #expect(try undo.redo().isComplete)
+        #expect(try ModelContext(container).fetch(UTag.self).map { "\($0.name)/\($0.note)" } == ["x/c2 wrote a long note later"])
+        context.insert(UTag(name: "y"))
+        try context.save()
+    }
+
+    @Test("undo of a group that inserted records, one of them edited elsewhere later, deletes the others and keeps that one; redo inserts only the deleted ones")
+    func groupInsertPartlyKept() throws {
+        let container = try tagContainer()
+        let context = context(container)
+        let undo = try #require(context.undoManager)
+        undo.beginUndoGrouping()
+        var a = context.insert(UTag(name: "a", note: "1"))
+        let b = context.insert(UTag(name: "b", note: "1"))
+        try context.save()
+        // The group's own later edit of a is what a holds: a is still the group's.
+        a.note = "2"
+        context.update(a)
+        try context.save()
+        undo.endUndoGrouping()
+        let other = ModelContext(container)
+        var copy = try #require(try other.model(UTag.self, id: b.id))
+        copy.name = "b-renamed"
+        other.update(copy)
+        try other.save()
+        let result = try undo.undo()
+        #expect(result.keptRecords == [UndoResult.KeptFields(id: b.persistentModelID, fields: ["name"])])
+        #expect(try ModelContext(container).fetch(UTag.self).map(\.name) == ["b-renamed"])
+        let redone = try undo.redo()
+        #expect(redone.isComplete)
+        #expect(try Set(ModelContext(container).fetch(UTag.self).map { "\($0.name)/\($0.note)" }) == ["a/2", "b-renamed/1"])
+    }
+
+    @Test("redo of an undone delete keeps the re-inserted record when another context edited it since, and reports it")
+    func redoDeleteOfEditedRecordKept() throws {
+        let container = try tagContainer()
+        let context = context(container)
+        let undo = try #require(context.undoManager)
+        let tag = context.insert(UTag(name: "x", note: "first"))
+        try context.save()
+        context.delete(tag)
+        try context.save()
+        try undo.undo()
+        let other = ModelContext(container)
+        var copy = try #require(try other.model(UTag.self, id: tag.id))
+        copy.note = "edited after the undo"
+        other.update(copy)
+        try other.save()
+        let result = try undo.redo()
+        #expect(result.keptRecords == [UndoResult.KeptFields(id: tag.persistentModelID, fields: ["note"])])
+        #expect(try ModelContext(container).fetch(UTag.self).map(\.note) == ["edited after the undo"])
+    }
+
+    @Test("undo of an insert nobody else touched deletes it, external-storage and inline data included")
+    func untouchedInsertDeleted() throws {
+        let directory = TestDirectory()
+        let container = try ModelContainer(for: Schema([Scan.self]), migrationPlan: nil, configurations: [], environment: directory.environment(seed: 3))
+        let context = context(container)
+        let undo = try #require(context.undoManager)
+        context.insert(Scan(title: "s", image: Data((0..<20_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }), thumbnail: Data([1, 2, 3])))
+        try context.save()
+        #expect(try undo.undo().isComplete)
+        #expect(try ModelContext(container).fetch(Scan.self).isEmpty)
+        try undo.redo()
+        #expect(try ModelContext(container).fetch(Scan.self).map(\.title) == ["s"])
+    }
 }

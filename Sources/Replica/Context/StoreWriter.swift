@@ -96,7 +96,11 @@ struct StoreWriter {
         upserts = []
         for index in batch.indices {
             switch batch[index].change {
-            case .delete?, .replace?: try deleteRecord(batch[index].id)
+            case .delete?:
+                if let undoApplication, let inserted = undoApplication.inserted[batch[index].id],
+                   try keptByUndo(batch[index].id, inserted: inserted, undoApplication) { continue }
+                try deleteRecord(batch[index].id)
+            case .replace?: try deleteRecord(batch[index].id)
             case .insert?, .update?, nil: break
             }
         }
@@ -245,12 +249,8 @@ struct StoreWriter {
         }
         if let undoApplication, let expected = undoApplication.expected[snapshot.persistentModelID] {
             // An undo sets a field back only while it holds what the undone save wrote: a newer edit is kept.
-            // (An external-storage field holds a reference to its file: the bytes the save wrote compare as theirs.)
             let kept = changed.filter { field in
-                expected[field].map { wrote in
-                    if external.contains(field), case let .blob(data) = wrote { return current[field + 1] != .text(AssetStore.reference(for: data)) }
-                    return current[field + 1] != wrote
-                } ?? false
+                expected[field].map { !Self.holds(current[field + 1], wrote: $0, external: external.contains(field)) } ?? false
             }
             if !kept.isEmpty {
                 changed.removeAll(where: kept.contains)
@@ -286,6 +286,26 @@ struct StoreWriter {
         if let linksBefore, !changedLinks.isEmpty { changes.previousLinks[changes.updated.count] = linksBefore }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
+    }
+
+    /// Whether a stored value still is what a save wrote. An external-storage field holds a reference to its file:
+    /// the bytes the save wrote compare as theirs.
+    private static func holds(_ stored: SQLiteValue, wrote: SQLiteValue, external: Bool) -> Bool {
+        if external, case let .blob(data) = wrote { return stored == .text(AssetStore.reference(for: data)) }
+        return stored == wrote
+    }
+
+    /// For an undo deleting record `id` that the undone saves inserted and left holding `inserted`: whether another
+    /// writer changed a field of it since, so the undo keeps it (reported with those fields). A record gone already
+    /// is not kept (the delete skips it).
+    private mutating func keptByUndo(_ id: PersistentIdentifier, inserted: [SQLiteValue], _ undoApplication: UndoApplication) throws -> Bool {
+        let (_, sql) = entity(id.entityName)
+        guard let row = try db.rows(sql.selectByIDKey, [id.id.sqliteValue]).first else { return false }
+        let external = store.externalFields[store.entityIndex[id.entityName]!]
+        let changed = inserted.indices.filter { $0 + 1 < row.count && !Self.holds(row[$0 + 1], wrote: inserted[$0], external: external.contains($0)) }
+        guard !changed.isEmpty else { return false }
+        undoApplication.keptRecords.append(.init(id: id, fields: changed.map { sql.fieldNames[$0] }))
+        return true
     }
 
     /// The stored form of external-storage field `field` of `snapshot`: for a value with bytes, the reference to

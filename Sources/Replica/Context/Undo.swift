@@ -34,6 +34,9 @@ import Foundation
 /// - a field is set back only where it still holds the value the group's save wrote; a field a newer edit changed
 ///   keeps that edit (the stale-copy rule: an undo never writes an old value over another writer's change), reported
 ///   in ``UndoResult/keptFields``;
+/// - a record the group inserted is deleted only while every field still holds what the group's saves wrote; a record
+///   another writer edited since is kept with that edit, reported in ``UndoResult/keptRecords`` (so a redo has
+///   nothing to insert again for it);
 /// - a record the group deleted is inserted again as itself (its own ID), never upserted onto another record that
 ///   took its unique key meanwhile: then the undo fails with the save's
 ///   ``ModelValidationFailure/uniqueConstraintViolation(entity:attributes:id:)``.
@@ -52,13 +55,16 @@ import Foundation
 /// `false`, ``undo()`` does nothing).
 ///
 /// **Limits.** To-one references a delete rule nullified are not restored. Many-to-many links are set back as they
-/// were before the save, without the per-field check.
+/// were before the save, without the per-field check (nor are they checked before a record the group inserted is
+/// deleted). Records that deleting an inserted record cascades to follow the delete rule.
 ///
 /// Not `Sendable`: it belongs to its contexts' isolation domain.
 public final class ModelUndoManager {
     /// One record change of an undo group, in the form that undoes it.
     fileprivate enum Step {
-        case delete(PersistentIdentifier)
+        /// Deletes a record the undone save inserted with the values `inserted`: the record is deleted only while every
+        /// field still holds what the undone saves wrote.
+        case delete(PersistentIdentifier, inserted: [SQLiteValue])
         case insert(Snapshot)
         /// The values to set back at `fields`, and the values the undone save wrote there (`wrote`): a field is set
         /// back only while it still holds what the save wrote.
@@ -148,8 +154,8 @@ public final class ModelUndoManager {
     /// while a group is open (a programming error, as Foundation's `UndoManager` raises).
     ///
     /// Unsaved changes on the contexts the manager serves are saved first, as their own groups, and the newest of
-    /// them is the one undone. Records deleted and fields changed by other writers since the group's save are left
-    /// alone (see the type's documentation) and reported in the result.
+    /// them is the one undone. Records deleted, fields changed and inserted records edited by other writers since the
+    /// group's save are left alone (see the type's documentation) and reported in the result.
     /// - Returns: what the undo left alone (``UndoResult/isComplete`` when it set everything back).
     /// - Throws: the save's error. Of the unsaved changes: nothing is undone, they stay pending. Of the inverse:
     ///   nothing of the inverse stays pending; after a validation failure (``ReplicaError/modelValidationFailure(_:)``,
@@ -263,7 +269,13 @@ public final class ModelUndoManager {
         let application = UndoApplication()
         for step in steps {
             switch step {
-            case let .delete(id): context.delete(id)
+            case let .delete(id, inserted):
+                // What the store holds now: the inserted values, with the fields newer saves of the group updated
+                // (their steps ran before this one).
+                var holds = inserted
+                for (field, value) in application.expected[id] ?? [:] where field < holds.count { holds[field] = value }
+                application.inserted[id] = holds
+                context.delete(id)
             case let .insert(snapshot): context.registerInsert(snapshot)
             case let .update(snapshot, fields, wrote):
                 let id = snapshot.persistentModelID
@@ -284,6 +296,7 @@ public final class ModelUndoManager {
         }
         for id in application.deletedRecords where !result.deletedRecords.contains(id) { result.deletedRecords.append(id) }
         result.keptFields += application.keptFields
+        result.keptRecords += application.keptRecords
     }
 
     private func push(_ group: Group) {
@@ -344,7 +357,7 @@ public final class ModelUndoManager {
             if let links { restored.toManyMembers = links }
             steps.append(.update(restored, fields: fields, wrote: wrote))
         }
-        for snapshot in changes.inserted.reversed() { steps.append(.delete(snapshot.persistentModelID)) }
+        for snapshot in changes.inserted.reversed() { steps.append(.delete(snapshot.persistentModelID, inserted: snapshot.values)) }
         for record in changes.deleted.reversed() where !record.values.isEmpty {
             steps.append(.insert(Snapshot(entityName: record.id.entityName, id: record.id.id, values: record.values,
                                           toManyMembers: record.links)))
@@ -374,12 +387,15 @@ public struct UndoResult: Sendable, Hashable {
     public var deletedRecords: [PersistentIdentifier] = []
     /// Fields that another writer changed since the group's save: they keep that writer's value.
     public var keptFields: [KeptFields] = []
+    /// Records the group inserted that another writer changed since (the fields that no longer hold what the group
+    /// wrote): the undo kept them instead of deleting them, with that writer's values.
+    public var keptRecords: [KeptFields] = []
 
     /// A result with nothing left alone.
     public init() {}
 
     /// Whether the undo (or redo) set everything back: nothing was deleted or changed by another writer.
-    public var isComplete: Bool { deletedRecords.isEmpty && keptFields.isEmpty }
+    public var isComplete: Bool { deletedRecords.isEmpty && keptFields.isEmpty && keptRecords.isEmpty }
 }
 
 /// The checks of one undo (or redo) save, shared with the writers of its stores (see ``ModelUndoManager``).
@@ -390,4 +406,9 @@ final class UndoApplication {
     var deletedRecords: [PersistentIdentifier] = []
     /// Fields left alone because they no longer hold what the undone save wrote.
     var keptFields: [UndoResult.KeptFields] = []
+    /// The values the undone saves left in records they inserted, by record: such a record is deleted only while it
+    /// holds them.
+    var inserted: [PersistentIdentifier: [SQLiteValue]] = [:]
+    /// Inserted records left alone because fields of theirs no longer hold what the undone saves wrote.
+    var keptRecords: [UndoResult.KeptFields] = []
 }

@@ -86,10 +86,13 @@ enum StoreRenames {
 
     /// Renames the column of each attribute declared with an original name when the table has a column of that name
     /// (and no attribute of this schema keeps that column as its own); updates `existing` (column name → SQL default
-    /// text) and the recorded types.
+    /// text) and the recorded types. An attribute of this schema keeps the column of its name unless it is renamed
+    /// away from it in turn, followed along chains: after a chain of renames was made, every attribute keeps its
+    /// column and later opens change nothing.
     ///
     /// All renames of a table are made at once, through temporary names, so renames that displace each other work:
-    /// `b` from `a` with `c` from `b`, and a swap (`first` from `last`, `last` from `first`). A swap leaves both names
+    /// `b` from `a` with `c` from `b` (and longer chains), and a swap (`first` from `last`, `last` from `first`, or a
+    /// cycle of more names). A swap leaves both names
     /// in the store, so it is made only by a migration stage whose old schema (`stageSource`) does not declare it yet;
     /// outside a stage, a store with both columns is taken as swapped already.
     ///
@@ -103,20 +106,28 @@ enum StoreRenames {
                               takeExclusive: () throws -> Void) throws {
         // The entity in the stage's old schema (`nil`: outside a stage, or new in it).
         let before = stageSource.flatMap { source in source.entity(named: entity.name) ?? entity.originalName.flatMap(source.entity(named:)) }
-        // Attributes renamed from a column the store has.
-        let renamedFromColumn = Set(entity.attributes.compactMap { attribute in
-            attribute.originalName.flatMap { $0 != attribute.name && existing[$0] != nil ? attribute.name : nil }
-        })
-        var moves: [(from: String, to: String)] = []
-        for attribute in entity.attributes {
+        // Attributes renamed from a column the store has, unless a relationship of this schema owns that column or
+        // the stage's old schema made this rename already.
+        var renamedFromColumn = Set(entity.attributes.compactMap { attribute -> String? in
             guard let original = attribute.originalName, original != attribute.name, existing[original] != nil,
-                  !moves.contains(where: { $0.from == original }) else { continue }
-            // A column of the original name that this schema still declares as another attribute (not renamed from a
-            // column itself) is that attribute's.
-            if entity.relationship(named: original) != nil { continue }
-            if entity.attribute(named: original) != nil && !renamedFromColumn.contains(original) { continue }
-            // The stage's old schema made this rename already.
-            if before?.attribute(named: attribute.name)?.originalName == original { continue }
+                  entity.relationship(named: original) == nil,
+                  before?.attribute(named: attribute.name)?.originalName != original else { return nil }
+            return attribute.name
+        })
+        // A column of the original name that this schema still declares as another attribute is that attribute's,
+        // unless that attribute is renamed away from it in turn. Followed along chains until nothing changes: in a
+        // chain `given` from `first`, `first` from `last`, `last` from `middle` on a store without `middle`, `last`
+        // keeps its column, so `first` keeps its own, and so does `given` (the chain was renamed before). Renames in
+        // a cycle (a swap) stay, and are told apart below.
+        while let settled = renamedFromColumn.first(where: { name in
+            guard let original = entity.attribute(named: name)?.originalName else { return false }
+            return entity.attribute(named: original) != nil && !renamedFromColumn.contains(original)
+        }) {
+            renamedFromColumn.remove(settled)
+        }
+        var moves: [(from: String, to: String)] = []
+        for attribute in entity.attributes where renamedFromColumn.contains(attribute.name) {
+            guard let original = attribute.originalName, !moves.contains(where: { $0.from == original }) else { continue }
             moves.append((original, attribute.name))
         }
         // Renames in a cycle (a swap): every target is the source of another.
