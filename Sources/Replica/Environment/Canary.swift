@@ -55,4 +55,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// both, instead of saving the edit first as its own group and undoing that: the edit is overwritten or saved
     /// with the undo, and the save before it is undone instead (the behaviour before the fix of issue 23's trial).
     case undoDropsPendingEdit = "undo-drops-pending-edit"
+    /// A migration plan starts where the store's tables are, even at a recorded version whose tables and columns the
+    /// store all still has: after a container of a later schema opened the store without the plan (a widget, adding
+    /// its columns), the plan skips the stages from the recorded version, and their code never runs (issue 23's R2).
+    case layoutOutranksRecordedVersion = "layout-outranks-recorded-version"
 }
