@@ -5,7 +5,9 @@ extension ModelContainer {
     /// `ModelContainer(for:migrationPlan:configurations:)`).
     ///
     /// Each store file at an earlier version of the plan runs every stage from its recorded version to the plan's last
-    /// (see ``MigrationStage``); each stage is all or nothing, so a store interrupted mid-migration (an error thrown by
+    /// (see ``MigrationStage``) — also when a container without the plan added later schemas' columns meanwhile; a
+    /// store without a recorded version starts at the schema its tables have, and is a load issue when they match
+    /// none or several schemas with a custom stage between them; each stage is all or nothing, so a store interrupted mid-migration (an error thrown by
     /// a stage's code, a crash) opens next time at the version of its last completed stage and resumes from there.
     /// The container then opens at the plan's last schema and records that version in each store (new and in-memory
     /// stores too). Each store migrates on its own, in the order of `configurations`: stores of several configurations
@@ -80,7 +82,7 @@ extension ModelContainer {
             try StoreMigrator.migrate(configuration, plan: plan, entityNames: entityNames, environment: environment,
                                       interruption: storeInterruption)
         }
-        try self.init(for: plan.current, configurations: configurations, environment: environment)
+        try self.init(for: plan.current, configurations: configurations, environment: environment, byMigrationPlan: true)
         for store in stores where store.configuration.allowsSave {
             do {
                 let db = try store.openConnection()

@@ -25,14 +25,22 @@ enum MigrationStep: String, Sendable, Hashable, CaseIterable {
 /// of the store's configuration: history transactions, and in a synced store new changes with new stamps that
 /// replicate like any other (another device on an older schema version keeps fields it does not know, R9).
 ///
-/// A store without a recorded version (created by a container without a plan from a schema that is no versioned
-/// schema's, or before versions were recorded) is taken to be at the plan's first schema — unless its tables are
-/// past it (see ``StoreLayoutMatch``): then it is at the earliest later schema whose layout they have, or, matching
-/// none, a load issue. A recorded version whose tables are past it is treated alike. Only a store no other process or container has open is migrated: the
+/// A listed recorded version is where the plan starts while the store has every table and column of its schema
+/// (columns of later schemas beside them were added by an open without the plan). A store without a recorded version
+/// (created by a container without a plan from a schema that is no versioned schema's, or before versions were
+/// recorded), or lacking tables or columns of its recorded schema, is at the schema its tables say (see
+/// ``StoreLayoutMatch``); tables several schemas with a custom stage between them share, or that match no schema,
+/// are a load issue. Only a store no other process or container has open is migrated: the
 /// migration holds the store's lock exclusively (``StoreFileLock``) from before the first stage to after the last,
-/// and throws ``ReplicaError/storeInUse(configuration:reason:)`` without changing anything when it cannot have it.
+/// and throws ``ReplicaError/storeInUse(configuration:reason:)`` without changing anything when it cannot have it
+/// (with the reason ``migratingElsewhere`` when the other holder is migrating it).
 enum StoreMigrator {
     static let versionKey = "schema_version"
+
+    /// The reason of ``ReplicaError/storeInUse(configuration:reason:)`` when another process or container is migrating
+    /// the store (it holds the store's lock exclusively): nothing is wrong with either side; open it again once that
+    /// migration finished.
+    static let migratingElsewhere = "another process or container is migrating it right now; open it again when that migration has finished"
 
     /// Migrates the store of `configuration` to `plan`'s last schema, if it exists and is at an earlier version.
     /// - Parameters:
@@ -66,7 +74,8 @@ enum StoreMigrator {
             } else {
                 claimed = 0
             }
-            start = try StoreLayoutMatch.start(db, plan: plan, entityNames: entityNames, claimed: claimed, recorded: recorded)
+            start = try StoreLayoutMatch.start(db, plan: plan, entityNames: entityNames, claimed: claimed, recorded: recorded,
+                                               canaries: environment.canaries)
         } catch let error as SQLiteError {
             throw loadIssue(error.description)
         } catch let error as StoreLayoutError {
@@ -83,6 +92,18 @@ enum StoreMigrator {
         do {
             lock = try StoreFileLock.take(.exclusive, of: url)
         } catch .held {
+            // A holder that is migrating the store (or renaming through original names) has the lock exclusively: then
+            // not even a shared lock can be had, and this process only has to wait for it (R9).
+            let migrating: Bool
+            do {
+                _ = try StoreFileLock.take(.shared, of: url)
+                migrating = false
+            } catch .held {
+                migrating = true
+            } catch {
+                migrating = false
+            }
+            if migrating { throw ReplicaError.storeInUse(configuration: configuration.name, reason: Self.migratingElsewhere) }
             throw ReplicaError.storeInUse(
                 configuration: configuration.name,
                 reason: "another process or container has it open; migrating it from schema version \(plan.schemas[start].version) to \(current) needs it to itself — close the store there (or update that app) and open it again")

@@ -58,4 +58,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// A local write the cloud did not hold that a remote delete or a remote cascade removed is not logged: only
     /// overwritten values reach the conflict log (the false negatives of issue 21's trial; R16).
     case conflictLogMissesDeletes = "conflict-log-misses-deletes"
+    /// A migration plan starts where the store's tables are, even at a recorded version whose tables and columns the
+    /// store all still has: after a container of a later schema opened the store without the plan (a widget, adding
+    /// its columns), the plan skips the stages from the recorded version, and their code never runs (issue 23's R2).
+    case layoutOutranksRecordedVersion = "layout-outranks-recorded-version"
 }

@@ -6,6 +6,12 @@ extension Schema {
     /// Each type's entity description is checked against the type (``ModelDeclarationMismatch``): a container opened
     /// with this schema throws ``ReplicaError/invalidModelDeclaration(_:)`` when one disagrees, instead of failing at
     /// the first read. Complexity: one sample read and write per model type, plus one read per declared default.
+    ///
+    /// A store created from this schema records no schema version: the schema knows no migration plan, and its
+    /// `version` is a default, not the version of a ``VersionedSchema`` (matching its models to one would take a plan
+    /// this container does not have). A plan that later opens the store decides from its tables where to start, and
+    /// refuses it when schemas with a custom stage between them share those tables. Create stores that a migration
+    /// plan will open from ``init(versionedSchema:)`` (``VersionedSchema/schema``), which records the version.
     public init(_ models: [any PersistentModel.Type], version: Version = Version(1, 0, 0)) {
         self.init(entities: models.map { $0.schemaEntity }, version: version)
         declarationMismatches = models.flatMap { $0.declarationMismatches }

@@ -32,7 +32,17 @@ public final class ModelContainer: Sendable {
     ///   `.configurationSchemaNotFoundInContainerSchema`, `.entityNotRoutable`, `.crossStoreRelationship`,
     ///   `.loadIssueModelContainer`, `.storeInUse` (a rename through an original name while another process or
     ///   container has the store open, or an open while another one migrates it).
-    public init(for schema: Schema, configurations: [ModelConfiguration] = [], environment: ReplicaEnvironment = .live) throws {
+    ///   A ``VersionedSchema``'s schema (``Schema/init(versionedSchema:)``) opened this way on a store recorded at an
+    ///   earlier version is a `.loadIssueModelContainer` that changes nothing: the migration plan must run its
+    ///   stages first (``init(for:migrationPlan:configurations:environment:)``).
+    public convenience init(for schema: Schema, configurations: [ModelConfiguration] = [], environment: ReplicaEnvironment = .live) throws {
+        try self.init(for: schema, configurations: configurations, environment: environment, byMigrationPlan: false)
+    }
+
+    /// ``init(for:configurations:environment:)-(Schema,_,_)``; `byMigrationPlan` when a migration plan opens its
+    /// stores after running its stages (a store whose tables decided where the plan started may record an earlier
+    /// version until then).
+    init(for schema: Schema, configurations: [ModelConfiguration], environment: ReplicaEnvironment, byMigrationPlan: Bool) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
         if !schema.declarationMismatches.isEmpty { throw ReplicaError.invalidModelDeclaration(schema.declarationMismatches) }
         let structural = SchemaValidator(schema: schema).violations()
@@ -101,6 +111,7 @@ public final class ModelContainer: Sendable {
         let stores = try configurations.enumerated().map { i, configuration in
             try Store(configuration: configuration, entities: entitiesByConfiguration[i].compactMap(schema.entity(named:)),
                       schemaVersion: schema.version, recordsVersion: schema.isVersioned,
+                      refusesEarlierVersion: schema.isVersioned && !byMigrationPlan,
                       migrationSource: configuration.migrationSource, environment: environment)
         }
         self.stores = stores

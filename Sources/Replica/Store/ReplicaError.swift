@@ -28,7 +28,9 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
     /// group, perhaps of an older app version) or another container of this process has it open; or another one is
     /// migrating it right now. Running a migration stage replaces the store file, and a rename through an original
     /// name changes its tables: a process that kept the store open would lose its writes or fail. Nothing was
-    /// changed. Close the store in the other process or container (or update that app) and open it again. `reason`
+    /// changed. Close the store in the other process or container (or update that app) and open it again; when the
+    /// other one is migrating it, `reason` says so ("another process or container is migrating it right now; open it
+    /// again when that migration has finished"): nothing is to be closed, open it again once it finished. `reason`
     /// says which case it is.
     case storeInUse(configuration: String, reason: String)
     /// A save was refused because models failed validation. Nothing was written.

@@ -64,10 +64,13 @@ final class Store: Sendable {
     ///   - schemaVersion: the version of the schema opening the store; a store that a migration plan migrated to a
     ///     later version, or that a later versioned schema created (``recordedSchemaVersion(_:)``), is refused.
     ///   - recordsVersion: whether a store created now records `schemaVersion` (the schema is a ``VersionedSchema``'s).
+    ///   - refusesEarlierVersion: whether a store recorded at an earlier version than `schemaVersion` is refused (a
+    ///     versioned schema opened without its migration plan: it would change the tables past the recorded version
+    ///     without running the plan's stages, which would then never run).
     ///   - migrationSource: when the store opens as a migration stage's new schema, the stage's old schema (see
     ///     ``StoreRenames``).
     init(configuration: ModelConfiguration, entities: [Schema.Entity], schemaVersion: Schema.Version, recordsVersion: Bool = false,
-         migrationSource: Schema? = nil, environment: ReplicaEnvironment) throws {
+         refusesEarlierVersion: Bool = false, migrationSource: Schema? = nil, environment: ReplicaEnvironment) throws {
         var recycled: Connection?
         self.configuration = configuration
         self.entities = entities
@@ -96,7 +99,7 @@ final class Store: Sendable {
             do {
                 fileLock = try StoreFileLock.take(.shared, of: url, create: configuration.allowsSave)
             } catch .held {
-                throw ReplicaError.storeInUse(configuration: name, reason: "another process or container is migrating it")
+                throw ReplicaError.storeInUse(configuration: name, reason: StoreMigrator.migratingElsewhere)
             } catch let .unavailable(path, code) {
                 throw loadIssue("cannot lock \(path) (errno \(code))")
             }
@@ -116,8 +119,16 @@ final class Store: Sendable {
             let connection = try recycled ?? Connection(location: location, readOnly: !configuration.allowsSave)
             // A store a migration plan took past this schema's version holds what an older build cannot know (renamed
             // columns, transformed values): opening it would add the old columns back and read defaults.
-            if recycled == nil, let recorded = try Self.recordedSchemaVersion(connection), recorded > schemaVersion {
-                throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a newer app version migrated or created it); this is an older build of the app — update it")
+            if recycled == nil, let recorded = try Self.recordedSchemaVersion(connection) {
+                if recorded > schemaVersion {
+                    throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a newer app version migrated or created it); this is an older build of the app — update it")
+                }
+                // A versioned schema without its plan (a widget's or a ModelActor's container of the updated app, run
+                // before the app) would add its tables and columns and leave the recorded version: the plan would then
+                // have to guess from the tables where to start, and skip the stages' code (R2).
+                if refusesEarlierVersion && recorded < schemaVersion {
+                    throw StoreLayoutError(reason: "the store is at schema version \(recorded), this schema is \(schemaVersion): open it with the migration plan (ModelContainer(for:migrationPlan:configurations:)), which runs the stages from \(recorded) first; nothing was changed")
+                }
             }
             var isNew = false
             if configuration.allowsSave {
