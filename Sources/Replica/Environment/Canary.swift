@@ -55,4 +55,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// both, instead of saving the edit first as its own group and undoing that: the edit is overwritten or saved
     /// with the undo, and the save before it is undone instead (the behaviour before the fix of issue 23's trial).
     case undoDropsPendingEdit = "undo-drops-pending-edit"
+    /// A save whose external-storage value hashes to an existing file in the store's `-assets/` directory reuses
+    /// that file when its size is right, without checking that its bytes still hash to its name: a damaged file of
+    /// the same size makes the acknowledged save unreadable (the behaviour before the fix of breaker R5).
+    case assetReusedUnverified = "asset-reused-unverified"
 }
