@@ -100,13 +100,14 @@ final class QueryEngine: QuerySources, ModelLoading {
             try SQLFunctions.register(on: db)
             db.hasSQLFunctions = true
         }
-        if let assets = store.assets, db.assetReader == nil { try AssetReader.register(on: db, assets: assets) }
+        if let assets = store.readAssets, db.assetReader == nil { try AssetReader.register(on: db, assets: assets) }
     }
 
-    /// The external-storage fields of `entityName` whose values this store keeps in files (see ``AssetStore``).
+    /// The external-storage fields of `entityName` whose values this store's rows may reference in files (see
+    /// ``AssetStore`` and `Store.readAssets`).
     func externalFields(_ entityName: String) -> [Int] {
-        guard store.assets != nil, let index = store.entityIndex[entityName] else { return [] }
-        return store.externalFields[index]
+        guard store.readAssets != nil, let index = store.entityIndex[entityName] else { return [] }
+        return store.readExternalFields[index]
     }
 
     /// The statement that reads one record of `storage`'s entity by ID, every field: the entity's prebuilt lookup, or,

@@ -38,6 +38,9 @@ public struct ValueConversionError: Error, Sendable, Hashable, CustomStringConve
     public let found: String
     /// The attribute, when known.
     public var attribute: String?
+    /// Why the stored value has that class, when Replica can tell (e.g. a reference to an external-storage file read
+    /// by a schema that does not mark the attribute `.externalStorage`).
+    public var cause: String?
 
     public init(expected: String, found: SQLiteValue, attribute: String? = nil) {
         self.expected = expected
@@ -46,7 +49,7 @@ public struct ValueConversionError: Error, Sendable, Hashable, CustomStringConve
     }
 
     public var description: String {
-        "cannot read \(attribute.map { "attribute '\($0)' as " } ?? "")\(expected) from a stored \(found)"
+        "cannot read \(attribute.map { "attribute '\($0)' as " } ?? "")\(expected) from a stored \(found)" + (cause.map { ": \($0)" } ?? "")
     }
 }
 
@@ -109,7 +112,13 @@ extension Data: AttributeValue {
     public static var attributeType: Schema.AttributeType { .data }
     @inlinable public var sqliteValue: SQLiteValue { .blob(self) }
     public init(sqliteValue: SQLiteValue) throws(ValueConversionError) {
-        guard case let .blob(v) = sqliteValue else { throw ValueConversionError(expected: "Data", found: sqliteValue) }
+        guard case let .blob(v) = sqliteValue else {
+            var error = ValueConversionError(expected: "Data", found: sqliteValue)
+            if case let .text(text) = sqliteValue, AssetStore.parse(text) != nil {
+                error.cause = "the column holds a reference to an external-storage file (the schema that wrote it marks the attribute .externalStorage): declare the attribute .externalStorage too, as the app's schema does"
+            }
+            throw error
+        }
         self = v
     }
 }

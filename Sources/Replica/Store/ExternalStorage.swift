@@ -17,6 +17,8 @@ public struct ExternalStorageError: Error, Sendable, Hashable, CustomStringConve
         case malformedReference
         /// A file operation failed with `errno` `code`.
         case fileOperationFailed(operation: String, code: Int32)
+        /// The file's path names a directory or another kind of file, not a regular file.
+        case notRegularFile
 
         public var description: String {
             switch self {
@@ -25,6 +27,7 @@ public struct ExternalStorageError: Error, Sendable, Hashable, CustomStringConve
             case let .sizeMismatch(expected, found): return "its file holds \(found) bytes, the row records \(expected)"
             case .malformedReference: return "the stored reference is malformed"
             case let .fileOperationFailed(operation, code): return "\(operation) failed (errno \(code))"
+            case .notRegularFile: return "its file's path is not a regular file (a directory or another kind of file is there)"
             }
         }
     }
@@ -70,17 +73,21 @@ final class AssetStore: Sendable {
     /// Whether the collector may remove files. Not for the copy a migration stage works on: the store it was copied
     /// from may still reference what the copy no longer does.
     let collects: Bool
+    /// Whether a save reuses an existing file only once its bytes hash to its name (off only for the canary
+    /// ``Canary/assetReusedUnverified``, which reuses a file of the right size unchecked).
+    let verifiesReuse: Bool
 
     static let prefix = "replica-asset:sha256:"
 
     /// The asset directory of the store file at `url` (a migration's `.migrating` copy shares the store's).
-    init(storeURL url: URL, storeName: String) {
+    init(storeURL url: URL, storeName: String, verifiesReuse: Bool = true) {
         var path = url.path
         let migrating = path.hasSuffix(".migrating")
         if migrating { path.removeLast(".migrating".count) }
         directory = URL(fileURLWithPath: path + "-assets", isDirectory: true)
         self.storeName = storeName
         collects = !migrating
+        self.verifiesReuse = verifiesReuse
     }
 
     // MARK: References
@@ -135,17 +142,23 @@ final class AssetStore: Sendable {
 
     // MARK: Writing
 
-    /// Makes sure the file of `reference` (the reference of `data`) exists, durably: an existing file of the right
-    /// size is kept (content-addressed), otherwise the bytes go to `<hash>.tmp`, are synced, and renamed into place,
-    /// and the directory is synced. Called inside the save's write transaction, so no collector runs meanwhile.
-    /// - Throws: ``ExternalStorageError/Problem`` on a failed file operation.
+    /// Makes sure the file of `reference` (the reference of `data`) exists, durably: an existing file whose bytes
+    /// hash to its name (and of the right size) is kept (content-addressed); otherwise — no file, or a damaged one,
+    /// which this repairs for every row referencing it — the bytes go to `<hash>.tmp`, are synced, and renamed into
+    /// place, and the directory is synced. Called inside the save's write transaction, so no collector runs
+    /// meanwhile.
+    /// - Throws: ``ExternalStorageError/Problem`` on a failed file operation, or when the path is not a regular
+    ///   file (a directory there is not replaced).
     /// - Returns: whether a file was created.
     @discardableResult
     func write(_ data: Data, reference: String) throws(ExternalStorageError.Problem) -> Bool {
         guard let (hash, _) = Self.parse(reference) else { throw .malformedReference }
         let final = path(ofHash: hash)
         var info = stat()
-        if stat(final, &info) == 0, Int(info.st_size) == data.count { return false }
+        if lstat(final, &info) == 0 {
+            guard info.st_mode & S_IFMT == S_IFREG else { throw .notRegularFile }
+            if Int(info.st_size) == data.count && (!verifiesReuse || fileHashes(final, to: hash)) { return false }
+        }
         try makeDirectory()
         let temporary = final + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
@@ -178,6 +191,24 @@ final class AssetStore: Sendable {
         return true
     }
 
+    /// Whether the regular file at `path` can be read whole and its bytes hash to `hash` (read in 1 MB chunks).
+    private func fileHashes(_ path: String, to hash: String) -> Bool {
+        let fd = open(path, O_RDONLY)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var state = crypto_hash_sha256_state()
+        crypto_hash_sha256_init(&state)
+        var chunk = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { posixRead(fd, $0.baseAddress!, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else { return false }
+            if count == 0 { break }
+            _ = chunk.withUnsafeBufferPointer { crypto_hash_sha256_update(&state, $0.baseAddress, UInt64(count)) }
+        }
+        return Self.hex(Self.finish(&state)) == hash
+    }
+
     private func makeDirectory() throws(ExternalStorageError.Problem) {
         var info = stat()
         if stat(directory.path, &info) == 0 { return }
@@ -207,6 +238,7 @@ final class AssetStore: Sendable {
         defer { close(fd) }
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw .fileOperationFailed(operation: "reading the file's size", code: errno) }
+        guard info.st_mode & S_IFMT == S_IFREG else { throw .notRegularFile }
         guard Int(info.st_size) == size else { throw .sizeMismatch(expected: size, found: Int(info.st_size)) }
         guard size > 0 else {
             if hash != Self.hexDigest(Data()) { throw .hashMismatch }
@@ -243,17 +275,22 @@ final class AssetStore: Sendable {
 
     // MARK: Garbage
 
-    /// The hashes the committed state of the store references: every reference in a BLOB-declared column of the
-    /// tables of `entities` (the external-storage columns, and columns of data attributes an earlier schema had:
-    /// their values are kept, so their files are too), and every reference inside a history tombstone.
+    /// The hashes the committed state of the store references: every reference in a BLOB-declared column of every
+    /// table of the store but SQLite's and Replica's own — the tables of `entities` and of entities this schema does
+    /// not declare (another app version's, or a widget's subset schema opening the file), whose external-storage
+    /// columns and columns of data attributes an earlier schema had keep their values, so their files are kept too —
+    /// and every reference inside a history tombstone. A column a migration stage dropped is gone, and so are the
+    /// references it held. (`entities` is not consulted: what the store holds decides.)
     static func referencedHashes(_ db: Connection, entities: [Schema.Entity]) throws -> Set<String> {
         var hashes = Set<String>()
-        for entity in entities {
+        let tables = try db.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name NOT LIKE 'replica\\_%' ESCAPE '\\' ORDER BY name",
+                                 cache: false)
+        for case let .text(table) in tables.map({ $0[0] }) {
             let columns = try db.rows("SELECT name FROM pragma_table_info(?) WHERE type = 'BLOB' AND name <> 'id' ORDER BY cid",
-                                      [.text(entity.name)], cache: false)
+                                      [.text(table)], cache: false)
             for case let .text(name) in columns.map({ $0[0] }) {
                 let column = quoted(name)
-                for row in try db.rows("SELECT \(column) FROM \(quoted(entity.name)) WHERE typeof(\(column)) = 'text'", cache: false) {
+                for row in try db.rows("SELECT \(column) FROM \(quoted(table)) WHERE typeof(\(column)) = 'text'", cache: false) {
                     if case let .text(text) = row[0], let (hash, _) = parse(text) { hashes.insert(hash) }
                 }
             }

@@ -55,6 +55,13 @@ final class Store: Sendable {
     /// Per entity (``entities`` order): the field indices of its external-storage data attributes when ``assets``
     /// is set, else empty.
     let externalFields: [[Int]]
+    /// The files queries read external-storage references from: ``assets``, or — for a store that tracks sync but
+    /// whose rows still hold references whose files could not be read back into them (see
+    /// `inlineExternalValues`) — the store's asset directory, read-only, so its other records stay readable and those
+    /// references fail with an ``ExternalStorageError`` naming the record. `nil` when no row can hold a reference.
+    let readAssets: AssetStore?
+    /// Per entity: the field indices queries read through ``readAssets`` (``externalFields`` when it is ``assets``).
+    let readExternalFields: [[Int]]
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
@@ -131,6 +138,12 @@ final class Store: Sendable {
                 }
             }
             var isNew = false
+            let fileURL: URL? = if case let .file(url) = location { url } else { nil }
+            let assetStore = fileURL.map {
+                AssetStore(storeURL: $0, storeName: name, verifiesReuse: !environment.canaries.contains(.assetReusedUnverified))
+            }
+            // Whether rows of a store that tracks sync still hold references to files (see `inlineExternalValues`).
+            var leftoverReferences = false
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
                 // database of one that went away (see `StoreLayout.takeRetired()`).
@@ -148,11 +161,11 @@ final class Store: Sendable {
                     }
                     exclusive = true
                 }
-                (identity, isNew, tracksSync) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
+                (identity, isNew, tracksSync, leftoverReferences) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
                                                                  sharedFile: !configuration.isStoredInMemoryOnly,
                                                                  appGroup: configuration.groupContainer != .none,
                                                                  recordVersion: recordsVersion ? schemaVersion : nil,
-                                                                 migrationSource: migrationSource,
+                                                                 migrationSource: migrationSource, assets: assetStore,
                                                                  takeExclusive: takeExclusive, environment: environment)
                 if exclusive, let fileLock {
                     do {
@@ -165,21 +178,18 @@ final class Store: Sendable {
                 identity = try Self.readIdentity(connection, entities: entities, synced: configuration.isSynced)
                 tracksSync = false
             }
-            let fileURL: URL? = if case let .file(url) = location { url } else { nil }
-            let assetStore = fileURL.map { AssetStore(storeURL: $0, storeName: name) }
-            if let assetStore, tracksSync, configuration.allowsSave {
-                // A store that kept files while local-only now tracks sync: its values go back into the rows, which
-                // sync reads (assets do not sync yet).
-                try Self.inlineExternalValues(connection, entities: entities, assets: assetStore)
-            }
             assets = tracksSync ? nil : assetStore
-            externalFields = assets == nil ? entities.map { _ in [] } : entities.map { entity in
+            let declaredExternal = entities.map { entity in
                 entity.attributes.indices.filter { entity.attributes[$0].options.contains(.externalStorage) && entity.attributes[$0].type == .data }
             }
-            // Files a save wrote before it crashed (or rolled back) are referenced by no committed row: removed now.
-            // Best effort: while another process holds the write lock past the busy timeout, the next collection
-            // removes them instead.
-            if let assets, configuration.allowsSave, externalFields.contains(where: { !$0.isEmpty }) {
+            externalFields = assets == nil ? entities.map { _ in [] } : declaredExternal
+            readAssets = assets ?? (leftoverReferences ? assetStore : nil)
+            readExternalFields = readAssets == nil ? entities.map { _ in [] } : declaredExternal
+            // Files a save wrote before it crashed (or rolled back) are referenced by no committed row, nor are those
+            // of a column a migration stage dropped: removed now, whether or not this schema declares external
+            // attributes (the collector reads what the store's tables hold). Best effort: while another process
+            // holds the write lock past the busy timeout, the next collection removes them instead.
+            if let assets, configuration.allowsSave {
                 _ = try? assets.collectGarbage(connection, entities: entities)
             }
             // The connection that created an in-memory store keeps it alive, and is the first one handed out.
@@ -202,28 +212,42 @@ final class Store: Sendable {
         }
     }
 
-    /// Puts the bytes of every external-storage value that a row references back into the row (one write
-    /// transaction), for a store that now tracks sync. Files stay for the history tombstones that may name them.
-    private static func inlineExternalValues(_ db: Connection, entities: [Schema.Entity], assets: AssetStore) throws {
-        guard FileManager.default.fileExists(atPath: assets.directory.path) else { return }
-        try db.transaction(.immediate) {
-            for entity in entities {
-                for attribute in entity.attributes where attribute.options.contains(.externalStorage) && attribute.type == .data {
-                    let column = quoted(attribute.name), table = quoted(entity.name)
-                    for row in try db.rows("SELECT \"id\", \(column) FROM \(table) WHERE typeof(\(column)) = 'text' ORDER BY \"id\"", cache: false) {
-                        guard case let .text(reference) = row[1] else { continue }
-                        let data: Data
-                        do throws(ExternalStorageError.Problem) {
-                            data = try assets.read(reference)
-                        } catch {
-                            throw StoreLayoutError(reason: ExternalStorageError(store: assets.storeName, entity: entity.name, recordID: try? UUID(sqliteValue: row[0]),
-                                                                                attribute: attribute.name, problem: error).description)
+    /// Puts the bytes of every external-storage value that a row references back into the row, for a store that
+    /// tracks sync (sync reads rows; assets do not sync yet). Runs inside `prepare`'s write transaction, so turning
+    /// sync on — creating the sync bookkeeping and inlining — is one step. Files stay for the history tombstones
+    /// that may name them.
+    ///
+    /// A file that cannot be read (missing, damaged, not a regular file): when the open turns sync on (`strict`) it
+    /// throws, naming the record and attribute, and the transaction — the bookkeeping it created included — rolls
+    /// back, so the store is as before and opens local-only. Otherwise (a local-only open of a file that has
+    /// sync bookkeeping, e.g. left by an open that failed so before this was one step) every readable value is
+    /// inlined and the unreadable references stay: returns `true`, and queries read them through the asset
+    /// directory, failing for those records only.
+    private static func inlineExternalValues(_ db: Connection, entities: [Schema.Entity], assets: AssetStore, strict: Bool) throws -> Bool {
+        var leftover = false
+        for entity in entities {
+            let table = quoted(entity.name)
+            for attribute in entity.attributes where attribute.options.contains(.externalStorage) && attribute.type == .data {
+                let column = quoted(attribute.name)
+                for row in try db.rows("SELECT \"id\", \(column) FROM \(table) WHERE typeof(\(column)) = 'text' ORDER BY \"id\"", cache: false) {
+                    guard case let .text(reference) = row[1] else { continue }
+                    let data: Data
+                    do throws(ExternalStorageError.Problem) {
+                        data = try assets.read(reference)
+                    } catch {
+                        guard strict else {
+                            leftover = true
+                            continue
                         }
-                        try db.run("UPDATE \(table) SET \(column) = ? WHERE \"id\" = ?", [.blob(data), row[0]])
+                        let failure = ExternalStorageError(store: assets.storeName, entity: entity.name, recordID: try? UUID(sqliteValue: row[0]),
+                                                           attribute: attribute.name, problem: error)
+                        throw StoreLayoutError(reason: "turning sync on puts every external-storage value back into its row, but \(failure); nothing was changed — open the store local-only, fetch that record without the attribute (propertiesToFetch) and set the value again or delete the record, then turn sync on")
                     }
+                    try db.run("UPDATE \(table) SET \(column) = ? WHERE \"id\" = ?", [.blob(data), row[0]])
                 }
             }
         }
+        return leftover
     }
 
     /// The schema version recorded in the store (`replica_metadata['schema_version']`, by a migration plan or by the
@@ -376,8 +400,8 @@ final class Store: Sendable {
     /// app-group store (`appGroup`), which processes of several app versions share at once, tables whose columns lack
     /// their SQL defaults are rebuilt (a copy of each such table, once).
     private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool, appGroup: Bool,
-                                recordVersion: Schema.Version?, migrationSource: Schema?, takeExclusive: () throws -> Void,
-                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool) {
+                                recordVersion: Schema.Version?, migrationSource: Schema?, assets: AssetStore?, takeExclusive: () throws -> Void,
+                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool, leftoverReferences: Bool) {
         let entities = layout.entities, synced = layout.synced
         return try db.transaction(.immediate) {
             if try schemaReady || db.scalar("SELECT count(*) FROM sqlite_master") == .integer(0) {
@@ -403,7 +427,7 @@ final class Store: Sendable {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('schema_version', ?)",
                                     [.text(recordVersion.description)], cache: false)
                 }
-                return (identity, true, synced)
+                return (identity, true, synced, false)
             }
             // A local-only configuration of a file that has sync bookkeeping keeps it (see `tracksSync`).
             let tracked = try synced || db.scalar(Self.hasLedgerSQL) == .integer(1)
@@ -491,13 +515,16 @@ final class Store: Sendable {
                 }
             }
             if synced { try applyCurrentDefaults(db, entities: entities) }
+            // A store file that kept external-storage values in files and tracks sync now (or still): the values go
+            // back into the rows in this transaction (see `inlineExternalValues`).
+            let leftover = try tracked && assets.map { try inlineExternalValues(db, entities: entities, assets: $0, strict: synced) } ?? false
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
-                return (identity, false, tracked)
+                return (identity, false, tracked, leftover)
             }
             let identity = environment.makeIdentifier()
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
-            return (identity, false, tracked)
+            return (identity, false, tracked, leftover)
         }
     }
 
