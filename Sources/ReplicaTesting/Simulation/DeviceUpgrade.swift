@@ -40,6 +40,7 @@ extension SimulationRun {
                 }
                 model.rows[entity.name] = moved
             }
+            applyStages(&model, view: new, from: oldVersion, to: version)
             reference.localStores[key] = model
         }
         device.view = new
@@ -63,6 +64,7 @@ extension SimulationRun {
             process.faults.disarm()
             close(process)
         }
+        try noPlanOpenBeforeUpdate(device)
         for process in running { try reopen(process, syncOff: process.syncOff, encryptionOn: process.encryptionOn) }
     }
 

@@ -133,6 +133,10 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// `redo()` on the process's context, sometimes with an edit left pending first (redo saves it, which clears
         /// the redo stack, so nothing is redone).
         public var redo = 0
+        /// A process closes its container and opens its local stores with the unversioned `Schema` of its version and
+        /// no migration plan (a widget's `ModelContainer(for: Schema([Item.self]))`), until its next restart or
+        /// reopen (scenarios with a ``Scenario/migration``).
+        public var unversionedOpen = 0
         /// Attributes one update changes, at most.
         public var maxFieldsPerUpdate = 2
         /// Size of the pool of unique-key values (smaller: more collisions).
@@ -144,7 +148,7 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// Every operation weight, in `WorkloadOperation` order (index 0 is the simplest).
         var weights: [Int] {
             [insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit, deleteReinsert, copies, staleCopy,
-             batchDelete, reopen, linkEdit, undo, redo]
+             batchDelete, reopen, linkEdit, undo, redo, unversionedOpen]
         }
 
         /// The weight fields by JSON key, in `weights` order.
@@ -153,6 +157,7 @@ public struct Scenario: Codable, Hashable, Sendable {
             ("relationshipEdit", \.relationshipEdit), ("uniqueCollision", \.uniqueCollision), ("encryptedEdit", \.encryptedEdit),
             ("deleteReinsert", \.deleteReinsert), ("copies", \.copies), ("staleCopy", \.staleCopy), ("batchDelete", \.batchDelete),
             ("reopen", \.reopen), ("linkEdit", \.linkEdit), ("undo", \.undo), ("redo", \.redo),
+            ("unversionedOpen", \.unversionedOpen),
         ] }
         /// The numbers that are not weights, by JSON key.
         static var otherFields: [(String, WritableKeyPath<Workload, Int>)] { [
@@ -295,6 +300,8 @@ public struct Scenario: Codable, Hashable, Sendable {
     public var expect: Expectations
     /// Chaos steps (workload operations and faults) per run.
     public var steps: Int
+    /// The app's migration plan (`nil`: containers open without one; left out of the canonical JSON).
+    public var migration: Migration? = nil
 
     /// The store called `name`.
     public func store(named name: String) -> Store? { stores.first { $0.name == name } }
@@ -463,7 +470,7 @@ struct ScenarioReader {
     /// runs (``Scenario/validate(file:fieldPrefix:)``).
     mutating func scenario(_ root: Any, defaultName: String) throws(ScenarioError) -> Scenario {
         let object = try self.object(root, "", allowed: ["name", "description", "schema", "stores", "devices", "storage",
-                                                          "workload", "faults", "timing", "expect", "steps"])
+                                                          "workload", "faults", "timing", "expect", "steps", "migration"])
         let name = try object["name"].map { v throws(ScenarioError) in try self.name(v, "name") } ?? defaultName
         let description = try object["description"].map { v throws(ScenarioError) in try string(v, "description") } ?? ""
         guard let schemaValue = object["schema"] else { throw fail("schema", "missing (a seed schema name, a list of them, or an inline schema)") }
@@ -487,8 +494,9 @@ struct ScenarioReader {
         }
         guard let stepsValue = object["steps"] else { throw fail("steps", "missing (the number of chaos steps, 1...100000)") }
         let steps = try integer(stepsValue, "steps")
-        let scenario = Scenario(name: name, description: description, schemaSeeds: seeds, schema: schema, stores: stores, devices: devices,
+        var scenario = Scenario(name: name, description: description, schemaSeeds: seeds, schema: schema, stores: stores, devices: devices,
                                 storage: storage, workload: workload, faults: faults, timing: timing, expect: expect, steps: steps)
+        scenario.migration = try object["migration"].map { v throws(ScenarioError) in try migration(v, "migration") }
         try scenario.validate(file: file)
         return scenario
     }
@@ -552,7 +560,7 @@ struct ScenarioReader {
 
     func attribute(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Attribute {
         let object = try self.object(value, path, allowed: ["name", "type", "optional", "default", "options", "optionsSince", "since",
-                                                                   "renamedFrom", "renamedSince"])
+                                                                   "renamedFrom", "renamedSince", "droppedSince"])
         let name = try identifier(object["name"], join(path, "name"))
         let typeText = try string(object["type"], join(path, "type"))
         let allowedTypes = Scenario.Limits.attributeTypes
@@ -596,8 +604,10 @@ struct ScenarioReader {
         let since = try object["since"].map { v throws(ScenarioError) in try integer(v, join(path, "since")) } ?? entitySince
         let renamedFrom = try object["renamedFrom"].map { v throws(ScenarioError) in try identifier(v, join(path, "renamedFrom")) }
         let renamedSince = try object["renamedSince"].map { v throws(ScenarioError) in try integer(v, join(path, "renamedSince")) }
-        return SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, optionsSince: optionsSince,
-                                          since: since, renamedFrom: renamedFrom, renamedSince: renamedSince)
+        var attribute = SimulationSchema.Attribute(name, type, optional: optional, default: defaultValue, options: options, optionsSince: optionsSince,
+                                                   since: since, renamedFrom: renamedFrom, renamedSince: renamedSince)
+        attribute.droppedSince = try object["droppedSince"].map { v throws(ScenarioError) in try integer(v, join(path, "droppedSince")) }
+        return attribute
     }
 
     func relationship(_ value: Any, _ path: String, entitySince: Int) throws(ScenarioError) -> SimulationSchema.Relationship {

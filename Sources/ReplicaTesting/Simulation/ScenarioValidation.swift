@@ -50,6 +50,7 @@ extension Scenario {
         try check.faults(faults)
         try check.timing(timing)
         try check.range(steps, "steps", Limits.steps)
+        try check.migration(self)
     }
 }
 

@@ -234,6 +234,11 @@ final class SimulationRun {
                 line.add("stores", device.spec.stores)
                 line.add("processes", device.processes.count)
             }
+            // A device at the newest version whose stores a widget of its build creates first, without the plan.
+            if let migration = scenario.migration, migration.noPlanOpen > 0, device.spec.upgrade == nil,
+               device.schemaVersion == scenario.schema.version, try dice.chance(migration.noPlanOpen) {
+                device.processes.first?.noPlanOpen = try dice.below(2) == 0 ? .versioned : .unversioned
+            }
             for process in device.processes { try start(process) }
         }
         for device in devices {
@@ -277,8 +282,7 @@ final class SimulationRun {
                                                              cloudKitDatabase: cloud))
                 }
             }
-            process.container = try ModelContainer(for: Schema(entities: entities, version: process.view.schema.version),
-                                                   configurations: configurations, environment: process.environment)
+            process.container = try openContainer(process, entities: entities, configurations: configurations)
         }
         guard let container = process.container else { return }
         let context = ModelContext(container)
@@ -312,6 +316,7 @@ final class SimulationRun {
         if phase != .setup {
             for store in process.stores where usesFile(store) { try checkIntegrity(process, store) }
         }
+        if usesPlan { try checkMigratedOnce(process) }
     }
 
     func orderedEngines(_ process: SimProcess) -> [SimEngine] {

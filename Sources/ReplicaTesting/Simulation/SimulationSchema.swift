@@ -33,6 +33,12 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
         public var renamedFrom: String?
         /// The schema version whose app calls the attribute ``name`` (`nil` without ``renamedFrom``).
         public var renamedSince: Int?
+        /// The schema version that removed the attribute (`nil`: never removed; left out of the canonical JSON). Only
+        /// attributes of local-only stores: a migration plan's lightweight stage drops its column.
+        public var droppedSince: Int? = nil
+
+        /// Whether schema `version` declares the attribute.
+        public func exists(in version: Int) -> Bool { since <= version && droppedSince.map { version < $0 } ?? true }
 
         public init(_ name: String, _ type: Schema.AttributeType, optional: Bool = false, default defaultValue: SQLiteValue? = nil,
                     options: [String] = [], optionsSince: [String: Int]? = nil, since: Int = 1,
@@ -138,7 +144,7 @@ public struct SimulationSchema: Codable, Hashable, Sendable {
         let entities = self.entities.filter { $0.since <= version }.map { entity in
             Schema.Entity(
                 name: entity.name,
-                attributes: entity.attributes.filter { $0.since <= version }.map {
+                attributes: entity.attributes.filter { $0.exists(in: version) }.map {
                     let stored = $0.storedName(version: version, locallyRenamed: localEntities.contains(entity.name))
                     return Schema.Attribute(name: stored.name, type: $0.type, isOptional: $0.optional, defaultValue: $0.defaultValue,
                                             options: $0.schemaOptions(version: version), originalName: stored.originalName)

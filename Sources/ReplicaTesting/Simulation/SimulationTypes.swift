@@ -72,13 +72,17 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// held and waiting records, upload marks and ended redirects are empty, the change token and resync marks gone
     /// (checked at each erase, through a connection of the simulator's own).
     case zoneDeletionErase = "zone-deletion-erase"
+    /// Every acknowledged row of a local store is transformed by each custom migration stage exactly once (not zero
+    /// times, not twice) and none is lost, whichever process of the new build opened the store first and how (checked
+    /// after every open through the scenario's migration plan, see MigrationPlans.swift).
+    case migratedOnce = "migrated-once"
 
     /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
     /// after each save, each upload, at each quiescent point): the count the trace's `checked` line reports.
     public static var checkedAtEnd: [Invariant] {
         allCases.filter {
             $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping && $0 != .schemaGate && $0 != .observersAgree
-                && $0 != .zoneDeletionErase
+                && $0 != .zoneDeletionErase && $0 != .migratedOnce
         }
     }
 
@@ -105,6 +109,7 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
         case .conflictLog: return "every local write a merge discarded unsynced is in the conflict log"
         case .observersAgree: return "live queries equal a fresh fetch at every quiescent point"
         case .zoneDeletionErase: return "nothing of a deleted zone is left in a store that erased it"
+        case .migratedOnce: return "each migration stage transforms every acknowledged row exactly once"
         }
     }
 }
@@ -358,6 +363,10 @@ final class SimProcess {
     /// Writes to stores while their sync was off, by store and record, and the records in first-write order.
     var offSyncWrites: [String: [UUID: OffSyncWrite]] = [:]
     var offSyncOrder: [String: [UUID]] = [:]
+    /// The next open is without the migration plan (scenarios with one; see MigrationPlans.swift).
+    var noPlanOpen: NoPlanOpen?
+    /// The container is open without the plan.
+    var openedWithoutPlan: NoPlanOpen?
 
     init(device: SimDevice, index: Int, stores: [Scenario.Store], view: SchemaView, environment: ReplicaEnvironment, faults: FaultSwitch) {
         self.device = device

@@ -8,7 +8,7 @@ import Foundation
 
 enum WorkloadOperation: Int, CaseIterable {
     case insert, update, delete, reinsert, relationshipEdit, uniqueCollision, encryptedEdit
-    case deleteReinsert, copies, staleCopy, batchDelete, reopen, linkEdit, undo, redo
+    case deleteReinsert, copies, staleCopy, batchDelete, reopen, linkEdit, undo, redo, unversionedOpen
 
     var name: String {
         switch self {
@@ -27,6 +27,7 @@ enum WorkloadOperation: Int, CaseIterable {
         case .linkEdit: return "link-edit"
         case .undo: return "undo"
         case .redo: return "redo"
+        case .unversionedOpen: return "unversioned-open"
         }
     }
 }
@@ -57,6 +58,10 @@ extension SimulationRun {
                 case .reopen:
                     // One target per synced store (not per entity), of processes whose stores all outlive their container.
                     if store.kind != .synced || !process.stores.allSatisfy(usesFile)
+                        || entity.name != process.view.entities(of: store).first?.name { continue }
+                case .unversionedOpen:
+                    // One target per local store, of processes whose stores are all files, in scenarios with a plan.
+                    if scenario.migration == nil || store.isSynced || !process.stores.allSatisfy(usesFile)
                         || entity.name != process.view.entities(of: store).first?.name { continue }
                 default: break
                 }
@@ -181,6 +186,8 @@ extension SimulationRun {
             try linkEditStep(&outcome, context: context, pool: pool)
         case .undo, .redo:
             try undoStep(&outcome, context: context, pool: pool, redo: operation == .redo)
+        case .unversionedOpen:
+            try unversionedOpenStep(&outcome)
         }
     }
 
