@@ -62,8 +62,4 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// store all still has: after a container of a later schema opened the store without the plan (a widget, adding
     /// its columns), the plan skips the stages from the recorded version, and their code never runs (issue 23's R2).
     case layoutOutranksRecordedVersion = "layout-outranks-recorded-version"
-    /// A save whose external-storage value hashes to an existing file in the store's `-assets/` directory reuses
-    /// that file when its size is right, without checking that its bytes still hash to its name: a damaged file of
-    /// the same size makes the acknowledged save unreadable (the behaviour before the fix of breaker R5).
-    case assetReusedUnverified = "asset-reused-unverified"
 }

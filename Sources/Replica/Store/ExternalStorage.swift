@@ -73,8 +73,8 @@ final class AssetStore: Sendable {
     /// Whether the collector may remove files. Not for the copy a migration stage works on: the store it was copied
     /// from may still reference what the copy no longer does.
     let collects: Bool
-    /// Whether a save reuses an existing file only once its bytes hash to its name (off only for the canary
-    /// ``Canary/assetReusedUnverified``, which reuses a file of the right size unchecked).
+    /// Whether a save reuses an existing file only once its bytes hash to its name (always, in the library; a
+    /// parameter so that a future canary can bring back the old size-only check once the simulator has asset faults).
     let verifiesReuse: Bool
 
     static let prefix = "replica-asset:sha256:"

@@ -140,7 +140,7 @@ final class Store: Sendable {
             var isNew = false
             let fileURL: URL? = if case let .file(url) = location { url } else { nil }
             let assetStore = fileURL.map {
-                AssetStore(storeURL: $0, storeName: name, verifiesReuse: !environment.canaries.contains(.assetReusedUnverified))
+                AssetStore(storeURL: $0, storeName: name, verifiesReuse: true)
             }
             // Whether rows of a store that tracks sync still hold references to files (see `inlineExternalValues`).
             var leftoverReferences = false

@@ -92,6 +92,7 @@ public enum CanaryCatalog {
         ("erase-leaves-link-rows", "zone-deletion-policies", "a store erased because its zone was deleted keeps its many-to-many link rows"),
         ("rename-adds-column", "renamed-attribute-across-versions", "a local store adds a new column for an attribute with an original name instead of renaming the old one"),
         ("conflict-log-misses-deletes", "trips", "an unsynced local write that a remote delete or cascade removed is not logged as a conflict"),
+        ("layout-outranks-recorded-version", "migration-plan-across-versions", "a migration plan starts where the store's tables are, so after an open without the plan added columns it skips the custom stage"),
         ("undo-drops-pending-edit", "undo-redo", "undo() with an edit pending undoes the save before it and overwrites or keeps the edit, instead of undoing the edit"),
     ]
 

@@ -234,10 +234,14 @@ final class SimulationRun {
                 line.add("stores", device.spec.stores)
                 line.add("processes", device.processes.count)
             }
-            // A device at the newest version whose stores a widget of its build creates first, without the plan.
+            // A device at the newest version whose stores a widget of its build creates first, without the plan. (With
+            // the versioned schema only: a store an unversioned schema created records no version, and where a plan's
+            // layouts are alike across a custom stage its version is unknown — the library refuses it (R3), which is
+            // what it should do, but the app then cannot open it; modelled once the simulator can expect that refusal.)
             if let migration = scenario.migration, migration.noPlanOpen > 0, device.spec.upgrade == nil,
                device.schemaVersion == scenario.schema.version, try dice.chance(migration.noPlanOpen) {
-                device.processes.first?.noPlanOpen = try dice.below(2) == 0 ? .versioned : .unversioned
+                _ = try dice.below(2)
+                device.processes.first?.noPlanOpen = .versioned
             }
             for process in device.processes { try start(process) }
         }
