@@ -81,13 +81,14 @@ struct StoreInUseTests {
     func renameRefusedWhileOpen() throws {
         try makeV1Store()
         var holder: ModelContainer? = try v1Container(seed: 2)
-        let reason = inUseReason { try ModelContainer(for: NotesV3.schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 3)) }
+        // An unversioned schema: a versioned one (NotesV3.schema) without its plan refuses a store recorded at 1.0.0.
+        let reason = inUseReason { try ModelContainer(for: Schema([NotesV3.Note.self]), migrationPlan: nil, configurations: [], environment: directory.environment(seed: 3)) }
         #expect(reason?.contains("renaming through original names") == true)
         // The rename and the columns added in the same preparing transaction were rolled back.
         #expect(try columns() == ["id", "title"])
         #expect(try ModelContext(try #require(holder)).fetch(NotesV1.Note.self).count == 2)
         holder = nil
-        let renamed = try ModelContainer(for: NotesV3.schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 4))
+        let renamed = try ModelContainer(for: Schema([NotesV3.Note.self]), migrationPlan: nil, configurations: [], environment: directory.environment(seed: 4))
         #expect(try ModelContext(renamed).fetch(NotesV3.Note.self).map(\.heading).sorted() == ["first", "second note"])
         #expect(try columns() == ["id", "heading", "words", "pinned"])
     }
