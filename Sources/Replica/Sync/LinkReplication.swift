@@ -322,11 +322,6 @@ enum LinkReplication {
     static let linkWaitedForSQL = "(SELECT target FROM replica_sync_link_waiting WHERE owner = replica_sync_record.id ORDER BY target LIMIT 1)"
 }
 
-extension LinkTable {
-    /// Whether the pair is one relationship that is its own inverse (`Person.friends` ↔ `Person.friends`).
-    var isOwnInverse: Bool { ownerEntity == memberEntity && ownerRelationship == memberRelationship }
-}
-
 extension CloudRecord {
     /// The records this record links to through its many-to-many relationship `relationship` (R17): the present links
     /// of its link field, in ID byte order; `nil` when it carries no such field or the field does not hold a link set.
