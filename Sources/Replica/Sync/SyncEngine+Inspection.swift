@@ -100,30 +100,3 @@ extension SyncEngine {
         return (statement.int64(0), statement.int64(1) != 0, stamps)
     }
 }
-
-extension ModelContext {
-    private static let historySpanSQL = StatementKey("SELECT max(token), count(*) FROM replica_history_transaction")
-
-    /// What store `storeName`'s history holds now, in brief: the store's replica identity (every token's
-    /// ``HistoryToken/storeIdentity``), the token value through which history was pruned (reading after an older token
-    /// throws ``ReplicaError/historyTokenExpired(_:)``), the newest transaction's token value (`nil` without any) and
-    /// the number of transactions (as ``historyTransactionCount(storeName:)``).
-    ///
-    /// For the simulator's idempotence check, which learns from it whether the history still holds the transactions
-    /// of an earlier full read, in one indexed read instead of a query of the newest transaction and a count.
-    /// - Throws: `ReplicaError.unknownStore` for a name no configuration has; SQLite errors of the read.
-    @_spi(Simulation) public func historySpan(storeName: String) throws
-        -> (storeIdentity: UUID, prunedThrough: Int64, newest: Int64?, count: Int) {
-        guard let index = container.stores.firstIndex(where: { $0.configuration.name == storeName }) else {
-            throw ReplicaError.unknownStore(storeName)
-        }
-        let db = try connection(for: index)
-        return try db.transaction(.deferred) {
-            let pruned = try HistoryLog.prunedThrough(db)
-            let statement = try db.cachedStatement(Self.historySpanSQL)
-            defer { statement.reset() }
-            guard try statement.step() else { return (container.stores[index].identity, pruned, nil, 0) }
-            return (container.stores[index].identity, pruned, statement.isNull(0) ? nil : statement.int64(0), Int(statement.int64(1)))
-        }
-    }
-}
