@@ -11,11 +11,11 @@ struct LedgerJSONFastPathTests {
     @Test func tokenAndLeaseMatchJSONEncoder() throws {
         for (epoch, sequence) in [(Int64(0), Int64(0)), (.min, .max), (-5, 17), (1, 123_456_789)] {
             let token = ServerChangeToken(epoch: epoch, sequence: sequence)
-            #expect(try token.ledgerJSON == SyncLedger.encode(token))
+            #expect(try token.ledgerJSON == ReplicaJSON.string(token))
         }
         for expires in [Int64(0), -42, .max, .min] {
             let lease = SyncEngine.Lease(holder: UUID(), expires: expires)
-            #expect(try lease.json == SyncLedger.encode(lease))
+            #expect(try lease.json == ReplicaJSON.string(lease))
         }
     }
 
@@ -31,8 +31,8 @@ struct LedgerJSONFastPathTests {
             ("k\($0.offset)\\\"é", CloudField(value: $0.element, stamp: Self.stamp))
         }))
         for map in maps {
-            let json = try SyncLedger.encode(map)
-            let slow = SyncLedger.decode([String: CloudField].self, json)
+            let json = try ReplicaJSON.string(map)
+            let slow = ReplicaJSON.decode([String: CloudField].self, json)
             let fast = SyncLedger.decodeCloudFields(json)
             #expect(fast?.keys.sorted() == slow?.keys.sorted())
             for (key, field) in slow ?? [:] {
@@ -55,7 +55,7 @@ struct LedgerJSONFastPathTests {
                      "{\"a\":{\"isEncrypted\":false,\"stamp\":\"\(stamp)\"}}",
                      "{\"a\":{\"isEncrypted\":false,\"stamp\":\"\(stamp)\",\"value\":{\"null\":{}}},\"a\":{\"isEncrypted\":true,\"stamp\":\"\(stamp)\",\"value\":{\"null\":{}}}}",
                      "{\"a\":{\"isEncrypted\":false,\"stamp\":\"\(stamp)\",\"value\":{\"null\":{}}}} ", "[", ""] {
-            let slow = SyncLedger.decode([String: CloudField].self, json)
+            let slow = ReplicaJSON.decode([String: CloudField].self, json)
             let fast = SyncLedger.decodeCloudFields(json)
             #expect(fast == slow, "\(json)")
         }

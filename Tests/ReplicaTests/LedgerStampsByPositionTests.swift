@@ -145,7 +145,7 @@ struct LedgerStoreStatementTests {
                     try SyncLedger.store(state, actual, stamps: stamps, exists: exists)
                     try expected.run(Self.upsert, [
                         id.sqliteValue, .text("Item"), .integer(2), .text(stamp.description), .blob(stamps),
-                        .text(try SyncLedger.encode(state.unknown)), .null, .null, .text("tag"), .integer(4),
+                        .text(try ReplicaJSON.string(state.unknown)), .null, .null, .text("tag"), .integer(4),
                         .integer(pending ? 1 : 0), .text(pending ? "pending" : "synced"),
                     ])
                     let query = "SELECT * FROM replica_sync_record ORDER BY id"

@@ -16,7 +16,7 @@ extension SyncLedger {
         var records: [CloudRecord] = []
         var requeue: [CloudRecord] = []
         for row in try db.rows("SELECT id, record, pending FROM replica_sync_unknown_record WHERE record_type IN (\(names)) ORDER BY id") {
-            guard case let .text(json) = row[1], var record = decode(CloudRecord.self, json),
+            guard case let .text(json) = row[1], var record = ReplicaJSON.decode(CloudRecord.self, json),
                   let entity = store.entity(named: record.recordType) else { continue }
             // A tombstone kept opaquely holds every field its versions had (the older schema cannot tell which ones
             // survive a delete); this one can: only attributes preserved on deletion (and fields it does not know)

@@ -203,7 +203,7 @@ extension SyncLedger {
             }
         }
         for row in try db.rows("SELECT record FROM replica_sync_unknown_record") {
-            if let json = text(row[0]), let record = decode(CloudRecord.self, json) {
+            if let json = text(row[0]), let record = ReplicaJSON.decode(CloudRecord.self, json) {
                 see(record.created.clock)
                 see(record.fields)
             }

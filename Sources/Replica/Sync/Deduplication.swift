@@ -102,7 +102,7 @@ extension SyncLedger {
                     """, [target.sqliteValue, .text(winner.entityName)])
                 for entry in ended {
                     guard let loserID = try? UUID(sqliteValue: entry[0]) else { continue }
-                    if case let .text(json) = entry[1], let fields = decode([String: CloudField].self, json) { contributions.append(fields) }
+                    if case let .text(json) = entry[1], let fields = ReplicaJSON.decode([String: CloudField].self, json) { contributions.append(fields) }
                     if visited.insert(loserID).inserted { next.append(loserID) }
                 }
             }
@@ -172,7 +172,7 @@ extension SyncLedger {
             .compactMap { row in
                 guard case let .integer(incarnation) = row[0] else { return nil }
                 var fields: [String: CloudField] = [:]
-                if case let .text(json) = row[2] { fields = decode([String: CloudField].self, json) ?? [:] }
+                if case let .text(json) = row[2] { fields = ReplicaJSON.decode([String: CloudField].self, json) ?? [:] }
                 return EndedIncarnation(incarnation: incarnation, winner: try? UUID(sqliteValue: row[1]), fields: fields)
             }
     }
@@ -182,7 +182,7 @@ extension SyncLedger {
             INSERT INTO replica_sync_ended_redirect (id, incarnation, entity, winner, fields) VALUES (?, ?, ?, ?, ?)
             ON CONFLICT (id, incarnation) DO UPDATE SET winner = excluded.winner, fields = excluded.fields
             """, [id.sqliteValue, .integer(entry.incarnation), .text(entity), entry.winner?.sqliteValue ?? .null,
-                  entry.fields.isEmpty ? .null : .text(try encode(entry.fields))])
+                  entry.fields.isEmpty ? .null : .text(try ReplicaJSON.string(entry.fields))])
     }
 
     /// Joins into the ended incarnation `incarnation` of record `id` a winner (the smaller ID wins a disagreement)

@@ -38,13 +38,13 @@ extension SyncLedger {
         var retry = retryAt
         if let row = try db.rows("SELECT record, retry_at FROM replica_sync_held WHERE id = ? AND record_type = ?",
                                  [remote.recordID.sqliteValue, .text(remote.recordType)]).first {
-            if case let .text(json) = row[0], let existing = decode(CloudRecord.self, json) { record = mergeOpaque(existing, remote) }
+            if case let .text(json) = row[0], let existing = ReplicaJSON.decode(CloudRecord.self, json) { record = mergeOpaque(existing, remote) }
             if case let .integer(earlier) = row[1] { retry = max(retry, earlier) }
         }
         try db.run("""
             INSERT INTO replica_sync_held (id, record_type, record, reason, retry_at) VALUES (?, ?, ?, ?, ?)
             ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason, retry_at = excluded.retry_at
-            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(try encode(record)), .text(reason.description), .integer(retry)])
+            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(try ReplicaJSON.string(record)), .text(reason.description), .integer(retry)])
         if let tag = remote.changeTag { try adoptChangeTag(tag, of: remote.recordID, db) }
     }
 
@@ -59,7 +59,7 @@ extension SyncLedger {
         var due: [CloudRecord] = []
         for row in try db.rows("SELECT id, record_type, record FROM replica_sync_held WHERE retry_at <= ? ORDER BY id, record_type",
                                [.integer(wall)]) {
-            guard case let .text(json) = row[2], var record = decode(CloudRecord.self, json) else { continue }
+            guard case let .text(json) = row[2], var record = ReplicaJSON.decode(CloudRecord.self, json) else { continue }
             try db.run("DELETE FROM replica_sync_held WHERE id = ? AND record_type = ?", [row[0], row[1]])
             record.changeTag = nil
             due.append(record)

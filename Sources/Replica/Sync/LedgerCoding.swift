@@ -434,7 +434,7 @@ extension SyncLedger {
                 i += 1
             }
         }
-        return fast ?? decode([String: FieldStamp].self, json)
+        return fast ?? ReplicaJSON.decode([String: FieldStamp].self, json)
     }
 }
 
@@ -451,7 +451,7 @@ extension SyncLedger {
             var parser = CloudFieldsParser(bytes: bytes)
             return parser.parse()
         }) { return fields }
-        return decode([String: CloudField].self, json)
+        return ReplicaJSON.decode([String: CloudField].self, json)
     }
 }
 

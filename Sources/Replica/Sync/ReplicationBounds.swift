@@ -185,7 +185,7 @@ extension SyncLedger {
     /// A version whose stamps do not fit the text form cannot be written as JSON: it is kept as its ID, type and
     /// reason.
     static func reject(_ remote: CloudRecord, reason: RecordRejection, _ db: Connection) throws {
-        let json = (try? encode(remote)) ?? ""
+        let json = (try? ReplicaJSON.string(remote)) ?? ""
         try db.run("""
             INSERT INTO replica_sync_rejected (id, record_type, record, reason) VALUES (?, ?, ?, ?)
             ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, reason = excluded.reason

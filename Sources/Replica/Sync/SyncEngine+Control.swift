@@ -12,7 +12,7 @@ extension SyncEngine {
     /// - Throws: ``SQLiteError`` when the store cannot be read.
     public func serverChangeToken() throws -> ServerChangeToken? {
         guard case let .text(json)? = try db.scalar(Self.storedTokenSQL) else { return nil }
-        return SyncLedger.decode(ServerChangeToken.self, json)
+        return ReplicaJSON.decode(ServerChangeToken.self, json)
     }
 
     /// Forgets the server change token so that the next fetch reads the whole zone again and compares it with the

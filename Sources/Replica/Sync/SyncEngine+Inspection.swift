@@ -65,7 +65,7 @@ extension SyncEngine {
     public func unknownTypeRecords() throws -> [CloudRecord] {
         try db.rows("SELECT record FROM replica_sync_unknown_record ORDER BY id").compactMap { row in
             guard case let .text(json) = row[0] else { return nil }
-            return SyncLedger.decode(CloudRecord.self, json)
+            return ReplicaJSON.decode(CloudRecord.self, json)
         }
     }
 }

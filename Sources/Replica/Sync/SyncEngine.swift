@@ -428,7 +428,7 @@ public final class SyncEngine {
                     if case .corrupt = entry.state { continue }
                     entries[index] = LedgerEntry(id: pid, state: state, causalLength: entry.causalLength, changeTag: entry.changeTag)
                 } else {
-                    let record = SyncLedger.decode(CloudRecord.self, json)
+                    let record = ReplicaJSON.decode(CloudRecord.self, json)
                     entries.append(LedgerEntry(id: pid, state: state, causalLength: record?.causalLength ?? 0, changeTag: record?.changeTag))
                 }
             }
@@ -525,7 +525,7 @@ public final class SyncEngine {
         var holder: UUID
         var expires: Int64
 
-        /// What `SyncLedger.encode(self)` writes (JSONEncoder, sorted keys), written directly: this runs before
+        /// What `ReplicaJSON.string(self)` writes (JSONEncoder, sorted keys), written directly: this runs before
         /// requests, and JSONEncoder costs more than the statement that stores it.
         var json: String { "{\"expires\":\(expires),\"holder\":\"\(holder.uuidString)\"}" }
     }
@@ -962,7 +962,7 @@ public final class SyncEngine {
         // The stored text decides the token: the same text as last time decodes to the same token (read before every
         // fetch, and JSONDecoder cost more than the query).
         if let decoded = decodedToken, decoded.json == json { return decoded.token }
-        let token = SyncLedger.decode(ServerChangeToken.self, json)
+        let token = ReplicaJSON.decode(ServerChangeToken.self, json)
         decodedToken = (json, token)
         return token
     }

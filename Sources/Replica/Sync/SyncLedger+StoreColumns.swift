@@ -171,7 +171,7 @@ extension SyncLedger {
             }
             guard changed else { continue }
             try db.run("UPDATE replica_sync_record SET stamps = ?, unknown = ? WHERE id = ?",
-                       [.blob(encodeStamps(state.stamps)), state.unknown.isEmpty ? .null : .text(encode(state.unknown)), id.sqliteValue])
+                       [.blob(encodeStamps(state.stamps)), state.unknown.isEmpty ? .null : .text(ReplicaJSON.string(state.unknown)), id.sqliteValue])
         }
     }
 }

@@ -265,8 +265,8 @@ enum SyncLedger {
 
     /// Writes the ledger row of a record in `mode` (see ``insertSQL``).
     private static func store(_ state: RecordState, _ db: Connection, stamps: Data, local mode: StoreMode, exists: Bool) throws {
-        let unknown = state.unknown.isEmpty ? nil : try encode(state.unknown)
-        let tombstone = state.tombstone.isEmpty ? nil : try encode(state.tombstone)
+        let unknown = state.unknown.isEmpty ? nil : try ReplicaJSON.string(state.unknown)
+        let tombstone = state.tombstone.isEmpty ? nil : try ReplicaJSON.string(state.tombstone)
         func run(_ sql: StatementKey, update: Bool) throws -> Bool {
             let statement = try db.cachedStatement(sql)
             defer { statement.reset() }
@@ -442,7 +442,7 @@ enum SyncLedger {
                 try statement.bind(Int64(limit - result.count), at: 0)
                 while try statement.step() {
                     guard sqlite3_column_type(statement.handle, 0) == SQLITE_TEXT,
-                          var record = decode(CloudRecord.self, statement.string(0)) else { continue }
+                          var record = ReplicaJSON.decode(CloudRecord.self, statement.string(0)) else { continue }
                     record.changeTag = nil
                     result.append((record, 0))
                 }
@@ -463,9 +463,9 @@ enum SyncLedger {
     /// Marks the saved version of a record of an unknown type as the cloud's. Returns `false` when there is none.
     static func unknownRecordSaved(_ id: UUID, changeTag: String, _ db: Connection) throws -> Bool {
         guard case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_unknown_record WHERE id = ?", [id.sqliteValue]),
-              var record = decode(CloudRecord.self, json) else { return false }
+              var record = ReplicaJSON.decode(CloudRecord.self, json) else { return false }
         record.changeTag = changeTag
-        try db.run("UPDATE replica_sync_unknown_record SET record = ?, pending = 0 WHERE id = ?", [.text(try encode(record)), id.sqliteValue])
+        try db.run("UPDATE replica_sync_unknown_record SET record = ?, pending = 0 WHERE id = ?", [.text(try ReplicaJSON.string(record)), id.sqliteValue])
         return true
     }
 
@@ -1020,13 +1020,13 @@ enum SyncLedger {
     static func keepUnknownRecord(_ record: CloudRecord, _ db: Connection) throws {
         var merged = record
         if case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_unknown_record WHERE id = ?", [record.recordID.sqliteValue]),
-           let existing = decode(CloudRecord.self, json) {
+           let existing = ReplicaJSON.decode(CloudRecord.self, json) {
             merged = mergeOpaque(existing, record)
         }
         try db.run("""
             INSERT INTO replica_sync_unknown_record (id, record_type, record) VALUES (?, ?, ?)
             ON CONFLICT (id) DO UPDATE SET record = excluded.record, pending = 0
-            """, [record.recordID.sqliteValue, .text(record.recordType), .text(try encode(merged))])
+            """, [record.recordID.sqliteValue, .text(record.recordType), .text(try ReplicaJSON.string(merged))])
     }
 
     /// The join of two versions of a record, field by field (used for records this schema cannot materialize).
@@ -1150,25 +1150,6 @@ enum SyncLedger {
             current = next
         }
         return nil
-    }
-
-    // MARK: JSON
-
-    /// `value` as the ledger's JSON (JSONEncoder, sorted keys).
-    /// - Throws: `EncodingError` when a value cannot be written (a field stamp outside the text form's range).
-    static func encode<T: Encodable>(_ value: T) throws -> String {
-        String(decoding: try ReplicaJSON.encoder().encode(value), as: UTF8.self)
-    }
-
-    /// ``encode(_:)`` for values that hold no field stamp (whose encoding cannot fail): a failure is a programmer
-    /// error in the value's type, and traps.
-    static func encodeStampless<T: Encodable>(_ value: T) -> String {
-        do { return try encode(value) } catch { preconditionFailure("Replica: \(T.self) failed to encode as JSON: \(error)") }
-    }
-
-    static func decode<T: Decodable>(_ type: T.Type, _ json: String?) -> T? {
-        guard let json else { return nil }
-        return try? ReplicaJSON.decoder().decode(T.self, from: Data(json.utf8))
     }
 }
 
