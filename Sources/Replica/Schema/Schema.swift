@@ -62,14 +62,6 @@ public struct Schema: Sendable, Hashable, Codable {
 
     /// The names of all entities, in declaration order.
     public var entityNames: [String] { entities.map(\.name) }
-
-    /// Checks the whole schema and reports every violation at once.
-    /// - Throws: ``SchemaValidationError`` listing each problem (duplicate names, relationships to unknown entities,
-    ///   inverses that do not point back, non-optional attributes without defaults where that is required, and so on).
-    public func validate() throws {
-        let violations = SchemaValidator(schema: self).violations()
-        if !violations.isEmpty { throw SchemaValidationError(violations: violations) }
-    }
 }
 
 // MARK: - Entity

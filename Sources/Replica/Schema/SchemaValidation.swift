@@ -95,6 +95,9 @@ public struct SchemaValidationError: Error, Sendable, Hashable, CustomStringConv
 /// Checks a schema's structure. Internal; use ``Schema/validate()``.
 struct SchemaValidator {
     let schema: Schema
+    /// The table and index names the store creates for itself (lowercased; ``Store/reservedSQLNames``): no name
+    /// derived from the schema may equal one of them. Given as data so that Schema/ need not know the store's DDL.
+    let reservedSQLNames: Set<String>
 
     static func isValidName(_ name: String) -> Bool {
         guard let first = name.unicodeScalars.first, name.utf8.count <= 64, !name.lowercased().hasPrefix("replica_") else { return false }
@@ -168,29 +171,12 @@ struct SchemaValidator {
     /// over unsaved changes fills adds a liveness column (see `QueryEngine.overlay`).
     static let maximumStoredFields = sqliteColumnLimit - 2
 
-    /// The table and index names Replica creates for itself in every store (metadata, history, sync bookkeeping),
-    /// read from the statements that create them, plus those earlier versions created: no name derived from a
-    /// schema may equal one of them.
-    static let internalSQLNames: Set<String> = {
-        var names: Set<String> = ["replica_sync_record_pending"]
-        for script in [Store.metadataSQL, HistoryLog.createSQL, SyncLedger.createSQL] {
-            for line in script.split(separator: "\n") {
-                let words = line.split(whereSeparator: { $0 == " " || $0 == "(" || $0 == ";" })
-                guard let create = words.firstIndex(of: "CREATE"), words.count > create + 5,
-                      words[create + 1] == "TABLE" || words[create + 1] == "INDEX",
-                      words[create + 2] == "IF", words[create + 3] == "NOT", words[create + 4] == "EXISTS" else { continue }
-                names.insert(words[create + 5].lowercased())
-            }
-        }
-        return names
-    }()
-
     /// The derived index and link-table names (all start with `replica_`) that equal, ignoring case, another derived
-    /// name or one of ``internalSQLNames``. Only entities in `tables` (the first of each case-insensitive name) are
+    /// name or one of ``reservedSQLNames``. Only entities in `tables` (the first of each case-insensitive name) are
     /// looked at, and of them only members whose names are distinct: their collisions are reported already.
     private func sqlNameCollisions(among tables: [String: String]) -> [SchemaViolation] {
         var found: [SchemaViolation] = []
-        var taken = Self.internalSQLNames
+        var taken = reservedSQLNames
         func claim(_ name: String, entity: String, member: String) {
             if !taken.insert(name.lowercased()).inserted { found.append(.sqlNameCollision(entity: entity, member: member, name: name)) }
         }
@@ -199,10 +185,10 @@ struct SchemaValidator {
         for entity in entities {
             var seen = Set<String>(["id"])
             for relationship in entity.toOneRelationships where seen.insert(relationship.name.lowercased()).inserted {
-                claim(Store.relationshipIndexName(entity: entity.name, relationship: relationship.name), entity: entity.name, member: relationship.name)
+                claim(Schema.relationshipIndexName(entity: entity.name, relationship: relationship.name), entity: entity.name, member: relationship.name)
             }
             for (i, constraint) in entity.uniquenessConstraints.enumerated() where !constraint.isEmpty {
-                claim(Store.uniquenessIndexName(entity: entity.name, constraint: i), entity: entity.name, member: constraint.joined(separator: ", "))
+                claim(Schema.uniquenessIndexName(entity: entity.name, constraint: i), entity: entity.name, member: constraint.joined(separator: ", "))
             }
         }
         let destinations = Set(entities.map(\.name))

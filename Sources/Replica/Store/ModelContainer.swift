@@ -45,7 +45,7 @@ public final class ModelContainer: Sendable {
     init(for schema: Schema, configurations: [ModelConfiguration], environment: ReplicaEnvironment, byMigrationPlan: Bool) throws {
         let configurations = configurations.isEmpty ? [ModelConfiguration()] : configurations
         if !schema.declarationMismatches.isEmpty { throw ReplicaError.invalidModelDeclaration(schema.declarationMismatches) }
-        let structural = SchemaValidator(schema: schema).violations()
+        let structural = SchemaValidator(schema: schema, reservedSQLNames: Store.reservedSQLNames).violations()
         if !structural.isEmpty {
             let synced = Self.syncedViolations(of: schema, configurations)
             throw ReplicaError.invalidSchema(SchemaValidationError(violations: structural + synced))

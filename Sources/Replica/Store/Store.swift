@@ -378,18 +378,12 @@ final class Store: Sendable {
     static func indexSQL(_ entity: Schema.Entity) -> [String] {
         let table = quoted(entity.name)
         return entity.toOneRelationships.map {
-            "CREATE INDEX IF NOT EXISTS \(quoted(relationshipIndexName(entity: entity.name, relationship: $0.name))) ON \(table) (\(quoted($0.name)))"
+            "CREATE INDEX IF NOT EXISTS \(quoted(Schema.relationshipIndexName(entity: entity.name, relationship: $0.name))) ON \(table) (\(quoted($0.name)))"
         } + entity.uniquenessConstraints.enumerated().compactMap { i, constraint in
             constraint.isEmpty ? nil
-                : "CREATE INDEX IF NOT EXISTS \(quoted(uniquenessIndexName(entity: entity.name, constraint: i))) ON \(table) (\(constraint.map(quoted).joined(separator: ", ")))"
+                : "CREATE INDEX IF NOT EXISTS \(quoted(Schema.uniquenessIndexName(entity: entity.name, constraint: i))) ON \(table) (\(constraint.map(quoted).joined(separator: ", ")))"
         }
     }
-
-    /// The name of the index on the column of a to-one relationship (schema validation checks it is unique).
-    static func relationshipIndexName(entity: String, relationship: String) -> String { "replica_\(entity)_\(relationship)" }
-
-    /// The name of the index of the `constraint`th uniqueness constraint of an entity.
-    static func uniquenessIndexName(entity: String, constraint: Int) -> String { "replica_\(entity)_unique\(constraint)" }
 
     /// Creates missing tables, columns and indexes, and reads or creates the replica identity — in one write
     /// transaction, so two processes opening a new store file at once agree on one identity. With `schemaReady`, the
