@@ -9,7 +9,7 @@ import Synchronization
 /// through a reference is safe from any thread. Loaded targets are cached until the owning context saves
 /// (``invalidate()``); when the owning context goes away the loader is closed (``close()``): it frees its
 /// connections and cache, and further loads throw ``ReplicaError/noContextForReference(_:)``.
-final class ReferenceLoader: Sendable {
+final class ReferenceLoader: ReferenceLoading, Sendable {
     private struct State {
         /// `nil` once closed.
         var container: ModelContainer?

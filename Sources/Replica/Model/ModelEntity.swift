@@ -16,7 +16,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         enum Kind {
             case attribute(Schema.Attribute, encode: (Model) -> SQLiteValue)
             case toOne(Schema.Relationship, encode: (Model) -> SQLiteValue)
-            case toMany(Schema.Relationship, assign: (inout Model, [UUID], ReferenceLoader?) -> Void, members: (Model) -> [UUID])
+            case toMany(Schema.Relationship, assign: (inout Model, [UUID], (any ReferenceLoading)?) -> Void, members: (Model) -> [UUID])
         }
         var kind: Kind
         let keyPath: PartialKeyPath<Model>
@@ -27,7 +27,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         /// For relationships: resolves the references of a batch of models.
         let prefetch: Prefetch?
         /// For to-one relationships: lets the model's unresolved reference load its target through a loader.
-        var attachLoader: ((inout Model, ReferenceLoader) -> Void)?
+        var attachLoader: ((inout Model, any ReferenceLoading) -> Void)?
         /// For relationships: whether two models' references carry equal targets (both none, or equal values, their
         /// own carried targets compared likewise). Live queries compare results with it.
         var sameTargets: ((Model, Model) -> Bool)?
@@ -219,7 +219,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
 
     /// To-many relationships with the closures that assign (with the loader their references load targets through)
     /// and read their members.
-    typealias ToManyMember = (relationship: Schema.Relationship, assign: (inout Model, [UUID], ReferenceLoader?) -> Void,
+    typealias ToManyMember = (relationship: Schema.Relationship, assign: (inout Model, [UUID], (any ReferenceLoading)?) -> Void,
                               members: (Model) -> [UUID])
 
     /// The entity's description and encoders, built once and shared: copying a `ModelEntity` (every access to a
@@ -239,7 +239,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let prefetchByName: [String: Prefetch]
         /// One per to-one relationship: attaches a loader to the model's unresolved reference (see
         /// ``Member/attachLoader``).
-        let loaderAttachers: [(inout Model, ReferenceLoader) -> Void]
+        let loaderAttachers: [(inout Model, any ReferenceLoading) -> Void]
         /// One per relationship: compares two models' carried targets (see ``Member/sameTargets``).
         let targetComparers: [(Model, Model) -> Bool]
         let query: EntityQueryInfo
@@ -258,7 +258,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
 
         init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
              fieldIndexByKeyPath: [PartialKeyPath<Model>: Int], toManyMembers: [ToManyMember],
-             prefetchByName: [String: Prefetch], loaderAttachers: [(inout Model, ReferenceLoader) -> Void],
+             prefetchByName: [String: Prefetch], loaderAttachers: [(inout Model, any ReferenceLoading) -> Void],
              targetComparers: [(Model, Model) -> Bool], query: EntityQueryInfo, declaredMembers: [DeclaredMember]) {
             self.schemaEntity = schemaEntity
             self.declaredMembers = declaredMembers
@@ -357,7 +357,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var referenceKeyPaths: [PartialKeyPath<Model>] = []
         var toMany: [ToManyMember] = []
         var prefetch: [String: Prefetch] = [:]
-        var attachers: [(inout Model, ReferenceLoader) -> Void] = []
+        var attachers: [(inout Model, any ReferenceLoading) -> Void] = []
         var comparers: [(Model, Model) -> Bool] = []
         var declaredAttributes: [DeclaredMember] = []
         var declaredToOne: [DeclaredMember] = []
@@ -551,7 +551,7 @@ extension ModelEntity {
 
     /// Lets every unresolved reference of `models` load its target through `loader` (to-many members get it when
     /// they are assigned). O(models × to-one relationships).
-    func attach(_ loader: ReferenceLoader, to models: inout [Model]) {
+    func attach(_ loader: any ReferenceLoading, to models: inout [Model]) {
         let attachers = storage.loaderAttachers
         guard !attachers.isEmpty else { return }
         for index in models.indices {

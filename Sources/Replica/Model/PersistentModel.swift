@@ -134,7 +134,7 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
     }
 
     /// A reference to `id` whose target loads on demand through `loader` (what fetches hand out).
-    init(_ id: UUID, loader: ReferenceLoader?) {
+    init(_ id: UUID, loader: (any ReferenceLoading)?) {
         self.id = id
         self.state = loader.map(ReferenceState.loadable)
     }
@@ -168,15 +168,6 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
         }
     }
 
-    /// The referenced model as `context` sees it (its unsaved changes included): the carried one when there is one,
-    /// else `context.model(Target.self, id: id)`.
-    /// - Returns: the target, or `nil` when no record `id` exists in `context`.
-    /// - Throws: as ``ModelContext/model(_:id:)``.
-    public func load(in context: ModelContext) throws -> Target? {
-        if let resolved { return resolved }
-        return try context.model(Target.self, id: id)
-    }
-
     /// A copy of this reference resolved with `model` (whose ID must equal ``id``).
     func resolving(_ model: Target) -> Reference {
         var copy = self
@@ -185,7 +176,7 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
     }
 
     /// Lets an unresolved reference load its target through `loader` (a resolved one keeps its target).
-    mutating func attach(_ loader: ReferenceLoader) {
+    mutating func attach(_ loader: any ReferenceLoading) {
         if state == nil { state = .loadable(loader) }
     }
 
@@ -232,7 +223,7 @@ public struct Reference<Target: PersistentModel>: Hashable, Sendable, Codable, C
 /// What a ``Reference`` carries besides its ID: its target, or the loader of the context that fetched it.
 private enum ReferenceState<Target: PersistentModel>: Sendable {
     case resolved(ResolvedTarget<Target>)
-    case loadable(ReferenceLoader)
+    case loadable(any ReferenceLoading)
 }
 
 /// The immutable resolved target of a ``Reference`` (a class so that a model may hold references to its own type).
