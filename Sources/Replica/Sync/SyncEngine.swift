@@ -1,52 +1,6 @@
 import CSQLite
 import Foundation
 
-/// One request the engine wants performed, tagged so its response can be matched.
-public struct SyncRequest: Hashable, Sendable {
-    /// Unique per engine instance; responses carry it back.
-    public let id: UInt64
-    /// What to ask the cloud database.
-    public let operation: CloudOperation
-}
-
-/// The state of a synced store as the engine sees it. Never reports "up to date" while something is failing.
-public struct SyncStatus: Hashable, Sendable {
-    /// Records whose local changes the cloud does not have yet.
-    public var pendingRecords: Int
-    /// Records the cloud refused for good (they stay queued, with a reason in the ledger).
-    public var rejectedRecords: Int
-    /// Live records that reference a record this device has not received yet.
-    public var waitingForParent: Int
-    /// Records whose encrypted fields could not be opened.
-    public var undecryptableRecords: Int
-    /// Versions received from the cloud that are stamped further ahead of this device's clock than
-    /// ``SyncEngine/Options/maxClockDriftMilliseconds``: kept, not merged yet (R2).
-    public var heldRecords = 0
-    /// Records whose sync bookkeeping could not be read (``LedgerState/corrupt(_:)``): rebuilt, kept out of the
-    /// outbox until a fresh cloud copy or a full read of the zone repairs them. Also counts ledger rows not read yet
-    /// whose entity or causal length is visibly unreadable (wrong storage class, out of range): they are rebuilt
-    /// when first read.
-    public var corruptRecords = 0
-    /// Set when the engine refuses to sync (e.g. an incompatible schema).
-    public var blockedBy: ReplicaError?
-    /// A zone deletion waiting for the app's answer (``ZoneDeletionPolicy/ask``): nothing syncs, and nothing local
-    /// changes, until ``SyncEngine/resolveZoneDeletion(_:)``.
-    public var zoneDeletion: ZoneDeletion?
-    /// `true` while the engine still has to read the zone's changes.
-    public var needsFetch: Bool
-    /// The last error of the last failed operation, cleared by the next success.
-    public var lastError: CloudError?
-    /// The encryption error that stops the engine (e.g. a wrong key), else the last record that failed to decrypt.
-    public var encryptionError: FieldEncryptionError?
-
-    /// Nothing to send, nothing to read, nothing failing.
-    public var isUpToDate: Bool {
-        pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && heldRecords == 0
-            && corruptRecords == 0 && !needsFetch
-            && lastError == nil && blockedBy == nil && encryptionError == nil && zoneDeletion == nil
-    }
-}
-
 /// The sans-IO sync engine of one synced store: it decides what to ask the cloud (``nextRequest()``) and applies
 /// the answers (``handle(_:_:)``), but never performs I/O itself. A driver (``SyncDriver``) or the simulator
 /// delivers requests and responses, including duplicated, late or lost ones.
@@ -63,34 +17,6 @@ public struct SyncStatus: Hashable, Sendable {
 ///
 /// An engine is confined to one task (it owns a SQLite connection), like a ``ModelContext``.
 public final class SyncEngine {
-    /// Tuning knobs.
-    public struct Options: Sendable, Hashable {
-        /// Records per modify request (values below 1 count as 1).
-        public var uploadBatchSize = 200
-        /// Records per fetch request (values below 1 count as 1).
-        public var fetchLimit = 500
-        /// First retry delay after a transient error without a server-given delay, in milliseconds (doubles per
-        /// consecutive failure, plus up to 25% random jitter from the environment).
-        public var baseBackoffMilliseconds: Int64 = 500
-        /// Upper bound of the retry delay, in milliseconds (also of a delay the server asks for).
-        public var maxBackoffMilliseconds: Int64 = 300_000
-        /// How long the upload lease of an app-group store lasts without renewal, in milliseconds. A process that
-        /// dies holding it is replaced once it expires.
-        public var leaseDurationMilliseconds: Int64 = 30_000
-        /// How far ahead of this device's wall clock a remote stamp may be, in milliseconds, and still be merged
-        /// (R2; default ``ReplicationBounds/defaultMaxClockDriftMilliseconds``, 24 hours). A record with a stamp
-        /// further ahead is not merged (it would drag this device's clock, and so every later stamp it makes, along):
-        /// it is kept, reported as ``LedgerState/aheadOfClock(reason:retryAt:)`` and counted in
-        /// ``SyncStatus/heldRecords``, and merged at the first fetch once the clock has caught up. Negative values
-        /// count as 0; `Int64.max` turns the bound off.
-        public var maxClockDriftMilliseconds: Int64 = ReplicationBounds.defaultMaxClockDriftMilliseconds
-        /// What the store does when the cloud reports its zone deleted (``CloudError/zoneDeleted(reason:)``), decided
-        /// before anything changes locally: keep the data and upload it again (the default), erase it, or ask the app
-        /// (``ZoneDeletionPolicy``).
-        public var zoneDeletionPolicy: ZoneDeletionPolicy = .keepAndReupload
-        public init() {}
-    }
-
     /// The store's configuration name.
     public let storeName: String
     /// The cloud zone the store syncs with.
@@ -396,95 +322,6 @@ public final class SyncEngine {
         status.zoneDeletion = pendingDeletion
         reportEncryption(into: &status)
         return status
-    }
-
-    // MARK: Ledger
-
-    /// The ledger entry of one record, or `nil` when the store never synced it.
-    public func ledgerEntry(for id: PersistentIdentifier) throws -> LedgerEntry? {
-        try ledgerEntries(where: "id = ?", [id.id.sqliteValue]).first { $0.id == id }
-    }
-
-    /// Every ledger entry in `state` (all entries when `nil`), in record ID order.
-    public func ledgerEntries(in state: LedgerState.Kind? = nil) throws -> [LedgerEntry] {
-        let entries = try ledgerEntries(where: "1", [])
-        guard let state else { return entries }
-        return entries.filter { $0.state.kind == state }
-    }
-
-    /// The entries of local records, with the versions received from the cloud that could not be applied (rejected)
-    /// or not yet (held: stamped too far ahead of this device's clock): such a version marks its record with its state
-    /// (unless the record's own bookkeeping is corrupt, which is reported first), or is an entry of its own when no
-    /// local record has it.
-    private func ledgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
-        var entries = try localLedgerEntries(where: condition, values)
-        func overlay(_ sql: String, _ state: ([SQLiteValue]) -> LedgerState?) throws {
-            for row in try db.rows(sql, values, cache: false) {
-                guard let id = try? UUID(sqliteValue: row[0]), case let .text(type) = row[1], case let .text(json) = row[2],
-                      let state = state(row) else { continue }
-                let pid = PersistentIdentifier(entityName: type, id: id)
-                if let index = entries.firstIndex(where: { $0.id == pid }) {
-                    let entry = entries[index]
-                    if case .corrupt = entry.state { continue }
-                    entries[index] = LedgerEntry(id: pid, state: state, causalLength: entry.causalLength, changeTag: entry.changeTag)
-                } else {
-                    let record = ReplicaJSON.decode(CloudRecord.self, json)
-                    entries.append(LedgerEntry(id: pid, state: state, causalLength: record?.causalLength ?? 0, changeTag: record?.changeTag))
-                }
-            }
-        }
-        try overlay("SELECT id, record_type, record, reason FROM replica_sync_rejected WHERE \(condition) ORDER BY id, record_type") { row in
-            if case let .text(reason) = row[3] { .rejected(reason: reason) } else { nil }
-        }
-        try overlay("SELECT id, record_type, record, reason, retry_at FROM replica_sync_held WHERE \(condition) ORDER BY id, record_type") { row in
-            if case let .text(reason) = row[3], case let .integer(retryAt) = row[4] { .aheadOfClock(reason: reason, retryAt: retryAt) } else { nil }
-        }
-        return entries.sorted { $0.id.id.bytes.lexicographicallyPrecedes($1.id.id.bytes) || ($0.id.id == $1.id.id && $0.id < $1.id) }
-    }
-
-    private func localLedgerEntries(where condition: String, _ values: [SQLiteValue]) throws -> [LedgerEntry] {
-        try db.rows("""
-            SELECT id, entity, causal_length, pending, state, reason, coalesce(waiting_for, \(LinkReplication.linkWaitedForSQL)), change_tag
-            FROM replica_sync_record
-            WHERE \(condition) ORDER BY id
-            """, values).compactMap { row in
-            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .integer(cl) = row[2],
-                  case let .text(stateText) = row[4] else { return nil }
-            let reason: String = if case let .text(r) = row[5] { r } else { "" }
-            let state: LedgerState
-            switch stateText {
-            case "rejected": state = .rejected(reason: reason)
-            case "undecryptable": state = .undecryptable(reason: reason)
-            case "corrupt": state = .corrupt(BookkeepingCorruption(store: storeName, recordID: id, column: reason))
-            default:
-                if cl % 2 == 1, let parent = try? UUID(sqliteValue: row[6]) { state = .waitingForParent(parent) }
-                else if case .integer(1) = row[3] { state = .pending }
-                else { state = .synced }
-            }
-            let tag: String? = if case let .text(t) = row[7] { t } else { nil }
-            return LedgerEntry(id: PersistentIdentifier(entityName: entity, id: id), state: state, causalLength: cl, changeTag: tag)
-        }
-    }
-
-    /// The newest merge decisions in which a local write the cloud did not hold yet lost (at most `limit`, newest
-    /// first; the store keeps the newest 1,000). Each such decision is logged once, on the device whose write lost,
-    /// and nothing else is (R16 in `Specs/replication-protocol.md`).
-    /// - Parameter limit: the most entries to return.
-    /// - Returns: the entries, newest first; rows whose stamps cannot be read are left out.
-    /// - Throws: ``SQLiteError`` when the store cannot be read.
-    public func conflictLog(limit: Int = 100) throws -> [ConflictLogEntry] {
-        try db.rows("SELECT id, entity, field, local_stamp, winning_stamp, winner, kind FROM replica_sync_conflict ORDER BY seq DESC LIMIT ?",
-                    [.integer(Int64(limit))]).compactMap { row in
-            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entity) = row[1], case let .text(field) = row[2],
-                  case let .text(local) = row[3], case let .text(winning) = row[4],
-                  let localStamp = FieldStamp(local), let winningStamp = FieldStamp(winning) else { return nil }
-            let winner = (try? UUID(sqliteValue: row[5])).map { PersistentIdentifier(entityName: entity, id: $0) }
-            let kind: ConflictLogEntry.Kind = if case let .text(kind) = row[6] {
-                ConflictLogEntry.Kind(rawValue: kind) ?? (winner == nil ? .overwritten : .duplicate)
-            } else { winner == nil ? .overwritten : .duplicate }
-            return ConflictLogEntry(id: PersistentIdentifier(entityName: entity, id: id), field: field,
-                                    localStamp: localStamp, winningStamp: winningStamp, duplicateOf: winner, kind: kind)
-        }
     }
 
     // MARK: Schema gate
