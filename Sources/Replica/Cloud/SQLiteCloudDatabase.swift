@@ -1,4 +1,3 @@
-import CSQLite
 import Foundation
 import Synchronization
 
@@ -61,10 +60,8 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     /// belong to the file at `url`. Called under the lock.
     /// Source: <https://www.sqlite.org/c3ref/c_fcntl_begin_atomic_write.html>
     private func reopenIfMoved() throws {
-        var moved: Int32 = 0
-        guard sqlite3_file_control(db.handle, "main", SQLITE_FCNTL_HAS_MOVED, &moved) == SQLITE_OK, moved != 0 else { return }
-        var persist: Int32 = 1
-        _ = sqlite3_file_control(db.handle, "main", SQLITE_FCNTL_PERSIST_WAL, &persist)
+        guard db.fileHasMoved else { return }
+        db.persistWAL()
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         db = try Self.open(url)
     }
@@ -94,9 +91,9 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     /// and retries. Source: <https://www.sqlite.org/rescode.html>
     static func cloudError(for error: SQLiteError) -> CloudError {
         if error.isBusy { return .zoneBusy(retryAfterMilliseconds: 100) }
-        if error.resultCode == SQLITE_FULL { return .quotaExceeded }
+        if error.isFull { return .quotaExceeded }
         return .serviceUnavailable(reason: "cloud database file: SQLite error \(error.extendedResultCode) "
-            + "(\(String(cString: sqlite3_errstr(error.extendedResultCode)))): \(error.message)")
+            + "(\(error.resultCodeText)): \(error.message)")
     }
 
     /// The error for an operation on zone `name`, which does not exist: ``CloudError/zoneDeleted(reason:)`` when its
