@@ -14,8 +14,7 @@ enum SQLFunctions {
 
     /// Registers the functions on `connection` (idempotent per connection; SQLite replaces a definition).
     static func register(on connection: Connection) throws {
-        let flags = SQLITE_UTF8 | SQLITE_DETERMINISTIC
-        var code = sqlite3_create_function_v2(connection.handle, "replica_unhex", 1, flags, nil, { context, _, arguments in
+        try connection.createFunction(name: "replica_unhex", arguments: 1) { context, _, arguments in
             guard let argument = arguments?[0], sqlite3_value_type(argument) == SQLITE_TEXT,
                   let text = sqlite3_value_text(argument) else { sqlite3_result_null(context); return }
             let count = Int(sqlite3_value_bytes(argument))
@@ -36,10 +35,9 @@ enum SQLFunctions {
             bytes.withUnsafeBytes { buffer in
                 sqlite3_result_blob(context, buffer.baseAddress, Int32(buffer.count), SQLFunctions.sqliteTransient)
             }
-        }, nil, nil, nil)
-        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle) }
+        }
 
-        code = sqlite3_create_function_v2(connection.handle, "replica_fold", 1, flags, nil, { context, _, arguments in
+        try connection.createFunction(name: "replica_fold", arguments: 1) { context, _, arguments in
             guard let argument = arguments?[0], sqlite3_value_type(argument) != SQLITE_NULL,
                   let text = sqlite3_value_text(argument) else { sqlite3_result_null(context); return }
             let count = Int(sqlite3_value_bytes(argument))
@@ -54,17 +52,15 @@ enum SQLFunctions {
                     }
                 }
             }
-        }, nil, nil, nil)
-        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle) }
+        }
 
-        code = sqlite3_create_function_v2(connection.handle, "replica_unwrap", 1, flags, nil, { context, _, arguments in
+        try connection.createFunction(name: "replica_unwrap", arguments: 1) { context, _, arguments in
             guard let argument = arguments?[0], sqlite3_value_type(argument) != SQLITE_NULL else {
                 sqlite3_result_error(context, SQLFunctions.unwrapFailureMessage, -1)
                 return
             }
             sqlite3_result_value(context, argument)
-        }, nil, nil, nil)
-        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle) }
+        }
     }
 
     /// `SQLITE_TRANSIENT` (a C macro Swift cannot import): SQLite copies the result before the call returns.

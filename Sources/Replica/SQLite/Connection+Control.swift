@@ -16,6 +16,16 @@ extension Connection {
         var persist: Int32 = 1
         _ = sqlite3_file_control(handle, "main", SQLITE_FCNTL_PERSIST_WAL, &persist)
     }
+
+    /// Registers the deterministic scalar SQL function `name` of `arguments` UTF-8 arguments, implemented by `body`
+    /// (a C function: it captures nothing; it reads its arguments and sets its result with SQLite's C API).
+    /// Registering a name again replaces its definition.
+    /// - Throws: ``SQLiteError`` when SQLite refuses the definition.
+    func createFunction(name: String, arguments: Int32,
+                        _ body: @escaping @convention(c) (OpaquePointer?, Int32, UnsafeMutablePointer<OpaquePointer?>?) -> Void) throws {
+        let code = sqlite3_create_function_v2(handle, name, arguments, SQLITE_UTF8 | SQLITE_DETERMINISTIC, nil, body, nil, nil, nil)
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: handle) }
+    }
 }
 
 extension SQLiteError {
