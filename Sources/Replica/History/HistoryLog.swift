@@ -1,4 +1,3 @@
-import CSQLite
 import Foundation
 
 /// Reads and writes one store's history tables. Internal.
@@ -173,8 +172,7 @@ enum HistoryLog {
             try statement.bind(seq, at: 1)
             try statement.bind(kind.rawValue, at: 3)
             // (A nil buffer binds NULL, as `sqlite3_bind_blob` does for a nil pointer.)
-            try statement.check(ids.baseAddress == nil ? sqlite3_bind_null(statement.handle, 6) : statement.bindBlob(ids, at: 5, copying: false),
-                                parameter: 5)
+            if ids.baseAddress == nil { try statement.bind(.null, at: 5) } else { try statement.check(statement.bindBlob(ids, at: 5, copying: false), parameter: 5) }
             try statement.withStaticText(entity, at: 2) {
                 try statement.withStaticText(fields, at: 4) {
                     try statement.withStaticText(tombstone, at: 6) {
