@@ -33,14 +33,9 @@ enum MigrationStep: String, Sendable, Hashable, CaseIterable {
 /// are a load issue. Only a store no other process or container has open is migrated: the
 /// migration holds the store's lock exclusively (``StoreFileLock``) from before the first stage to after the last,
 /// and throws ``ReplicaError/storeInUse(configuration:reason:)`` without changing anything when it cannot have it
-/// (with the reason ``migratingElsewhere`` when the other holder is migrating it).
+/// (with the reason ``Store/migratingElsewhere`` when the other holder is migrating it).
 enum StoreMigrator {
     static let versionKey = "schema_version"
-
-    /// The reason of ``ReplicaError/storeInUse(configuration:reason:)`` when another process or container is migrating
-    /// the store (it holds the store's lock exclusively): nothing is wrong with either side; open it again once that
-    /// migration finished.
-    static let migratingElsewhere = "another process or container is migrating it right now; open it again when that migration has finished"
 
     /// Migrates the store of `configuration` to `plan`'s last schema, if it exists and is at an earlier version.
     /// - Parameters:
@@ -103,7 +98,7 @@ enum StoreMigrator {
             } catch {
                 migrating = false
             }
-            if migrating { throw ReplicaError.storeInUse(configuration: configuration.name, reason: Self.migratingElsewhere) }
+            if migrating { throw ReplicaError.storeInUse(configuration: configuration.name, reason: Store.migratingElsewhere) }
             throw ReplicaError.storeInUse(
                 configuration: configuration.name,
                 reason: "another process or container has it open; migrating it from schema version \(plan.schemas[start].version) to \(current) needs it to itself — close the store there (or update that app) and open it again")

@@ -62,6 +62,11 @@ final class Store: Sendable {
     let readAssets: AssetStore?
     /// Per entity: the field indices queries read through ``readAssets`` (``externalFields`` when it is ``assets``).
     let readExternalFields: [[Int]]
+    /// The reason of ``ReplicaError/storeInUse(configuration:reason:)`` when another process or container is migrating
+    /// the store (it holds the store's lock exclusively): nothing is wrong with either side; open it again once that
+    /// migration finished.
+    static let migratingElsewhere = "another process or container is migrating it right now; open it again when that migration has finished"
+
     /// In-memory stores opened by this process so far: part of each in-memory database's name.
     private static let inMemoryStoreCount = Atomic<UInt64>(0)
 
@@ -106,7 +111,7 @@ final class Store: Sendable {
             do {
                 fileLock = try StoreFileLock.take(.shared, of: url, create: configuration.allowsSave)
             } catch .held {
-                throw ReplicaError.storeInUse(configuration: name, reason: StoreMigrator.migratingElsewhere)
+                throw ReplicaError.storeInUse(configuration: name, reason: Self.migratingElsewhere)
             } catch let .unavailable(path, code) {
                 throw loadIssue("cannot lock \(path) (errno \(code))")
             }
