@@ -115,8 +115,8 @@ struct StoreInUseTests {
         try makeV1Store()
         var migrating: StoreFileLock? = try StoreFileLock.take(.exclusive, of: directory.storeURL())
         #expect(migrating != nil)
-        #expect(inUseReason { try v1Container(seed: 2) } == StoreMigrator.migratingElsewhere)
-        #expect(inUseReason { try v1Container(seed: 2, allowsSave: false) } == StoreMigrator.migratingElsewhere)
+        #expect(inUseReason { try v1Container(seed: 2) } == Store.migratingElsewhere)
+        #expect(inUseReason { try v1Container(seed: 2, allowsSave: false) } == Store.migratingElsewhere)
         migrating = nil
         #expect(try ModelContext(try v1Container(seed: 3)).fetch(NotesV1.Note.self).count == 2)
     }
