@@ -234,14 +234,19 @@ final class SimulationRun {
                 line.add("stores", device.spec.stores)
                 line.add("processes", device.processes.count)
             }
-            // A device at the newest version whose stores a widget of its build creates first, without the plan. (With
-            // the versioned schema only: a store an unversioned schema created records no version, and where a plan's
-            // layouts are alike across a custom stage its version is unknown — the library refuses it (R3), which is
-            // what it should do, but the app then cannot open it; modelled once the simulator can expect that refusal.)
+            // A device at the newest version whose stores a process of its build creates first, without the plan:
+            // the app's own process with the versioned schema (it runs so until its next restart), or a widget's
+            // container with the unversioned schema, which creates the local stores and closes them before the app
+            // opens. (A store an unversioned schema created records no version: where a plan's layouts are alike
+            // across a custom stage the plan cannot tell whether its code applies, so one holding rows is refused
+            // (R3); an empty one is at the latest of those schemas. The widget writes nothing, so the app opens.)
             if let migration = scenario.migration, migration.noPlanOpen > 0, device.spec.upgrade == nil,
                device.schemaVersion == scenario.schema.version, try dice.chance(migration.noPlanOpen) {
-                _ = try dice.below(2)
-                device.processes.first?.noPlanOpen = .versioned
+                if try dice.below(2) == 0 {
+                    device.processes.first?.noPlanOpen = .versioned
+                } else {
+                    try widgetOpen(device, kind: .unversioned)
+                }
             }
             for process in device.processes { try start(process) }
         }
