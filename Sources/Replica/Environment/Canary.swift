@@ -62,4 +62,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// store all still has: after a container of a later schema opened the store without the plan (a widget, adding
     /// its columns), the plan skips the stages from the recorded version, and their code never runs (issue 23's R2).
     case layoutOutranksRecordedVersion = "layout-outranks-recorded-version"
+    /// An explicit ``CloudSync/syncNow(timeoutMilliseconds:)`` waits out the backoff the engine chose itself after a
+    /// transient failure instead of trying at once (P7: the runtime defect of new-user trial F10, before its fix): with
+    /// the network back, the call returns at its bound with nothing done, or minutes late.
+    case syncNowWaitsForBackoff = "sync-now-waits-for-backoff"
 }

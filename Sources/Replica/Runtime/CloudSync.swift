@@ -23,7 +23,9 @@ import Synchronization
 ///
 /// **Time.** Every wait goes through ``ReplicaEnvironment/sleepUntil`` and every time is read from
 /// ``ReplicaEnvironment/clock``: with a seeded environment nothing happens until the test moves the
-/// ``ManualClock``, and an idle runtime costs no CPU (no polling but the optional cloud counter).
+/// ``ManualClock``, and an idle runtime costs no CPU (no polling but the optional cloud counter). Every scheduling
+/// decision is made by one ``CloudSyncSchedule`` (without I/O or waiting), which the simulator drives in virtual time
+/// too, so `replica-sim` searches the same decision code an app runs.
 ///
 /// **Ending.** ``stop()`` ends it (waiting for a request in flight, which is handled) and gives up the upload lease;
 /// releasing the last reference ends it too: its tasks hold it weakly and are cancelled when it goes. Nothing is
@@ -70,26 +72,19 @@ public actor CloudSync {
     private nonisolated let wakeup = CloudSyncWakeup()
     private nonisolated let tasks = CloudSyncTasks()
     private let engine: SyncEngine
+    /// Every scheduling and state decision (see ``CloudSyncSchedule``).
+    private var schedule: CloudSyncSchedule
 
     /// The current state (as last reported by ``CloudSyncEvent/stateChanged(_:)``).
-    public private(set) var state: CloudSyncState = .idle
+    public var state: CloudSyncState { schedule.state }
     /// When the last pass ended with the store up to date with the cloud (the engine idle, no error), from the
     /// environment's clock, at millisecond precision. Kept in the store (``SyncEngine/lastSyncDate()``): a runtime
     /// started after a restart — or in another process of an app group — starts with the last one recorded; `nil`
     /// before the store's first.
     public private(set) var lastSyncDate: Date?
     /// `true` while automatic syncing is paused.
-    public private(set) var isPaused = false
-    private var stopped = false
-    private var passRequested = true
-    private var fetchRequested = true
-    private var firstLocalChange: Int64?
-    private var lastLocalChange: Int64?
-    private var nextTimer: Int64?
-    private var nextPoll: Int64?
-    private var cloudCounter: Int64?
-    /// When the engine wants to be woken (its backoff or lease wait), after a pass that left work.
-    private var retryAt: Int64?
+    public var isPaused: Bool { schedule.isPaused }
+    private var stopped: Bool { schedule.isStopped }
     private var running = false
     private var runWaiters: [CheckedContinuation<Void, Never>] = []
     private var conflictPosition: Int64 = 0
@@ -110,6 +105,7 @@ public actor CloudSync {
         self.storeName = storeName
         self.zone = engine.zone
         self.options = options
+        self.schedule = CloudSyncSchedule(options: options, canaries: container.environment.canaries)
         self.container = container
         self.cloud = cloud
         self.broadcaster = CloudSyncEventBroadcaster(bufferLimit: max(1, options.eventBufferLimit))
@@ -180,10 +176,7 @@ public actor CloudSync {
         guard !stopped else { return try engine.status() }
         await acquireRun()
         defer { releaseRun() }
-        engine.setNeedsFetch()
-        // Asked for explicitly: a backoff of ours left by an outage does not delay it (a server's retry-after does).
-        engine.endOwnBackoff()
-        let status = try await pass(deadline: deadline, sleeps: true, automatic: false)
+        let status = try await pass(explicitDeadline: deadline)
         // The scheduler looks again: a retry time may have been set, or the work it was waiting for is done.
         wakeup.signal()
         return status
@@ -208,27 +201,20 @@ public actor CloudSync {
         await acquireRun()
         defer { releaseRun() }
         try engine.requestFullRefetch()
-        passRequested = true
-        fetchRequested = true
+        schedule.requestPass()
         wakeup.signal()
     }
 
     /// Pauses automatic syncing: a pass under way stops after its current request; nothing is scheduled until
     /// ``resume()``. Local saves are still recorded (the outbox is durable) and upload after resuming.
     public func pause() {
-        guard !stopped, !isPaused else { return }
-        isPaused = true
-        setState(.paused)
+        announce(schedule.pause())
         wakeup.signal()
     }
 
     /// Resumes automatic syncing with a pass at once.
     public func resume() {
-        guard !stopped, isPaused else { return }
-        isPaused = false
-        passRequested = true
-        fetchRequested = true
-        setState(.idle)
+        announce(schedule.resume())
         wakeup.signal()
     }
 
@@ -263,8 +249,7 @@ public actor CloudSync {
         defer { releaseRun() }
         guard !stopped else { return }
         try change(engine)
-        passRequested = true
-        fetchRequested = true
+        schedule.requestPass()
         wakeup.signal()
     }
 
@@ -280,8 +265,7 @@ public actor CloudSync {
         guard try engine.resolveZoneDeletion(response) else { return false }
         // What an erase deleted is reported as fetched changes (sync-authored deletions).
         try report(nil, nil)
-        passRequested = true
-        fetchRequested = true
+        schedule.requestPass()
         wakeup.signal()
         return true
     }
@@ -293,13 +277,12 @@ public actor CloudSync {
     /// lease (another process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the
     /// outbox for the next runtime.
     public func stop() async {
-        guard !stopped else { return }
-        stopped = true
+        guard schedule.beginStop() else { return }
         tasks.cancelAll()
         wakeup.signal()
         await acquireRun()
         engine.releaseLease()
-        setState(.stopped)
+        announce(schedule.finishStop())
         broadcaster.finish()
         releaseRun()
     }
@@ -308,15 +291,12 @@ public actor CloudSync {
 
     /// A local save (or another process's commit) at `savedAt` (its clock, milliseconds; never later than now here).
     private func noteLocalChange(savedAt: Int64?) {
-        let time = min(savedAt ?? now, now)
-        if firstLocalChange == nil { firstLocalChange = time }
-        lastLocalChange = time
+        schedule.noteLocalChange(savedAt: savedAt, now: now)
         wakeup.signal()
     }
 
     private func noteCloudChange() {
-        passRequested = true
-        fetchRequested = true
+        schedule.noteCloudChange()
         wakeup.signal()
     }
 
@@ -331,54 +311,25 @@ public actor CloudSync {
     /// of the optional: the runtime stopped.
     private func runDueWork() async -> Int64?? {
         if stopped { return nil }
-        if isPaused { return .some(nil) }
-        let time = now
-        if nextTimer == nil, let interval = options.timerMilliseconds { nextTimer = time &+ max(1, interval) }
-        if let interval = options.cloudPollingMilliseconds {
-            if let poll = nextPoll {
-                if time >= poll {
-                    if let counter = cloud.changeCounter(), counter != cloudCounter {
-                        if cloudCounter != nil { passRequested = true; fetchRequested = true }
-                        cloudCounter = counter
-                    }
-                    nextPoll = time &+ max(1, interval)
-                }
-            } else if cloud.changeCounter() != nil {
-                nextPoll = time &+ max(1, interval)
-            }
-        }
-        var due = passRequested
-        if let timer = nextTimer, time >= timer { due = true; fetchRequested = true }
-        if let localDeadline, time >= localDeadline { due = true }
-        if let retryAt, time >= retryAt { due = true }
-        if due && !running {
+        let cloud = self.cloud
+        if schedule.passIsDue(now: now, changeCounter: { cloud.changeCounter() }) && !running {
             await acquireRun()
             if !stopped && !isPaused {
                 do {
-                    _ = try await pass(deadline: nil, sleeps: false, automatic: true)
+                    _ = try await pass(explicitDeadline: nil)
                 } catch is CancellationError {
                 } catch {
-                    setState(.blocked)
-                    retryAt = nil
+                    announce(schedule.passFailed())
                 }
             }
             releaseRun()
         }
         if stopped { return nil }
-        if isPaused { return .some(nil) }
-        let candidates = [localDeadline, nextTimer, nextPoll, retryAt].compactMap { $0 }
-        return .some(candidates.min())
+        return .some(schedule.nextWake(passUnderWay: false))
     }
 
-    /// ``localDeadline``, for tests that wait until the runtime noticed a save.
-    var localDeadlineForTesting: Int64? { localDeadline }
-
-    /// When the debounced pass for local saves is due.
-    private var localDeadline: Int64? {
-        guard let first = firstLocalChange, let last = lastLocalChange else { return nil }
-        let debounce = max(0, options.debounceMilliseconds)
-        return min(last &+ debounce, first &+ debounce &* 10)
-    }
+    /// ``CloudSyncSchedule/localDeadline``, for tests that wait until the runtime noticed a save.
+    var localDeadlineForTesting: Int64? { schedule.localDeadline }
 
     private func acquireRun() async {
         while running { await withCheckedContinuation { runWaiters.append($0) } }
@@ -390,60 +341,32 @@ public actor CloudSync {
         if !runWaiters.isEmpty { runWaiters.removeFirst().resume() }
     }
 
-    /// One pass (the caller holds the run): performs requests until the engine is idle, backs off, or the deadline.
-    private func pass(deadline: Int64?, sleeps: Bool, automatic: Bool) async throws -> SyncStatus {
-        let started = now
-        let fetches = !automatic || fetchRequested
-        if fetches { engine.setNeedsFetch() }
-        passRequested = false
-        fetchRequested = false
-        firstLocalChange = nil
-        lastLocalChange = nil
-        retryAt = nil
-        if let interval = options.timerMilliseconds, fetches { nextTimer = started &+ max(1, interval) }
-        if engine.wakeTime == nil { setState(.syncing) }
-        let end: SyncDriver.DriveEnd
+    /// One pass (the caller holds the run): automatic (`explicitDeadline` `nil`: until the engine is idle or backs off)
+    /// or explicit (``syncNow(timeoutMilliseconds:)``: through backoffs until the deadline).
+    private func pass(explicitDeadline deadline: Int64?) async throws -> SyncStatus {
+        let explicit = deadline != nil
+        var (pass, change) = schedule.beginPass(explicit: explicit, deadline: deadline, engine: engine, now: now)
+        announce(change)
+        let end: SyncPass.End
         do {
             end = try await SyncDriver.drive(
-                engine, with: cloud, maxRequests: max(1, options.maxRequestsPerPass), deadline: deadline,
-                sleepsThroughBackoff: sleeps,
-                shouldContinue: { !automatic || (!self.isPaused && !self.stopped) },
+                engine, with: cloud, pass: &pass, shouldContinue: { pass in self.schedule.shouldContinue(pass) },
                 observe: { request, result in try self.report(request, result) })
         } catch {
             if error is CancellationError { throw error }
-            setState(.blocked)
+            announce(schedule.passFailed())
             throw error
         }
-        let status = try engine.status()
-        switch end {
-        case let .waiting(until): retryAt = until
-        case .stopped: if automatic && !isPaused && !stopped && deadline == nil { retryAt = now }
-        case .idle: break
-        }
-        if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
-        if case .idle = end, engine.completedSync(status) {
-            lastSyncDate = try engine.recordSync(at: container.environment.now())
-        }
-        if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = cloud.changeCounter() }
-        settleState(status)
-        return status
+        let cloud = self.cloud
+        let outcome = try schedule.endPass(pass, end, engine: engine, now: now, changeCounter: { cloud.changeCounter() })
+        if let synced = outcome.synced { lastSyncDate = synced }
+        announce(outcome.state)
+        return outcome.status
     }
 
-    private func settleState(_ status: SyncStatus) {
-        if stopped { return setState(.stopped) }
-        if isPaused { return setState(.paused) }
-        if status.blockedBy != nil || engine.blockingEncryptionError != nil || status.zoneDeletion != nil { return setState(.blocked) }
-        if engine.wakeTime != nil, let error = status.lastError {
-            return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
-        }
-        if engine.wakeTime != nil { return setState(.waitingToRetry) }
-        setState(.idle)
-    }
-
-    private func setState(_ new: CloudSyncState) {
-        guard new != state else { return }
-        state = new
-        broadcaster.emit(.stateChanged(new))
+    /// Reports a state change the schedule decided.
+    private func announce(_ change: CloudSyncState?) {
+        if let change { broadcaster.emit(.stateChanged(change)) }
     }
 
     // MARK: Events
@@ -472,9 +395,7 @@ public actor CloudSync {
                 broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
                 if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
                 // The wait starts now, not when the pass ends (a bounded syncNow may retry several times first).
-                if error.isTransient, engine.wakeTime != nil {
-                    setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
-                }
+                announce(schedule.noteResult(result, engine: engine))
             case .success:
                 break
             }

@@ -375,6 +375,12 @@ public final class SyncEngine {
     /// `true` while a request is outstanding.
     public var isAwaitingResponse: Bool { inFlight != nil }
 
+    /// For simulators: whether the engine waits out a backoff it chose itself after a transient failure — the wait an
+    /// explicit sync ends (``endOwnBackoff()``) — rather than a delay the server asked for or another engine's lease.
+    @_spi(Simulation) public var isBackingOffOnItsOwn: Bool {
+        !waitingForLease && !waitIsServerDirected && backoffDeadline() > now
+    }
+
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
         let row = try db.rows("""

@@ -94,6 +94,7 @@ public enum CanaryCatalog {
         ("conflict-log-misses-deletes", "trips", "an unsynced local write that a remote delete or cascade removed is not logged as a conflict"),
         ("layout-outranks-recorded-version", "migration-plan-across-versions", "a migration plan starts where the store's tables are, so after an open without the plan added columns it skips the custom stage"),
         ("undo-drops-pending-edit", "undo-redo", "undo() with an edit pending undoes the save before it and overwrites or keeps the edit, instead of undoing the edit"),
+        ("sync-now-waits-for-backoff", "runtime-scheduled-sync", "an explicit syncNow waits out the engine's own backoff instead of trying at once"),
     ]
 
     /// Every canary the library has, in the library's order.
