@@ -19,7 +19,10 @@ import Synchronization
 /// - on ``syncNow(timeoutMilliseconds:)``.
 ///
 /// It honours the engine's backoff and the upload lease: after a transient failure (network, quota, rate limit, busy
-/// zone) it stays quiet until the engine's retry time, and resumes normal scheduling as soon as a request succeeds.
+/// zone) it stays quiet until the engine's retry time, and resumes normal scheduling as soon as a request succeeds. A
+/// pass that ends with nothing left to upload gives the lease up, so the runtime of another process of an app group
+/// never waits for it; one that stops with work left (a ``syncNow(timeoutMilliseconds:)`` at its bound) leaves that
+/// work to the next automatic pass, at once or when the engine's wait ends.
 ///
 /// **Time.** Every wait goes through ``ReplicaEnvironment/sleepUntil`` and every time is read from
 /// ``ReplicaEnvironment/clock``: with a seeded environment nothing happens until the test moves the
@@ -86,7 +89,12 @@ public actor CloudSync {
     public var isPaused: Bool { schedule.isPaused }
     private var stopped: Bool { schedule.isStopped }
     private var running = false
-    private var runWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Calls waiting for the engine, in order; each is resumed with `true` when it gets it, `false` when its bound
+    /// passed first.
+    private var runWaiters: [(id: Int, continuation: CheckedContinuation<Bool, Never>)] = []
+    private var nextWaiterID = 0
+    /// ``syncNow(timeoutMilliseconds:)`` calls waiting for the engine (an automatic pass makes way for them).
+    private var explicitCallsWaiting = 0
     private var conflictPosition: Int64 = 0
     private var keyVersions: [UInt32] = []
     private var reportedKeyProblem: FieldEncryptionError?
@@ -166,7 +174,8 @@ public actor CloudSync {
     /// (``CloudError/retryAfterMilliseconds``) or another process's upload lease is waited out. Returns when the work
     /// is done, the time is up, or the only remaining problem is transient and its retry lies past the bound (the
     /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs nothing.
-    /// Waits for a pass under way to end first (that wait counts toward the bound only as long as its request).
+    /// Waits for a pass under way to end first: an automatic pass makes way after its request in flight; another
+    /// syncNow's pass is waited for until the bound at most (the call then returns the status as it is).
     /// - Parameter timeout: the bound in milliseconds (default 30 s).
     /// - Returns: the engine's status at the end.
     /// - Throws: as ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``.
@@ -174,8 +183,14 @@ public actor CloudSync {
     public func syncNow(timeoutMilliseconds timeout: Int64 = 30_000) async throws -> SyncStatus {
         let deadline = now &+ max(0, timeout)
         guard !stopped else { return try engine.status() }
-        await acquireRun()
+        explicitCallsWaiting += 1
+        let gotEngine = await acquireRun(until: deadline)
+        explicitCallsWaiting -= 1
+        // The bound passed while another call held the engine: the status as it is.
+        guard gotEngine else { return try engine.status() }
         defer { releaseRun() }
+        // stop() was called while this call waited for a pass under way: it performs nothing.
+        guard schedule.mayBeginExplicitPass else { return try engine.status() }
         let status = try await pass(explicitDeadline: deadline)
         // The scheduler looks again: a retry time may have been set, or the work it was waiting for is done.
         wakeup.signal()
@@ -273,9 +288,10 @@ public actor CloudSync {
     /// The zone deletion waiting for an answer (``ZoneDeletionPolicy/ask``), or `nil`.
     public var pendingZoneDeletion: ZoneDeletion? { engine.pendingZoneDeletion }
 
-    /// Stops the runtime for good: waits for a request in flight (its response is applied), gives up the upload
-    /// lease (another process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the
-    /// outbox for the next runtime.
+    /// Stops the runtime for good: waits for a request in flight (its response is applied; no pass goes on after it,
+    /// and a ``syncNow(timeoutMilliseconds:)`` still waiting performs nothing), gives up the upload lease (another
+    /// process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the outbox for the next
+    /// runtime.
     public func stop() async {
         guard schedule.beginStop() else { return }
         tasks.cancelAll()
@@ -322,23 +338,52 @@ public actor CloudSync {
                     announce(schedule.passFailed())
                 }
             }
-            releaseRun()
+            releaseRun(signals: false)
         }
         if stopped { return nil }
-        return .some(schedule.nextWake(passUnderWay: false))
+        // While another call holds the engine, wait for its end (it signals) rather than for a deadline that may have
+        // passed meanwhile: looking again at once, again and again, would spin until it ends.
+        return .some(schedule.nextWake(passUnderWay: running))
     }
 
     /// ``CloudSyncSchedule/localDeadline``, for tests that wait until the runtime noticed a save.
     var localDeadlineForTesting: Int64? { schedule.localDeadline }
 
-    private func acquireRun() async {
-        while running { await withCheckedContinuation { runWaiters.append($0) } }
+    /// Waits until the caller holds the engine; with a `deadline` (environment milliseconds) gives up when the clock
+    /// reaches it first. Returns whether the caller holds it.
+    @discardableResult
+    private func acquireRun(until deadline: Int64? = nil) async -> Bool {
+        while running {
+            if let deadline, now >= deadline { return false }
+            nextWaiterID += 1
+            let id = nextWaiterID
+            let environment = container.environment
+            let timer = deadline.map { deadline in
+                Task { [weak self] in
+                    try? await environment.sleepUntil(deadline)
+                    if !Task.isCancelled { await self?.stopWaiting(id) }
+                }
+            }
+            let got = await withCheckedContinuation { runWaiters.append((id, $0)) }
+            timer?.cancel()
+            if !got { return false }
+        }
         running = true
+        return true
     }
 
-    private func releaseRun() {
+    /// A waiting call's bound passed before it got the engine.
+    private func stopWaiting(_ id: Int) {
+        guard let index = runWaiters.firstIndex(where: { $0.id == id }) else { return }
+        runWaiters.remove(at: index).continuation.resume(returning: false)
+    }
+
+    /// Ends the caller's hold of the engine: the next waiting call gets it, and the scheduler looks again (unless the
+    /// scheduler itself is the caller).
+    private func releaseRun(signals: Bool = true) {
         running = false
-        if !runWaiters.isEmpty { runWaiters.removeFirst().resume() }
+        if !runWaiters.isEmpty { runWaiters.removeFirst().continuation.resume(returning: true) }
+        if signals { wakeup.signal() }
     }
 
     /// One pass (the caller holds the run): automatic (`explicitDeadline` `nil`: until the engine is idle or backs off)
@@ -350,8 +395,10 @@ public actor CloudSync {
         let end: SyncPass.End
         do {
             end = try await SyncDriver.drive(
-                engine, with: cloud, pass: &pass, shouldContinue: { pass in self.schedule.shouldContinue(pass) },
-                observe: { request, result in try self.report(request, result) })
+                engine, with: cloud, pass: &pass,
+                shouldContinue: { pass in self.schedule.shouldContinue(pass, explicitCallWaiting: self.explicitCallsWaiting > 0) },
+                observe: { request, result in try self.report(request, result) },
+                willSleep: { self.announce(self.schedule.notePassSleeps(engine: self.engine)) })
         } catch {
             if error is CancellationError { throw error }
             announce(schedule.passFailed())

@@ -136,6 +136,15 @@ import Foundation
     /// retry time.
     public var hasPendingWork: Bool { passRequested || firstLocalChange != nil || retryAt != nil }
 
+    /// What ``hasPendingWork`` stands for, for messages.
+    public var pendingWorkDescription: String {
+        var parts: [String] = []
+        if passRequested { parts.append("a pass requested") }
+        if let localDeadline { parts.append("saves due at \(localDeadline)") }
+        if let retryAt { parts.append("a retry at \(retryAt)") }
+        return parts.joined(separator: ", ")
+    }
+
     // MARK: Passes
 
     /// Starts a pass at `now`: automatic (`deadline` `nil`; returns at the engine's backoff) or explicit
@@ -161,9 +170,24 @@ import Foundation
         return (pass, change)
     }
 
-    /// Whether `pass` goes on to its next request: an automatic pass stops when the runtime is paused or stopping.
-    public func shouldContinue(_ pass: SyncPass) -> Bool {
-        !pass.isAutomatic || (!isPaused && !isStopped)
+    /// Whether `pass` goes on to its next request: no pass goes on once the runtime is stopping (``CloudSync/stop()``
+    /// waits only for the request in flight); an automatic pass also stops when the runtime is paused, and when an
+    /// explicit sync waits for the engine (`explicitCallWaiting`): a ``CloudSync/syncNow(timeoutMilliseconds:)``
+    /// waits for a pass under way only as long as its request, then does the work itself within its bound.
+    public func shouldContinue(_ pass: SyncPass, explicitCallWaiting: Bool) -> Bool {
+        !isStopped && (!pass.isAutomatic || (!isPaused && !explicitCallWaiting))
+    }
+
+    /// Whether an explicit sync that got the engine may start its pass: not once the runtime is stopping (a
+    /// ``CloudSync/syncNow(timeoutMilliseconds:)`` that waited for a pass under way when ``CloudSync/stop()`` was
+    /// called performs nothing).
+    public var mayBeginExplicitPass: Bool { !isStopped }
+
+    /// The pass sleeps through the engine's wait (an explicit pass, within its bound). Returns the state to report, if
+    /// it changed: the wait shows at once — also one the engine had before the pass began (another process's lease).
+    public mutating func notePassSleeps(engine: SyncEngine) -> CloudSyncState? {
+        guard engine.wakeTime != nil else { return nil }
+        return setState(engine.lastError == .networkUnavailable && !engine.isWaitingForLease ? .waitingForNetwork : .waitingToRetry)
     }
 
     /// The engine handled `result` of a request of the pass. Returns the state to report, if it changed: a transient
@@ -193,9 +217,18 @@ import Foundation
                                  changeCounter: () -> Int64?) throws -> PassOutcome {
         let status = try engine.status()
         switch end {
-        case let .waiting(until): retryAt = until
-        case .stopped: if pass.isAutomatic && !isPaused && !isStopped && pass.deadline == nil { retryAt = now }
-        case .idle: break
+        case let .waiting(until):
+            // Another process's lease is looked at again well before the expiry this engine saw: that process gives
+            // it up when its pass ends with nothing left.
+            retryAt = engine.isWaitingForLease ? min(until, now &+ SyncPass.leaseRecheckMilliseconds(engine)) : until
+        case .stopped:
+            // Stopped with work left — by a syncNow's bound, the request bound, or a pause or stop: automatic
+            // scheduling goes on with it (at once, or when the engine's wait ends), not only at the next trigger.
+            if !isPaused && !isStopped { retryAt = engine.wakeTime ?? now }
+        case .idle:
+            // Nothing left to upload: the upload lease goes, so another process of an app group need not wait for it
+            // to expire at its next pass (P6).
+            engine.releaseLease()
         }
         if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
         var synced: Date?
@@ -203,7 +236,7 @@ import Foundation
             synced = try engine.recordSync(at: engine.container.environment.now())
         }
         if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = changeCounter() }
-        return PassOutcome(status: status, synced: synced, state: settle(status, engine: engine))
+        return PassOutcome(status: status, synced: synced, state: settle(status, engine: engine, now: now))
     }
 
     /// A pass failed with an error the engine threw (not a cloud error): the runtime is blocked until the next trigger.
@@ -213,7 +246,7 @@ import Foundation
         return setState(.blocked)
     }
 
-    private mutating func settle(_ status: SyncStatus, engine: SyncEngine) -> CloudSyncState? {
+    private mutating func settle(_ status: SyncStatus, engine: SyncEngine, now: Int64) -> CloudSyncState? {
         if isStopped { return setState(.stopped) }
         if isPaused { return setState(.paused) }
         if status.blockedBy != nil || engine.blockingEncryptionError != nil || status.zoneDeletion != nil { return setState(.blocked) }
@@ -221,6 +254,8 @@ import Foundation
             return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
         }
         if engine.wakeTime != nil { return setState(.waitingToRetry) }
+        // Another pass follows at once (this one stopped with work left): still syncing, not idle.
+        if let retryAt, retryAt <= now { return setState(.syncing) }
         return setState(.idle)
     }
 
@@ -258,8 +293,11 @@ import Foundation
 
     /// The most requests the pass performs.
     public let maxRequests: Int
-    /// The environment time the pass stops at (`nil`: none).
-    public let deadline: Int64?
+    /// The environment time the pass stops at (`nil`: none). Moved back with the clock when the clock goes back (see
+    /// ``next(_:shouldContinue:cancelled:)``).
+    public private(set) var deadline: Int64?
+    /// When the pass last looked at the clock, plus the sleep it asked for since.
+    private var observed: Int64?
     /// Whether the pass sleeps through the engine's backoff (within the deadline) instead of ending.
     public let sleepsThroughBackoff: Bool
     /// An automatic pass (scheduled by the runtime) rather than an explicit one.
@@ -280,11 +318,21 @@ import Foundation
     ///   - shouldContinue: whether the caller lets the pass go on.
     ///   - cancelled: whether the caller's task is cancelled (checked when the pass would go on).
     /// - Throws: `CancellationError`; as ``SyncEngine/nextRequest()``.
+    ///
+    /// The deadline is a wall-clock instant, but a clock that goes back never stretches the bound by the size of the jump:
+    /// when the clock reads earlier than the pass last saw it (plus the sleep it asked for since), the deadline moves
+    /// back with it, keeping the time that was left then — as the engine re-anchors its waits (P4). (The time a request
+    /// in flight took before the jump is not known, so the bound may stretch by that much.)
     public mutating func next(_ engine: SyncEngine, shouldContinue: Bool, cancelled: Bool = false) throws -> Step {
         guard performed < maxRequests, shouldContinue else { return .end(.stopped) }
         if cancelled { throw CancellationError() }
+        // Another process's lease is read again at every step (it may have been given up since).
+        engine.endLeaseWait()
         let clock = engine.container.environment.clock
-        if let deadline, clock.nowMilliseconds() >= deadline { return .end(.stopped) }
+        let now = clock.nowMilliseconds()
+        if let seen = observed, now < seen, let old = deadline { deadline = now &+ max(0, old &- seen) }
+        observed = now
+        if let deadline, now >= deadline { return .end(.stopped) }
         if let request = try engine.nextRequest() {
             performed += 1
             return .perform(request)
@@ -292,6 +340,15 @@ import Foundation
         guard let wake = engine.wakeTime else { return .end(.idle) }
         if !sleepsThroughBackoff { return .end(.waiting(until: wake)) }
         if let deadline, wake >= deadline { return .end(.stopped) }
-        return .sleep(milliseconds: max(1, wake - clock.nowMilliseconds()))
+        var duration = max(1, wake - clock.nowMilliseconds())
+        if engine.isWaitingForLease { duration = min(duration, Self.leaseRecheckMilliseconds(engine)) }
+        observed = clock.nowMilliseconds() &+ duration
+        return .sleep(milliseconds: duration)
+    }
+
+    /// How often a runtime reads another process's upload lease again while it waits for it: a tenth of the lease
+    /// duration (3 s by default).
+    static func leaseRecheckMilliseconds(_ engine: SyncEngine) -> Int64 {
+        max(1, engine.options.leaseDurationMilliseconds / 10)
     }
 }

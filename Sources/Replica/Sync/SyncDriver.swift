@@ -49,7 +49,8 @@ public enum SyncDriver {
     static func drive(
         _ engine: SyncEngine, with database: any CloudDatabase, pass: inout SyncPass,
         isolation: isolated (any Actor)? = #isolation, shouldContinue: (SyncPass) -> Bool = { _ in true },
-        observe: (SyncRequest, Result<CloudOperationResult, CloudError>) throws -> Void = { _, _ in }
+        observe: (SyncRequest, Result<CloudOperationResult, CloudError>) throws -> Void = { _, _ in },
+        willSleep: () -> Void = {}
     ) async throws -> SyncPass.End {
         let environment = engine.container.environment
         while true {
@@ -59,6 +60,7 @@ public enum SyncDriver {
                 try engine.handle(request.id, result)
                 try observe(request, result)
             case let .sleep(milliseconds):
+                willSleep()
                 try await environment.sleep(milliseconds)
             case let .end(end):
                 return end

@@ -10,7 +10,8 @@
 // - a pass holds the run from its start to its end; `syncNow` and `stop` calls that arrive meanwhile wait in order;
 // - between passes the runtime asks its schedule whether a pass is due and when to look again, and sleeps until then
 //   (a wake-up event at the device-clock time, re-armed if a backward clock jump makes it early);
-// - an explicit pass that sleeps through the engine's backoff wakes at the device-clock time it asked for.
+// - an explicit pass that sleeps through the engine's backoff sleeps for the duration it asked for (a relative sleep,
+//   as `ReplicaEnvironment.sleep` is: a clock jump does not move its end).
 //
 // Invariants of the runtime (checked as the run goes): `sync-now-bound` (a bounded syncNow returns within its bound
 // in true time — no request is sent for it, or while it waits, after its bound — and, unless the server's retry-after or
@@ -99,8 +100,12 @@ struct SyncNowCall {
     let timeout: Int64
     /// The bound on the device's clock (what the runtime works with).
     let deadline: Int64
+    /// Allowance for backward clock jumps of the device while the call was pending: the runtime keeps the time that was
+    /// left when it last looked at the clock, so the time a request in flight took before the jump is added (at most
+    /// one time-out per jump).
+    var slack: Int64 = 0
     /// The bound in true (virtual) time (what the invariant holds it to).
-    var trueDeadline: Int64 { calledAt + timeout }
+    var trueDeadline: Int64 { calledAt + timeout + slack }
 }
 
 /// A call waiting for a runtime's run (the actor's `acquireRun`), in order.
@@ -116,7 +121,7 @@ final class SimRuntime {
     var pass: SyncPass?
     /// The call the pass under way serves (`nil`: an automatic pass).
     var passCall: SyncNowCall?
-    /// The explicit pass sleeps through the engine's backoff until this device-clock time.
+    /// The explicit pass sleeps through the engine's backoff until this virtual time.
     var resumeAt: Int64?
     /// Calls waiting for the run, in order.
     var waiters: [RunWaiter] = []
@@ -132,6 +137,9 @@ final class SimRuntime {
     init(options: CloudSync.Options, canaries: Set<Canary>) {
         schedule = CloudSyncSchedule(options: options, canaries: canaries)
     }
+
+    /// A syncNow call waits for the engine.
+    var hasWaitingCall: Bool { waiters.contains { if case .syncNow = $0 { true } else { false } } }
 
     /// Nothing but the timer will make this runtime do anything.
     var isQuiet: Bool { isGone || (pass == nil && waiters.isEmpty && !schedule.hasPendingWork) }
@@ -182,19 +190,23 @@ extension SimulationRun {
 
     // MARK: The runtime's turn
 
-    /// Runs whatever `engine`'s runtime does next at the current time: goes on with its pass (unless a request is in
-    /// flight), hands the run to the next waiting call, starts a pass that is due, or arms its next wake-up.
+    /// Runs whatever `engine`'s runtime does next at the current time: gives up the waits of syncNow calls whose bound
+    /// passed, goes on with its pass (unless a request is in flight), hands the engine to the next waiting call,
+    /// starts a pass that is due; then arms its next wake-up.
     func runtimeTurn(_ engine: SimEngine) throws {
-        guard let runtime = engine.runtime, !runtime.isGone, isCurrent(engine), !engine.isBroken, !engine.engine.isAwaitingResponse else { return }
+        guard let runtime = engine.runtime, !runtime.isGone, isCurrent(engine), !engine.isBroken else { return }
+        defer { rearm(engine, runtime) }
+        expireWaitingCalls(engine, runtime)
+        guard !engine.engine.isAwaitingResponse else { return }
         while true {
             if var pass = runtime.pass {
                 if let resume = runtime.resumeAt {
-                    if deviceNow(engine) < resume { return armWake(engine, runtime, at: resume) }
+                    if now < resume { return }
                     runtime.resumeAt = nil
                 }
                 let step: SyncPass.Step
                 do {
-                    step = try pass.next(engine.engine, shouldContinue: runtime.schedule.shouldContinue(pass))
+                    step = try pass.next(engine.engine, shouldContinue: runtime.schedule.shouldContinue(pass, explicitCallWaiting: runtime.hasWaitingCall))
                 } catch {
                     runtime.pass = nil
                     try engineFailed(engine, "nextRequest", error)
@@ -210,28 +222,33 @@ extension SimulationRun {
                     try send(request, from: engine)
                     return
                 case let .sleep(milliseconds):
-                    let resume = deviceNow(engine) + milliseconds
-                    runtime.resumeAt = resume
+                    runtime.resumeAt = now + milliseconds
                     if let call = runtime.passCall, now + milliseconds > call.trueDeadline {
                         throw InvariantViolation(.syncNowBound, "\(engine.process.label) syncNow #\(call.serial) (bound \(call.timeout) ms, called at "
                             + "\(call.calledAt)) sleeps until \(now + milliseconds), past its bound \(call.trueDeadline)")
                     }
-                    try checkRuntimeState(engine, runtime, "while its pass sleeps through the backoff")
+                    announce(engine, runtime.schedule.notePassSleeps(engine: engine.engine))
+                    try checkRuntimeState(engine, runtime, "while its pass sleeps through the engine's wait")
                     trace.event(now, "pass-sleep") { line in
                         line.add("process", engine.process.label)
                         line.add("store", engine.store)
                         line.add("ms", milliseconds)
                     }
-                    return armWake(engine, runtime, at: resume)
+                    return
                 case let .end(end):
                     try endPass(engine, runtime, pass, end)
                     continue
                 }
             }
-            // The run is free: the next call waiting for it, or a pass that is due.
+            // The engine is free: the next call waiting for it, or a pass that is due.
             if !runtime.waiters.isEmpty {
                 switch runtime.waiters.removeFirst() {
                 case let .syncNow(call):
+                    // (stop() was called while it waited: it performs nothing.)
+                    guard runtime.schedule.mayBeginExplicitPass else {
+                        syncNowReturned(engine, call, "stopped")
+                        continue
+                    }
                     try beginPass(engine, runtime, call: call)
                     continue
                 case .stop:
@@ -244,15 +261,32 @@ extension SimulationRun {
                 try beginPass(engine, runtime, call: nil)
                 continue
             }
-            if let wake = runtime.schedule.nextWake(passUnderWay: false) { armWake(engine, runtime, at: wake) }
             return
         }
     }
 
-    /// Arms the runtime's wake-up at device-clock time `time` (replacing the one armed before).
-    private func armWake(_ engine: SimEngine, _ runtime: SimRuntime, at time: Int64) {
-        let at = now + max(1, time - deviceNow(engine))
-        guard runtime.wakeAt != at else { return }
+    /// syncNow calls still waiting for the engine when their bound (on the device's clock) passes return the status as
+    /// it is (``CloudSync/syncNow(timeoutMilliseconds:)``).
+    private func expireWaitingCalls(_ engine: SimEngine, _ runtime: SimRuntime) {
+        guard runtime.hasWaitingCall else { return }
+        let time = deviceNow(engine)
+        runtime.waiters.removeAll { waiter in
+            guard case let .syncNow(call) = waiter, time >= call.deadline else { return false }
+            syncNowReturned(engine, call, "bound passed while waiting")
+            return true
+        }
+    }
+
+    /// Arms the runtime's next wake-up: the end of its pass's sleep, the bound of a call waiting for the engine, or —
+    /// with the engine free — when its schedule wants to look again.
+    private func rearm(_ engine: SimEngine, _ runtime: SimRuntime) {
+        guard !runtime.isGone, isCurrent(engine) else { return }
+        var times: [Int64] = []
+        if let resume = runtime.resumeAt { times.append(resume) }
+        let time = deviceNow(engine)
+        for case let .syncNow(call) in runtime.waiters { times.append(now + max(1, call.deadline - time)) }
+        if runtime.pass == nil, let wake = runtime.schedule.nextWake(passUnderWay: false) { times.append(now + max(1, wake - time)) }
+        guard let at = times.min(), runtime.wakeAt != at else { return }
         runtime.wakeAt = at
         queue.push(at, .runtimeWake(engine.serial, at: at))
     }
@@ -366,6 +400,23 @@ extension SimulationRun {
         guard state == .idle || state == .syncing, !engine.engine.isAwaitingResponse, let wake = engine.engine.wakeTime else { return }
         throw InvariantViolation(.runtimeState, "\(engine.process.label) store '\(engine.store)' reports \(state.name) \(when), but its engine "
             + "backs off for \(wake - deviceNow(engine)) ms more (\(try engine.engine.status().lastError.map { "\($0)" } ?? "lease"))")
+    }
+
+    /// A backward clock jump of `device`: each pending syncNow call there may take up to one request's time-out longer
+    /// (see ``SyncNowCall/slack``).
+    func noteBackwardClockJump(_ device: SimDevice) {
+        let allowance = Int64(scenario.timing.timeoutMs)
+        for process in device.processes {
+            for engine in orderedEngines(process) {
+                guard let runtime = engine.runtime else { continue }
+                runtime.passCall?.slack += allowance
+                runtime.waiters = runtime.waiters.map { waiter in
+                    guard case var .syncNow(call) = waiter else { return waiter }
+                    call.slack += allowance
+                    return .syncNow(call)
+                }
+            }
+        }
     }
 
     // MARK: Workload calls on the runtime
@@ -553,7 +604,12 @@ extension SimulationRun {
     /// Whether nothing but runtime timers is left: every event queued is a runtime's wake-up, and every runtime is
     /// quiet.
     private var isQuiet: Bool {
-        queue.count == queue.runtimeWakes && currentEngines.allSatisfy { $0.runtime?.isQuiet ?? true }
+        guard currentEngines.allSatisfy({ $0.runtime?.isQuiet ?? true }) else { return false }
+        // (Events that can no longer do anything — a time-out of a request that was answered — do not count.)
+        return queue.count == queue.runtimeWakes || queue.ordered.allSatisfy { entry in
+            if case .runtimeWake = entry.event { return true }
+            return isMoot(entry.event)
+        }
     }
 
     private func runUntilQuiet(deadline: Int64) throws {
@@ -568,7 +624,7 @@ extension SimulationRun {
             if isQuiet { return }
             if next > deadline {
                 throw InvariantViolation(.liveness, "not converged \(Int64(scenario.timing.livenessBoundMs) / 1000) s (virtual) after heal: "
-                    + "\(queue.count) events still pending")
+                    + "\(queue.count) events still pending (\(unquietDescription()))")
             }
             let (time, event) = queue.pop()!
             setNow(max(now, time))
@@ -580,6 +636,23 @@ extension SimulationRun {
                     + "the runtimes go round in circles")
             }
         }
+    }
+
+    /// What keeps the world from being quiet: events other than runtime wake-ups, and runtimes with work.
+    private func unquietDescription() -> String {
+        var parts: [String] = []
+        for (time, event) in queue.ordered.prefix(50) {
+            switch event {
+            case .runtimeWake: continue
+            default: parts.append("\(isMoot(event) ? "moot " : "")\(event)".prefix(60).description + " at \(time)")
+            }
+        }
+        for engine in currentEngines {
+            guard let runtime = engine.runtime, !runtime.isQuiet else { continue }
+            parts.append("\(engine.process.label)/\(engine.store): \(runtime.pass != nil ? "in a pass" : "")"
+                + "\(runtime.waiters.isEmpty ? "" : " \(runtime.waiters.count) waiting") \(runtime.schedule.pendingWorkDescription)")
+        }
+        return parts.prefix(6).joined(separator: "; ")
     }
 
     /// Runs every event up to `target` (timers included).

@@ -526,6 +526,7 @@ final class SimulationRun {
         }
         latestWallSeen = max(latestWallSeen, latestWallClock())
         device.offset += jump
+        if jump < 0, scenario.runtime != nil { noteBackwardClockJump(device) }
         setNow(now)
         latestWallSeen = max(latestWallSeen, latestWallClock())
     }

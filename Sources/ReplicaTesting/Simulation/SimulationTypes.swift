@@ -488,6 +488,10 @@ struct EventQueue {
     private(set) var runtimeWakes = 0
 
     var isEmpty: Bool { heap.isEmpty }
+    /// The queued events in time order (for messages).
+    var ordered: [(time: Int64, event: SimEvent)] {
+        heap.sorted { $0.time != $1.time ? $0.time < $1.time : $0.seq < $1.seq }.map { ($0.time, events[$0.slot]!) }
+    }
     var count: Int { heap.count }
     var nextTime: Int64? { heap.first?.time }
     var peek: (time: Int64, event: SimEvent)? { heap.first.map { ($0.time, events[$0.slot]!) } }
