@@ -69,4 +69,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// A store without a recorded version whose tables several schemas of the plan share across a custom stage is
     /// refused even when it holds no row: an app whose widget created the store first cannot launch (issue 23's R3 cost).
     case emptyAmbiguousStoreRefused = "empty-ambiguous-store-refused"
+    /// An explicit ``CloudSync/syncNow(timeoutMilliseconds:)`` waits out the backoff the engine chose itself after a
+    /// transient failure instead of trying at once (P7: the runtime defect of new-user trial F10, before its fix): with
+    /// the network back, the call returns at its bound with nothing done, or minutes late.
+    case syncNowWaitsForBackoff = "sync-now-waits-for-backoff"
 }
