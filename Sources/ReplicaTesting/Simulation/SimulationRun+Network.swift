@@ -26,6 +26,8 @@ extension SimulationRun {
             return devices[device].partitionedUntil < 0
         case .arrive:
             return false
+        case .runtimeWake, .runtimeResume, .runtimeStart:
+            return isMootRuntimeEvent(event)
         }
     }
 
@@ -52,6 +54,7 @@ extension SimulationRun {
 
     /// Asks an engine for its next request and sends it, or schedules its wake-up.
     func pump(_ engine: SimEngine) throws {
+        if runtimesDrive, engine.runtime != nil { return try runtimeTurn(engine) }
         guard isCurrent(engine), !engine.isBroken, !engine.engine.isAwaitingResponse else { return }
         let request: SyncRequest?
         do {
@@ -164,6 +167,7 @@ extension SimulationRun {
             } catch {
                 try engineFailed(engine, "abandon", error)
             }
+            runtimeSawResult(engine, .failure(.networkUnavailable))
             enqueuePump(engine)
         case let .wake(serial):
             guard let engine = engines[serial] else { return }
@@ -174,7 +178,11 @@ extension SimulationRun {
             engine.pushPending = false
             let device = engine.process.device
             guard isCurrent(engine), !device.isOffline(now), !device.isPartitioned(now) else { return }
-            engine.engine.setNeedsFetch()
+            if runtimesDrive, engine.runtime != nil {
+                noteCloudAnnouncement(engine)
+            } else {
+                engine.engine.setNeedsFetch()
+            }
             enqueuePump(engine)
         case let .restart(deviceIndex, processIndex):
             let process = devices[deviceIndex].processes[processIndex]
@@ -183,6 +191,8 @@ extension SimulationRun {
             let device = devices[deviceIndex]
             guard !device.isOffline(now) else { return }
             trace.event(now, "online") { $0.add("device", device.name) }
+            // (A runtime is not told: it retries at its engine's backoff.)
+            if runtimesDrive { return }
             for process in device.processes where process.isUp {
                 for engine in orderedEngines(process) {
                     engine.engine.setNeedsFetch()
@@ -194,6 +204,8 @@ extension SimulationRun {
             guard !device.isPartitioned(now) else { return }
             trace.event(now, "partition-healed") { $0.add("device", device.name) }
             for process in device.processes where process.isUp { for engine in orderedEngines(process) { enqueuePump(engine) } }
+        case .runtimeWake, .runtimeResume, .runtimeStart:
+            try handleRuntimeEvent(event)
         }
     }
 
@@ -242,6 +254,7 @@ extension SimulationRun {
             return try engineFailed(engine, "handling \(message.request.operation.name)", error)
         }
         try noteZoneDeletionDecisions(engine)
+        if applied { runtimeSawResult(engine, result) }
         // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
         // of the reset later, and convergence checks that it uploads them again. An answer the engine ignored — a
         // duplicate of one it applied earlier — dropped nothing: what it dropped then was checked then.)
