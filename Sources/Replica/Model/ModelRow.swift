@@ -62,6 +62,14 @@ public struct ModelRow {
         return SQLiteValue(value)
     }
 
+    /// Whether field `index` holds `NULL` (read without converting the value).
+    @inline(__always)
+    func isNull(at index: Int) -> Bool {
+        if layout.handle == nil { return values[index].isNull }
+        guard let value = statementValue(index) else { return layout.defaults[index].isNull }
+        return sqlite3_value_type(value) == SQLITE_NULL
+    }
+
     /// The stored value of field `name`, or `nil` when the entity has no such field.
     public subscript(name: String) -> SQLiteValue? { layout.fieldIndexByName[name].map { self[$0] } }
 
@@ -129,6 +137,12 @@ final class RowLayout {
     let toMany: [String: [UUID]]
     /// Advanced for every statement row, so that rows cannot be read after their turn.
     @exclusivity(unchecked) var generation = 0
+    /// Field names by index (``fieldIndexByName`` inverted), for the `Decodable` path's lookups in field order.
+    let fieldNames: [String]
+    /// The field the `Decodable` path found last in the current row (-1 before the first): a synthesized
+    /// `init(from:)` asks for its properties in declaration order, which is the entity's field order, so the next
+    /// field is tried first, by comparing its name, before the dictionary is asked.
+    @exclusivity(unchecked) var lastDecodedField = -1
     /// Set only for the sample row of the declaration check: records what the model's `Decodable` path reads.
     var probe: DeclarationProbe?
 
@@ -143,6 +157,9 @@ final class RowLayout {
         _ = self.columns.initialize(from: columns)
         self.defaults = defaults
         self.toMany = toMany
+        var names = [String](repeating: "", count: (fieldIndexByName.values.max() ?? -1) + 1)
+        for (name, index) in fieldIndexByName where index >= 0 { names[index] = name }
+        self.fieldNames = names
     }
 
     convenience init(entity: Schema.Entity, fieldIndexByName: [String: Int], statement: Statement?, columns: [Int32], defaults: [SQLiteValue]) {
@@ -269,6 +286,7 @@ struct ModelRowDecoder: Decoder {
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
+        row.layout.lastDecodedField = -1
         if let probe = row.layout.probe {
             return KeyedDecodingContainer(ProbeKeyedContainer(base: RowKeyedContainer<Key>(row: row), probe: probe))
         }
@@ -295,36 +313,112 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
         key.stringValue == "id" || row.layout.fieldIndexByName[key.stringValue] != nil || row.layout.toManyNames.contains(key.stringValue)
     }
 
-    func decodeNil(forKey key: Key) throws -> Bool {
-        guard let index = row.layout.fieldIndexByName[key.stringValue] else {
-            return key.stringValue != "id" && !row.layout.toManyNames.contains(key.stringValue)
+    /// The field index of the property named `name`, or `nil` when the entity stores no such field: the field after
+    /// the last one found is tried first (see ``RowLayout/lastDecodedField``), then the dictionary.
+    @inline(__always)
+    private func fieldIndex(_ name: String) -> Int? {
+        let layout = row.layout
+        let guess = layout.lastDecodedField &+ 1
+        if guess < layout.fieldNames.count, layout.fieldNames[guess] == name {
+            layout.lastDecodedField = guess
+            return guess
         }
-        return row[index].isNull
+        guard let index = layout.fieldIndexByName[name] else { return nil }
+        layout.lastDecodedField = index
+        return index
+    }
+
+    func decodeNil(forKey key: Key) throws -> Bool {
+        let name = key.stringValue
+        guard let index = fieldIndex(name) else {
+            return name != "id" && !row.layout.toManyNames.contains(name)
+        }
+        return row.isNull(at: index)
     }
 
     func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
-        if key.stringValue == "id", let id = row.id as? T { return id }
-        if let index = row.layout.fieldIndexByName[key.stringValue] {
-            // Common concrete types first: a metatype comparison is much cheaper than a conformance cast.
+        let name = key.stringValue
+        if name == "id" {
+            if T.self == UUID.self { return unsafeBitCast(row.id, to: T.self) }
+            if let id = row.id as? T { return id }
+        }
+        if let index = fieldIndex(name) { return try decodeField(T.self, at: index, key: key) }
+        if row.layout.toManyNames.contains(name) {
+            return try T(from: ReferenceListDecoder(ids: row.layout.toMany[name] ?? [], codingPath: [key]))
+        }
+        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.layout.entityName) has no stored field '\(name)'"))
+    }
+
+    /// An optional property: `nil` for a field that holds `NULL` or a key the row does not have (as the default
+    /// implementation — `contains`, `decodeNil`, `decode` — answers, with one lookup instead of three).
+    func decodeIfPresent<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T? {
+        let name = key.stringValue
+        if name != "id", let index = fieldIndex(name) {
+            if row.isNull(at: index) { return nil }
+            return try decodeField(T.self, at: index, key: key)
+        }
+        guard contains(key), try !decodeNil(forKey: key) else { return nil }
+        return try decode(T.self, forKey: key)
+    }
+
+    // The concrete requirements the synthesized `init(from:)` calls, spelled out so that each is specialized (a
+    // generic witness would compare metatypes and cast at run time).
+    func decode(_ type: String.Type, forKey key: Key) throws -> String { try decode(type, key) }
+    func decode(_ type: Int.Type, forKey key: Key) throws -> Int { try decode(type, key) }
+    func decode(_ type: Double.Type, forKey key: Key) throws -> Double { try decode(type, key) }
+    func decode(_ type: Bool.Type, forKey key: Key) throws -> Bool { try decode(type, key) }
+    func decodeIfPresent(_ type: String.Type, forKey key: Key) throws -> String? { try decodeIfPresent(type, key) }
+    func decodeIfPresent(_ type: Int.Type, forKey key: Key) throws -> Int? { try decodeIfPresent(type, key) }
+    func decodeIfPresent(_ type: Double.Type, forKey key: Key) throws -> Double? { try decodeIfPresent(type, key) }
+    func decodeIfPresent(_ type: Bool.Type, forKey key: Key) throws -> Bool? { try decodeIfPresent(type, key) }
+
+    @inline(__always)
+    private func decode<A: AttributeValue & Decodable>(_ type: A.Type, _ key: Key) throws -> A {
+        if key.stringValue != "id", let index = fieldIndex(key.stringValue) {
             do {
-                if T.self == String.self { return try row.decode(String.self, at: index) as! T }
-                if T.self == Int.self { return try row.decode(Int.self, at: index) as! T }
-                if T.self == Double.self { return try row.decode(Double.self, at: index) as! T }
-                if T.self == Bool.self { return try row.decode(Bool.self, at: index) as! T }
-                if T.self == Date.self { return try row.decode(Date.self, at: index) as! T }
-                if let attributeType = T.self as? any AttributeValue.Type {
-                    return try decodeAttribute(attributeType, at: index) as! T
-                }
+                return try row.decode(A.self, at: index)
             } catch var error as ValueConversionError {
                 error.attribute = "\(row.layout.entityName).\(key.stringValue)"
                 throw error
             }
-            return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
         }
-        if row.layout.toManyNames.contains(key.stringValue) {
-            return try T(from: ReferenceListDecoder(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key]))
+        return try decode(A.self, forKey: key) as A
+    }
+
+    @inline(__always)
+    private func decodeIfPresent<A: AttributeValue & Decodable>(_ type: A.Type, _ key: Key) throws -> A? {
+        if key.stringValue != "id", let index = fieldIndex(key.stringValue) {
+            if row.isNull(at: index) { return nil }
+            do {
+                return try row.decode(A.self, at: index)
+            } catch var error as ValueConversionError {
+                error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+                throw error
+            }
         }
-        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.layout.entityName) has no stored field '\(key.stringValue)'"))
+        return try decodeIfPresent(A.self, forKey: key) as A?
+    }
+
+    /// Field `index` as `T`: the common attribute types read straight from the row, other attribute types through
+    /// their ``AttributeValue`` conformance, anything else (a `Reference`, a wrapper) from the stored value.
+    @inline(__always)
+    private func decodeField<T: Decodable>(_ type: T.Type, at index: Int, key: Key) throws -> T {
+        do {
+            // Common concrete types first: a metatype comparison is much cheaper than a conformance cast.
+            if T.self == String.self { return unsafeBitCast(try row.decode(String.self, at: index), to: T.self) }
+            if T.self == Int.self { return unsafeBitCast(try row.decode(Int.self, at: index), to: T.self) }
+            if T.self == Double.self { return unsafeBitCast(try row.decode(Double.self, at: index), to: T.self) }
+            if T.self == Bool.self { return unsafeBitCast(try row.decode(Bool.self, at: index), to: T.self) }
+            if T.self == Date.self { return unsafeBitCast(try row.decode(Date.self, at: index), to: T.self) }
+            if T.self == UUID.self { return unsafeBitCast(try row.decode(UUID.self, at: index), to: T.self) }
+            if let attributeType = T.self as? any AttributeValue.Type {
+                return try decodeAttribute(attributeType, at: index) as! T
+            }
+        } catch var error as ValueConversionError {
+            error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+            throw error
+        }
+        return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
     }
 
     private func decodeAttribute<A: AttributeValue>(_ type: A.Type, at index: Int) throws -> A {
