@@ -36,6 +36,14 @@ public struct ModelRow {
                                     statement: nil, columns: [], defaults: [], toMany: toMany))
     }
 
+    /// The row the `Decodable` path of `layout` reads now (see ``RowLayout/decodingID``).
+    init(decodingIn layout: RowLayout) {
+        self.id = layout.decodingID
+        self.values = layout.decodingValues
+        self.layout = layout
+        self.generation = layout.decodingGeneration
+    }
+
     /// A row over the statement the layout streams, at its current row.
     init(id: UUID, streaming layout: RowLayout) {
         self.id = id
@@ -143,6 +151,16 @@ final class RowLayout {
     /// `init(from:)` asks for its properties in declaration order, which is the entity's field order, so the next
     /// field is tried first, by comparing its name, before the dictionary is asked.
     @exclusivity(unchecked) var lastDecodedField = -1
+    /// The row the `Decodable` path reads now (set by ``ModelRowDecoder`` for each row): the keyed container it
+    /// hands out reads it from here, so one container serves every row of the query.
+    @exclusivity(unchecked) var decodingID = UUID.unassigned
+    @exclusivity(unchecked) var decodingValues: [SQLiteValue] = []
+    @exclusivity(unchecked) var decodingGeneration = 0
+    /// The keyed container of the `Decodable` path (a `KeyedDecodingContainer`, which holds only its box) and its
+    /// key type: made for the first row, handed out again for the others (making one costs a generic metadata lookup
+    /// and an allocation per row).
+    @exclusivity(unchecked) var decodingContainer: AnyObject?
+    @exclusivity(unchecked) var decodingKeyType: ObjectIdentifier?
     /// Set only for the sample row of the declaration check: records what the model's `Decodable` path reads.
     var probe: DeclarationProbe?
 
@@ -286,11 +304,21 @@ struct ModelRowDecoder: Decoder {
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
-        row.layout.lastDecodedField = -1
-        if let probe = row.layout.probe {
-            return KeyedDecodingContainer(ProbeKeyedContainer(base: RowKeyedContainer<Key>(row: row), probe: probe))
+        let layout = row.layout
+        layout.lastDecodedField = -1
+        layout.decodingID = row.id
+        layout.decodingValues = row.values
+        layout.decodingGeneration = row.generation
+        if let probe = layout.probe {
+            return KeyedDecodingContainer(ProbeKeyedContainer(base: RowKeyedContainer<Key>(layout: layout), probe: probe))
         }
-        return KeyedDecodingContainer(RowKeyedContainer<Key>(row: row))
+        if let cached = layout.decodingContainer, layout.decodingKeyType == ObjectIdentifier(Key.self) {
+            return unsafeBitCast(cached, to: KeyedDecodingContainer<Key>.self)
+        }
+        let container = KeyedDecodingContainer(RowKeyedContainer<Key>(layout: layout))
+        layout.decodingContainer = unsafeBitCast(container, to: AnyObject.self)
+        layout.decodingKeyType = ObjectIdentifier(Key.self)
+        return container
     }
 
     func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
@@ -303,21 +331,29 @@ struct ModelRowDecoder: Decoder {
 }
 
 struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
-    let row: ModelRow
+    /// The layout whose current row (``RowLayout/decodingID``…) this container reads. Unowned: the layout keeps
+    /// the container (see ``RowLayout/decodingContainer``); a container kept past its row's `init(row:)` traps.
+    unowned let layout: RowLayout
+    /// The row being decoded.
+    var row: ModelRow { ModelRow(decodingIn: layout) }
+
+    init(layout: RowLayout) {
+        self.layout = layout
+    }
     var codingPath: [any CodingKey] { [] }
     var allKeys: [Key] {
-        (["id"] + row.layout.fieldIndexByName.keys.sorted() + row.layout.toManyNames).compactMap(Key.init(stringValue:))
+        (["id"] + layout.fieldIndexByName.keys.sorted() + layout.toManyNames).compactMap(Key.init(stringValue:))
     }
 
     func contains(_ key: Key) -> Bool {
-        key.stringValue == "id" || row.layout.fieldIndexByName[key.stringValue] != nil || row.layout.toManyNames.contains(key.stringValue)
+        key.stringValue == "id" || layout.fieldIndexByName[key.stringValue] != nil || layout.toManyNames.contains(key.stringValue)
     }
 
     /// The field index of the property named `name`, or `nil` when the entity stores no such field: the field after
     /// the last one found is tried first (see ``RowLayout/lastDecodedField``), then the dictionary.
     @inline(__always)
     private func fieldIndex(_ name: String) -> Int? {
-        let layout = row.layout
+        let layout = self.layout
         let guess = layout.lastDecodedField &+ 1
         if guess < layout.fieldNames.count, layout.fieldNames[guess] == name {
             layout.lastDecodedField = guess
@@ -331,22 +367,37 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
     func decodeNil(forKey key: Key) throws -> Bool {
         let name = key.stringValue
         guard let index = fieldIndex(name) else {
-            return name != "id" && !row.layout.toManyNames.contains(name)
+            return name != "id" && !layout.toManyNames.contains(name)
         }
         return row.isNull(at: index)
     }
 
     func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
         let name = key.stringValue
-        if name == "id" {
-            if T.self == UUID.self { return unsafeBitCast(row.id, to: T.self) }
-            if let id = row.id as? T { return id }
-        }
+        // (The record ID in a function of its own: its cast would make every call look up `T?`'s metadata.)
+        if name == "id" { return try decodeNamedID(T.self, forKey: key) }
         if let index = fieldIndex(name) { return try decodeField(T.self, at: index, key: key) }
-        if row.layout.toManyNames.contains(name) {
-            return try T(from: ReferenceListDecoder(ids: row.layout.toMany[name] ?? [], codingPath: [key]))
+        return try decodeOther(T.self, forKey: key)
+    }
+
+    /// The value of key `id`: the record ID (as a `UUID`, or anything it casts to), else a field or relationship of
+    /// that name.
+    @inline(never)
+    private func decodeNamedID<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+        if T.self == UUID.self { return unsafeBitCast(layout.decodingID, to: T.self) }
+        if let id = layout.decodingID as? T { return id }
+        if let index = fieldIndex(key.stringValue) { return try decodeField(T.self, at: index, key: key) }
+        return try decodeOther(T.self, forKey: key)
+    }
+
+    /// A key that names no field: a to-many relationship, or an error.
+    @inline(never)
+    private func decodeOther<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+        let name = key.stringValue
+        if layout.toManyNames.contains(name) {
+            return try T(from: ReferenceListDecoder(ids: layout.toMany[name] ?? [], codingPath: [key]))
         }
-        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.layout.entityName) has no stored field '\(name)'"))
+        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(layout.entityName) has no stored field '\(name)'"))
     }
 
     /// An optional property: `nil` for a field that holds `NULL` or a key the row does not have (as the default
@@ -378,7 +429,7 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
             do {
                 return try row.decode(A.self, at: index)
             } catch var error as ValueConversionError {
-                error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+                error.attribute = "\(layout.entityName).\(key.stringValue)"
                 throw error
             }
         }
@@ -392,7 +443,7 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
             do {
                 return try row.decode(A.self, at: index)
             } catch var error as ValueConversionError {
-                error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+                error.attribute = "\(layout.entityName).\(key.stringValue)"
                 throw error
             }
         }
@@ -415,7 +466,7 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
                 return try decodeAttribute(attributeType, at: index) as! T
             }
         } catch var error as ValueConversionError {
-            error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+            error.attribute = "\(layout.entityName).\(key.stringValue)"
             throw error
         }
         return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
@@ -430,10 +481,10 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
     }
 
     func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
-        guard row.layout.toManyNames.contains(key.stringValue) else {
+        guard layout.toManyNames.contains(key.stringValue) else {
             throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "no to-many relationship '\(key.stringValue)'"))
         }
-        return ReferenceListContainer(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key])
+        return ReferenceListContainer(ids: layout.toMany[key.stringValue] ?? [], codingPath: [key])
     }
 
     func superDecoder() throws -> any Decoder { ModelRowDecoder(row: row) }
