@@ -7,7 +7,7 @@ import Testing
 @testable import Replica
 
 /// A synced entity with a unique attribute (so its table has an index of its own).
-private struct OpenedNote: PersistentModel, Equatable {
+private struct OpenedNote: PersistentModel, Codable, Equatable {
     var id = UUID.unassigned
     var text: String = ""
     var slug: String = ""
