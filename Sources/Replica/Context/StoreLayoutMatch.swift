@@ -133,7 +133,7 @@ enum StoreLayoutMatch {
             let candidates = (claimed..<schemas.count).filter { layout($0) == shape }
             guard let first = candidates.first, let last = candidates.last, first < last,
                   plan.stages[first..<last].contains(where: { $0.willMigrate != nil || $0.didMigrate != nil }) else { return decided }
-            var holdsRows = false
+            var holdsRows = canaries.contains(.emptyAmbiguousStoreRefused)
             for table in shape.keys.sorted() where try db.scalar("SELECT EXISTS (SELECT 1 FROM \(quoted(table)))") == .integer(1) {
                 holdsRows = true
                 break

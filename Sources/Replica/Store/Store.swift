@@ -158,7 +158,7 @@ final class Store: Sendable {
                     // only: a container without the plan (a widget's, a model actor's, with an unversioned schema of
                     // the updated models) that renamed its columns would move its tables past the recorded version,
                     // and the plan would then skip the stages' code (R2).
-                    if let recordedVersion, migrationSource == nil {
+                    if let recordedVersion, migrationSource == nil, !environment.canaries.contains(.renameOutsidePlan) {
                         throw StoreLayoutError(reason: "the store is at schema version \(recordedVersion), recorded by a migration plan, and this schema renames its tables or columns through original names: renaming them is that plan's stages' work — open it with the migration plan (ModelContainer(for:migrationPlan:configurations:)) first; nothing was changed")
                     }
                     guard let fileLock, !exclusive else { return }
