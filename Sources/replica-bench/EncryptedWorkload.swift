@@ -157,7 +157,12 @@ func cpuNow() -> Double {
 /// the row inserted, with B's history rows. Sealed values use Replica's layout (format byte, key version, nonce,
 /// ciphertext and tag) and associated data (record ID, zone, record type, field name, field stamp, format and key
 /// version), so both sides encrypt and authenticate the same number of bytes.
-func rawEncryptedTrial(_ n: Int) throws -> Trial {
+///
+/// With `ledger` (B6; B6r without), the raw side also writes the sync bookkeeping rows Replica writes, with the same
+/// statement text: on A a ledger row per record (every field stamped, pending), on B a ledger row per record (synced)
+/// beside the row, which is upserted as a merge does, and the server change token. So both sides write the same rows
+/// — entity rows, ledger rows, history rows — and seal and open the same fields.
+func rawEncryptedTrial(_ n: Int, ledger: Bool = false) throws -> Trial {
     guard sodium_init() >= 0 else { throw CheckFailed("B6: sodium_init failed") }
     let records = makeSecrets(n)
     let directoryA = trialDirectory("B6-raw-a"), directoryB = trialDirectory("B6-raw-b")
@@ -165,6 +170,10 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
     _ = try makeStore(directoryB, [BenchSecret.self], synced: true)
     let a = RawDB(path: storePath(directoryA)), b = RawDB(path: storePath(directoryB))
     let insertSQL = #"INSERT INTO "BenchSecret" ("id", "title", "secretA", "secretB", "count") VALUES (?, ?, ?, ?, ?)"#
+    // A merge writes a fetched record's row as an upsert (B9's statement for this entity).
+    let mergeSQL = ledger ? insertSQL + #" ON CONFLICT ("id") DO UPDATE SET "title" = excluded."title", "secretA" = excluded."secretA", "#
+        + #""secretB" = excluded."secretB", "count" = excluded."count""# : insertSQL
+    let fieldNames = BenchSecret.entity.schemaEntity.fieldNames
     let fields = ["secretA", "secretB"]
     let zone = "bench", recordType = "BenchSecret"
     let replica = UUID(uuidString: "01900000-0000-7000-8000-00000000a11c")!
@@ -173,10 +182,19 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
     return Trial(run: {
         // A: the rows and their history, one transaction.
         let begin = a.prepare("BEGIN IMMEDIATE"), commit = a.prepare("COMMIT"), insert = a.prepare(insertSQL)
+        let ledgerA = ledger ? a.prepare(rawLedgerInsertSQL) : nil
+        var encoder = RawLedgerEncoder(fieldNames: fieldNames)
+        let stampA = FieldStamp(incarnation: 1, clock: HLC(physical: nowMilliseconds(), logical: 0, replica: replica))
         a.done(begin)
         var ids: [UInt8] = []
         ids.reserveCapacity(n * 16)
         for r in records {
+            if let ledgerA {
+                encoder.encode(stampA)
+                withBytes(of: r.id) { id in
+                    rawWriteLedgerRow(a, ledgerA, id: id, entity: recordType, encoder: encoder, localVersion: 1, pending: true)
+                }
+            }
             withBytes(of: r.id) { id in
                 withUTF8(r.title) { title in
                     withUTF8(r.secretA) { s1 in
@@ -197,6 +215,7 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
         ids.withUnsafeBytes { rawWriteHistory(a, entity: recordType, kind: 0, ids: $0, author: nil) }
         a.done(commit)
         for s in [begin, commit, insert] { sqlite3_finalize(s) }
+        sqlite3_finalize(ledgerA)
 
         // Seal: every field of every record into one buffer.
         let sealedLength = header + 1 + 64 + tag
@@ -249,7 +268,8 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
         }
 
         // B: open every field and insert the rows, with B's history, one transaction.
-        let beginB = b.prepare("BEGIN IMMEDIATE"), commitB = b.prepare("COMMIT"), insertB = b.prepare(insertSQL)
+        let beginB = b.prepare("BEGIN IMMEDIATE"), commitB = b.prepare("COMMIT"), insertB = b.prepare(mergeSQL)
+        let ledgerB = ledger ? b.prepare(rawLedgerInsertSQL) : nil
         b.done(beginB)
         var out = [UInt8](repeating: 0, count: 2 * (1 + 256))
         benchFieldKey.withUnsafeBufferPointer { key in
@@ -279,6 +299,10 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
                                     sqlite3_bind_int64(insertB, 5, Int64(r.count))
                                     if sqlite3_step(insertB) != SQLITE_DONE { b.fail(-1, "insert") }
                                 }
+                                if let ledgerB {
+                                    encoder.encode(stampA)
+                                    rawWriteLedgerRow(b, ledgerB, id: id, entity: recordType, encoder: encoder, localVersion: 0, pending: false)
+                                }
                             }
                             sqlite3_reset(insertB)
                         }
@@ -287,10 +311,22 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
             }
         }
         ids.withUnsafeBytes { rawWriteHistory(b, entity: recordType, kind: 0, ids: $0, author: "replica.sync") }
+        if ledger {
+            // The new server change token, as the merge's transaction writes it.
+            let token = b.prepare(rawTokenSQL)
+            let text = "{\"epoch\":1,\"sequence\":\(n)}"
+            withUTF8(text) { bindText(token, 1, $0); b.done(token) }
+            sqlite3_finalize(token)
+        }
         b.done(commitB)
         for s in [beginB, commitB, insertB] { sqlite3_finalize(s) }
+        sqlite3_finalize(ledgerB)
     }, check: {
         try require(a.count(recordType) == n && b.count(recordType) == n, "B6: raw wrote \(a.count(recordType)) / \(b.count(recordType)) rows")
+        if ledger {
+            try require(a.count("replica_sync_record") == n && b.count("replica_sync_record") == n,
+                        "B6: raw wrote \(a.count("replica_sync_record")) / \(b.count("replica_sync_record")) ledger rows")
+        }
         let s = b.prepare(#"SELECT "secretA", "secretB" FROM "BenchSecret" WHERE "id" = ?"#)
         defer { sqlite3_finalize(s) }
         let found = withBytes(of: records[0].id) { id in
@@ -304,4 +340,42 @@ func rawEncryptedTrial(_ n: Int) throws -> Trial {
         try? FileManager.default.removeItem(at: directoryA)
         try? FileManager.default.removeItem(at: directoryB)
     })
+}
+
+/// The text of `SyncLedger`'s insert of a new ledger row (`insertSQL`).
+let rawLedgerInsertSQL = """
+    INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, unknown, tombstone, redirect,
+                                     change_tag, local_version, pending, state)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (id) DO NOTHING
+    """
+
+/// The server change token's metadata row, written with a merged batch.
+let rawTokenSQL = "INSERT INTO replica_metadata (key, value) VALUES ('server_change_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+
+/// Writes one new ledger row (a record of causal length 1 whose fields share the encoder's stamp) with `s`, text and
+/// blobs bound without copying, as B9's raw loop does.
+@inline(__always)
+func rawWriteLedgerRow(_ raw: RawDB, _ s: OpaquePointer, id: UnsafeRawBufferPointer, entity: String, encoder: RawLedgerEncoder,
+                       localVersion: Int64, pending: Bool) {
+    sqlite3_bind_blob(s, 1, id.baseAddress, 16, SQLITE_STATIC)
+    sqlite3_bind_int64(s, 3, 1)
+    sqlite3_bind_null(s, 6)
+    sqlite3_bind_null(s, 7)
+    sqlite3_bind_null(s, 8)
+    sqlite3_bind_null(s, 9)
+    sqlite3_bind_int64(s, 10, localVersion)
+    sqlite3_bind_int64(s, 11, pending ? 1 : 0)
+    if pending { sqlite3_bind_text(s, 12, "pending", 7, SQLITE_STATIC) } else { sqlite3_bind_text(s, 12, "synced", 6, SQLITE_STATIC) }
+    withUTF8(entity) { entity in
+        encoder.created.withUnsafeBufferPointer { created in
+            encoder.stamps.withUnsafeBufferPointer { stamps in
+                bindText(s, 2, entity)
+                bindText(s, 4, created)
+                sqlite3_bind_blob(s, 5, stamps.baseAddress, Int32(stamps.count), SQLITE_STATIC)
+                if sqlite3_step(s) != SQLITE_DONE { raw.fail(-1, "ledger insert") }
+            }
+        }
+    }
+    sqlite3_reset(s)
 }

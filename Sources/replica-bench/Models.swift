@@ -193,3 +193,10 @@ struct BenchCodableRecord: CodablePersistentModel, Equatable {
 }
 
 func makeCodableRecords(_ n: Int) -> [BenchCodableRecord] { makeRecords(n).map(BenchCodableRecord.init) }
+
+extension BenchRecord {
+    init(_ r: BenchCodableRecord) {
+        self.init(id: r.id, name: r.name, email: r.email, age: r.age, score: r.score, active: r.active, created: r.created,
+                  note: r.note, count: r.count, ratio: r.ratio, tag: r.tag)
+    }
+}

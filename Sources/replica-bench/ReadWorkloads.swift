@@ -47,6 +47,28 @@ func replicaFetchTrial(_ n: Int) throws -> Trial {
 
 nonisolated(unsafe) private var fetchChecksums: [Int: Int] = [:]
 
+/// B3d: B3 through the `Decodable` convenience path — the same store and query, decoded by the synthesized
+/// `init(from:)` of `BenchCodableRecord` (same entity, same table) instead of a hand-written `init(row:)`.
+func replicaDecodableFetchTrial(_ n: Int) throws -> Trial {
+    let directory = try fetchStore(n)
+    var configuration = ModelConfiguration("bench", url: directory.appendingPathComponent("bench.store"))
+    configuration.tracksHistory = false
+    let container = try ModelContainer(for: Schema([BenchCodableRecord.self]), configurations: [configuration],
+                                       environment: benchEnvironment(directory))
+    var context: ModelContext? = ModelContext(container)
+    _ = try context!.model(BenchCodableRecord.self, id: .unassigned)
+    var result: [BenchCodableRecord] = []
+    return Trial(run: {
+        result = try context!.fetch(FetchDescriptor<BenchCodableRecord>())
+    }, check: {
+        try require(result.count == n, "B3d: replica fetched \(result.count)")
+        let sum = BenchRecord.checksum(result.map(BenchRecord.init))
+        if let known = fetchChecksums[n] { try require(known == sum, "B3d: replica's records differ from raw's") } else { fetchChecksums[n] = sum }
+        result = []
+        context = nil
+    })
+}
+
 @inline(__always)
 func columnString(_ s: OpaquePointer, _ i: Int32) -> String {
     guard let p = sqlite3_column_text(s, i) else { return "" }

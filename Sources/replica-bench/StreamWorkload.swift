@@ -138,3 +138,95 @@ func streamChild(side: String, directory: URL, n: Int) -> Never {
         exit(1)
     }
 }
+
+// B1m — peak memory of one large save: 100k models inserted through a context and saved in one `save()` (B1's
+// typed path, history off), against the raw loop inserting the same rows in one transaction. Each side runs in a
+// fresh child process (`replica-bench --child B1m replica|raw DIR N`): the child builds the data set, opens the
+// store, takes its resident set size as the baseline, starts a new peak, inserts and saves, and reports the peak
+// above the baseline. What the data set itself takes is in the baseline on both sides.
+
+/// One side of B1m, measured in a child process.
+func largeSaveTrial(_ n: Int, side: String) throws -> Trial {
+    var report: StreamReport?
+    let directory = trialDirectory("B1m-\(side)")
+    return Trial(run: {}, check: {
+        guard let report else { throw CheckFailed("B1m: the \(side) child reported nothing") }
+        try require(report.count == n, "B1m: \(side) saved \(report.count) records")
+    }, cleanup: {
+        try? FileManager.default.removeItem(at: directory)
+    }, measured: {
+        try? FileManager.default.removeItem(at: directory)
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: benchExecutable)
+        process.arguments = ["--child", "B1m", side, directory.path, String(n)]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0,
+              let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
+              let decoded = try? JSONDecoder().decode(StreamReport.self, from: Data(line.utf8)) else {
+            throw CheckFailed("B1m: the \(side) child failed (status \(process.terminationStatus))")
+        }
+        report = decoded
+        return Measurement(sample: Sample(cpu: decoded.cpu, wall: decoded.wall), peakMB: decoded.peakAboveBaselineMB, items: nil)
+    }, note: {
+        report.map { "child baseline \(format($0.baselineMB, 1)) MB" }
+    })
+}
+
+/// The B1m child's work: build the records, open, take the baseline, insert and save, report. Never returns.
+func largeSaveChild(side: String, directory: URL, n: Int) -> Never {
+    do {
+        let records = makeRecords(n)
+        let baseline: Int
+        let sample: Sample
+        var count = 0
+        switch side {
+        case "replica":
+            let container = try makeStore(directory, [BenchRecord.self], tracksHistory: false)
+            let context = ModelContext(container)
+            try warm(context)
+            baseline = Memory.residentBytes() ?? 0
+            Memory.resetPeak()
+            sample = try measure {
+                for record in records { context.insert(record) }
+                try context.save()
+            }
+            count = RawDB(path: storePath(directory)).count("BenchRecord")
+        case "raw":
+            _ = try makeStore(directory, [BenchRecord.self], tracksHistory: false)
+            let raw = RawDB(path: storePath(directory))
+            baseline = Memory.residentBytes() ?? 0
+            Memory.resetPeak()
+            sample = measure {
+                let begin = raw.prepare("BEGIN IMMEDIATE"), commit = raw.prepare("COMMIT")
+                let insert = raw.prepare(BenchSQL.insert(BenchSQL.table))
+                raw.done(begin)
+                for record in records {
+                    bindRecord(insert, record) {
+                        if sqlite3_step(insert) != SQLITE_DONE { raw.fail(-1, "insert") }
+                    }
+                    sqlite3_reset(insert)
+                }
+                raw.done(commit)
+                for s in [begin, commit, insert] { sqlite3_finalize(s) }
+            }
+            count = raw.count("BenchRecord")
+        default:
+            FileHandle.standardError.write(Data("replica-bench --child B1m: unknown side \(side)\n".utf8))
+            exit(2)
+        }
+        let peak = Memory.peakBytes() ?? 0
+        let report = StreamReport(cpu: sample.cpu, wall: sample.wall, baselineMB: Double(baseline) / 1_048_576,
+                                  peakAboveBaselineMB: Double(max(0, peak - baseline)) / 1_048_576,
+                                  count: count, checksum: 0)
+        FileHandle.standardOutput.write(try JSONEncoder().encode(report) + Data("\n".utf8))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("replica-bench --child B1m \(side): \(error)\n".utf8))
+        exit(1)
+    }
+}

@@ -113,7 +113,7 @@ private func putHex(_ value: UInt64, _ width: Int, _ p: UnsafeMutablePointer<UIn
 /// Raw ledger writing for B9: the compact `stamps` bytes of a record whose fields share one stamp (format 1, one
 /// distinct stamp, then the entity's field names in UTF-8 order each with stamp index 0) and the 64-hex-digit
 /// `created` text, encoded into reused buffers.
-private struct RawLedgerEncoder {
+struct RawLedgerEncoder {
     var stamps: [UInt8]
     var created = [UInt8](repeating: 0, count: 64)
     let tailOffset = 2 + 36

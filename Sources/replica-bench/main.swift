@@ -36,6 +36,12 @@ if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", Comm
     streamChild(side: CommandLine.arguments[3], directory: URL(fileURLWithPath: CommandLine.arguments[4]), n: n)
 }
 
+// A child process of B1m (see StreamWorkload.swift): `--child B1m replica|raw DIR N`.
+if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", CommandLine.arguments[2] == "B1m",
+   let n = Int(CommandLine.arguments[5]) {
+    largeSaveChild(side: CommandLine.arguments[3], directory: URL(fileURLWithPath: CommandLine.arguments[4]), n: n)
+}
+
 // The writer child of B15L (see ObservationWorkloads.swift): `--child B15L DIR N MS`.
 if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", CommandLine.arguments[2] == "B15L",
    let n = Int(CommandLine.arguments[4]), let interval = Int(CommandLine.arguments[5]) {
@@ -62,6 +68,11 @@ let workloads: [Workload] = [
              count: { $0.scaled(100_000) },
              replica: { size in try replicaInsertTrial(makeRecords(size.scaled(100_000)), tracksHistory: false, name: "B1-replica") },
              raw: { size in try rawInsertTrial(makeRecords(size.scaled(100_000)), history: false, name: "B1-raw") }),
+    Workload(id: "B1m", title: "B1's 100k models in one save: peak memory (child process per side)", target: .peakRSSAbove(16),
+             count: { $0.scaled(100_000) },
+             replica: { size in try largeSaveTrial(size.scaled(100_000), side: "replica") },
+             raw: { size in try largeSaveTrial(size.scaled(100_000), side: "raw") },
+             measuresMemory: true, repetitions: (full: 3, quick: 3)),
     Workload(id: "B2", title: "B1 through the Codable convenience path (encode(to:))", target: .ratio(2.0),
              count: { $0.scaled(100_000) },
              replica: { size in try replicaInsertTrial(makeCodableRecords(size.scaled(100_000)), tracksHistory: false, name: "B2-replica") },
@@ -69,6 +80,10 @@ let workloads: [Workload] = [
     Workload(id: "B3", title: "fetch 200k rows into models (FetchDescriptor, init(row:))", target: .ratio(1.3),
              count: { $0.scaled(200_000) },
              replica: { size in try replicaFetchTrial(size.scaled(200_000)) },
+             raw: { size in try rawFetchTrial(size.scaled(200_000)) }),
+    Workload(id: "B3d", title: "B3 through the Decodable path (synthesized init(from:))", target: .ratio(2.0),
+             count: { $0.scaled(200_000) },
+             replica: { size in try replicaDecodableFetchTrial(size.scaled(200_000)) },
              raw: { size in try rawFetchTrial(size.scaled(200_000)) }),
     // B4 as the issue sets it: the same insert with history on against history off, both through Replica (the
     // "Raw C s" column holds the history-off time); B4r compares it with raw C writing the same history rows.
@@ -84,7 +99,14 @@ let workloads: [Workload] = [
              count: { $0.scaled(10_000) },
              replica: { size in try replicaSingleSavesTrial(makeRecords(size.scaled(10_000))) },
              raw: { size in try rawSingleSavesTrial(makeRecords(size.scaled(10_000))) }),
-    Workload(id: "B6", title: "insert + fetch 100k records, two ~64-byte encrypted fields", target: .ratio(1.2),
+    // B6 compares like with like (as B9 does): the raw side writes the same rows — entity, ledger and history rows —
+    // with the same SQL, and seals and opens the same fields. B6r is the old comparison, whose raw side writes no
+    // sync bookkeeping (for information, as B9r).
+    Workload(id: "B6", title: "insert + fetch 100k records, two ~64-byte encrypted fields, same rows", target: .ratio(1.5),
+             count: { $0.scaled(100_000) },
+             replica: { size in try replicaEncryptedTrial(size.scaled(100_000)) },
+             raw: { size in try rawEncryptedTrial(size.scaled(100_000), ledger: true) }, repetitions: (full: 5, quick: 3)),
+    Workload(id: "B6r", title: "B6 against rows + history only (raw writes no ledger)", target: .comparison,
              count: { $0.scaled(100_000) },
              replica: { size in try replicaEncryptedTrial(size.scaled(100_000)) },
              raw: { size in try rawEncryptedTrial(size.scaled(100_000)) }, repetitions: (full: 5, quick: 3)),

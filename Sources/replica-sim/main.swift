@@ -248,6 +248,12 @@ func exploreCommand(_ arguments: Arguments) throws -> ExitCode {
                                                  if shrinkBar == nil { shrinkBar = ProgressBar(total: total, label: "\(scenario.name) shrinking") }
                                                  shrinkBar?.update(done)
                                              }
+                                         },
+                                         shrinkRuns: { seed, runs in
+                                             // A heartbeat while one shrink takes long: a line every 100 runs.
+                                             if runs % 100 == 0 {
+                                                 FileHandle.standardError.write(Data("\(isatty(2) == 1 ? "\r" : "")\(scenario.name) shrinking seed \(seed): \(runs) runs\(isatty(2) == 1 ? "" : "\n")".utf8))
+                                             }
                                          })
         var row = Row(scenario: scenario.name)
         row.wall = secondsSince(start)

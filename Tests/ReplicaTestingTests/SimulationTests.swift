@@ -233,7 +233,7 @@ struct SimulationExploreTests {
 }
 
 extension SimulationExploreTests {
-    @Test("explore shrinks only the first failures of each invariant, chosen by seed order whatever the thread count, and reports shrink progress")
+    @Test("explore shrinks only the first failures of each invariant, chosen by seed order whatever the thread count, and reports shrink progress and every run of a shrink")
     func exploreShrinksTheFirstFailuresPerInvariant() throws {
         let entry = try #require(CanaryCatalog.entry(named: Canary.nonIdempotentApply.rawValue))
         let scenario = try scenario(entry.scenario)
@@ -245,8 +245,10 @@ extension SimulationExploreTests {
         try #require(failing.count == 3, "the canary fails at least three of 400 seeds")
         let seeds = Array(UInt64(0)...failing[2])
         let reports = Mutex<[(Int, Int)]>([])
+        let heartbeats = Mutex<[UInt64: [Int]]>([:])
         let outcomes = Simulator.explore(scenario, seeds: seeds, options: options, jobs: 2, shrinkBudget: 10, shrinkFirst: 1,
-                                         shrinking: { done, total in reports.withLock { $0.append((done, total)) } })
+                                         shrinking: { done, total in reports.withLock { $0.append((done, total)) } },
+                                         shrinkRuns: { seed, runs in heartbeats.withLock { $0[seed, default: []].append(runs) } })
         let failed = outcomes.filter { $0.result.violation != nil }
         #expect(failed.count >= 3)
         let invariants = Set(failed.compactMap { $0.result.violation?.invariant.rawValue })
@@ -257,6 +259,10 @@ extension SimulationExploreTests {
             let first = failed.first { $0.result.violation?.invariant.rawValue == invariant }
             #expect(first?.shrunk != nil, "the first failure of \(invariant) is the one shrunk")
         }
+        // Each shrink reports every run it makes, counting up from 1, and only shrunk seeds report.
+        let beats = heartbeats.withLock { $0 }
+        #expect(Set(beats.keys) == Set(shrunk.map(\.seed)))
+        for (_, runs) in beats { #expect(runs == Array(1...runs.count)) }
         let progress = reports.withLock { $0 }
         #expect(progress.first.map { $0 == (0, invariants.count) } == true)
         #expect(progress.last.map { $0 == (invariants.count, invariants.count) } == true)

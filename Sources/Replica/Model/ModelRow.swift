@@ -36,6 +36,14 @@ public struct ModelRow {
                                     statement: nil, columns: [], defaults: [], toMany: toMany))
     }
 
+    /// The row the `Decodable` path of `layout` reads now (see ``RowLayout/decodingID``).
+    init(decodingIn layout: RowLayout) {
+        self.id = layout.decodingID
+        self.values = layout.decodingValues
+        self.layout = layout
+        self.generation = layout.decodingGeneration
+    }
+
     /// A row over the statement the layout streams, at its current row.
     init(id: UUID, streaming layout: RowLayout) {
         self.id = id
@@ -60,6 +68,14 @@ public struct ModelRow {
         if layout.handle == nil { return values[index] }
         guard let value = statementValue(index) else { return layout.defaults[index] }
         return SQLiteValue(value)
+    }
+
+    /// Whether field `index` holds `NULL` (read without converting the value).
+    @inline(__always)
+    func isNull(at index: Int) -> Bool {
+        if layout.handle == nil { return values[index].isNull }
+        guard let value = statementValue(index) else { return layout.defaults[index].isNull }
+        return sqlite3_value_type(value) == SQLITE_NULL
     }
 
     /// The stored value of field `name`, or `nil` when the entity has no such field.
@@ -129,6 +145,22 @@ final class RowLayout {
     let toMany: [String: [UUID]]
     /// Advanced for every statement row, so that rows cannot be read after their turn.
     @exclusivity(unchecked) var generation = 0
+    /// Field names by index (``fieldIndexByName`` inverted), for the `Decodable` path's lookups in field order.
+    let fieldNames: [String]
+    /// The field the `Decodable` path found last in the current row (-1 before the first): a synthesized
+    /// `init(from:)` asks for its properties in declaration order, which is the entity's field order, so the next
+    /// field is tried first, by comparing its name, before the dictionary is asked.
+    @exclusivity(unchecked) var lastDecodedField = -1
+    /// The row the `Decodable` path reads now (set by ``ModelRowDecoder`` for each row): the keyed container it
+    /// hands out reads it from here, so one container serves every row of the query.
+    @exclusivity(unchecked) var decodingID = UUID.unassigned
+    @exclusivity(unchecked) var decodingValues: [SQLiteValue] = []
+    @exclusivity(unchecked) var decodingGeneration = 0
+    /// The keyed container of the `Decodable` path (a `KeyedDecodingContainer`, which holds only its box) and its
+    /// key type: made for the first row, handed out again for the others (making one costs a generic metadata lookup
+    /// and an allocation per row).
+    @exclusivity(unchecked) var decodingContainer: AnyObject?
+    @exclusivity(unchecked) var decodingKeyType: ObjectIdentifier?
     /// Set only for the sample row of the declaration check: records what the model's `Decodable` path reads.
     var probe: DeclarationProbe?
 
@@ -143,6 +175,9 @@ final class RowLayout {
         _ = self.columns.initialize(from: columns)
         self.defaults = defaults
         self.toMany = toMany
+        var names = [String](repeating: "", count: (fieldIndexByName.values.max() ?? -1) + 1)
+        for (name, index) in fieldIndexByName where index >= 0 { names[index] = name }
+        self.fieldNames = names
     }
 
     convenience init(entity: Schema.Entity, fieldIndexByName: [String: Int], statement: Statement?, columns: [Int32], defaults: [SQLiteValue]) {
@@ -269,10 +304,21 @@ struct ModelRowDecoder: Decoder {
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
-        if let probe = row.layout.probe {
-            return KeyedDecodingContainer(ProbeKeyedContainer(base: RowKeyedContainer<Key>(row: row), probe: probe))
+        let layout = row.layout
+        layout.lastDecodedField = -1
+        layout.decodingID = row.id
+        layout.decodingValues = row.values
+        layout.decodingGeneration = row.generation
+        if let probe = layout.probe {
+            return KeyedDecodingContainer(ProbeKeyedContainer(base: RowKeyedContainer<Key>(layout: layout), probe: probe))
         }
-        return KeyedDecodingContainer(RowKeyedContainer<Key>(row: row))
+        if let cached = layout.decodingContainer, layout.decodingKeyType == ObjectIdentifier(Key.self) {
+            return unsafeBitCast(cached, to: KeyedDecodingContainer<Key>.self)
+        }
+        let container = KeyedDecodingContainer(RowKeyedContainer<Key>(layout: layout))
+        layout.decodingContainer = unsafeBitCast(container, to: AnyObject.self)
+        layout.decodingKeyType = ObjectIdentifier(Key.self)
+        return container
     }
 
     func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
@@ -285,46 +331,147 @@ struct ModelRowDecoder: Decoder {
 }
 
 struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
-    let row: ModelRow
+    /// The layout whose current row (``RowLayout/decodingID``…) this container reads. Not retained: the layout
+    /// keeps the container (see ``RowLayout/decodingContainer``), and a container is valid only during the
+    /// `init(row:)` call its row is passed to, as the row is (unowned references cost two atomic operations per
+    /// access, more than the rest of a field's decoding).
+    unowned(unsafe) let layout: RowLayout
+    /// The row being decoded.
+    var row: ModelRow { ModelRow(decodingIn: layout) }
+
+    init(layout: RowLayout) {
+        self.layout = layout
+    }
     var codingPath: [any CodingKey] { [] }
     var allKeys: [Key] {
-        (["id"] + row.layout.fieldIndexByName.keys.sorted() + row.layout.toManyNames).compactMap(Key.init(stringValue:))
+        (["id"] + layout.fieldIndexByName.keys.sorted() + layout.toManyNames).compactMap(Key.init(stringValue:))
     }
 
     func contains(_ key: Key) -> Bool {
-        key.stringValue == "id" || row.layout.fieldIndexByName[key.stringValue] != nil || row.layout.toManyNames.contains(key.stringValue)
+        key.stringValue == "id" || layout.fieldIndexByName[key.stringValue] != nil || layout.toManyNames.contains(key.stringValue)
+    }
+
+    /// The field index of the property named `name`, or `nil` when the entity stores no such field: the field after
+    /// the last one found is tried first (see ``RowLayout/lastDecodedField``), then the dictionary.
+    @inline(__always)
+    private func fieldIndex(_ name: String) -> Int? {
+        let layout = self.layout
+        let guess = layout.lastDecodedField &+ 1
+        if guess < layout.fieldNames.count, layout.fieldNames[guess] == name {
+            layout.lastDecodedField = guess
+            return guess
+        }
+        guard let index = layout.fieldIndexByName[name] else { return nil }
+        layout.lastDecodedField = index
+        return index
     }
 
     func decodeNil(forKey key: Key) throws -> Bool {
-        guard let index = row.layout.fieldIndexByName[key.stringValue] else {
-            return key.stringValue != "id" && !row.layout.toManyNames.contains(key.stringValue)
+        let name = key.stringValue
+        guard let index = fieldIndex(name) else {
+            return name != "id" && !layout.toManyNames.contains(name)
         }
-        return row[index].isNull
+        return row.isNull(at: index)
     }
 
     func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
-        if key.stringValue == "id", let id = row.id as? T { return id }
-        if let index = row.layout.fieldIndexByName[key.stringValue] {
-            // Common concrete types first: a metatype comparison is much cheaper than a conformance cast.
+        let name = key.stringValue
+        // (The record ID in a function of its own: its cast would make every call look up `T?`'s metadata.)
+        if name == "id" { return try decodeNamedID(T.self, forKey: key) }
+        if let index = fieldIndex(name) { return try decodeField(T.self, at: index, key: key) }
+        return try decodeOther(T.self, forKey: key)
+    }
+
+    /// The value of key `id`: the record ID (as a `UUID`, or anything it casts to), else a field or relationship of
+    /// that name.
+    @inline(never)
+    private func decodeNamedID<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+        if T.self == UUID.self { return unsafeBitCast(layout.decodingID, to: T.self) }
+        if let id = layout.decodingID as? T { return id }
+        if let index = fieldIndex(key.stringValue) { return try decodeField(T.self, at: index, key: key) }
+        return try decodeOther(T.self, forKey: key)
+    }
+
+    /// A key that names no field: a to-many relationship, or an error.
+    @inline(never)
+    private func decodeOther<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+        let name = key.stringValue
+        if layout.toManyNames.contains(name) {
+            return try T(from: ReferenceListDecoder(ids: layout.toMany[name] ?? [], codingPath: [key]))
+        }
+        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(layout.entityName) has no stored field '\(name)'"))
+    }
+
+    /// An optional property: `nil` for a field that holds `NULL` or a key the row does not have (as the default
+    /// implementation — `contains`, `decodeNil`, `decode` — answers, with one lookup instead of three).
+    func decodeIfPresent<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T? {
+        let name = key.stringValue
+        if name != "id", let index = fieldIndex(name) {
+            if row.isNull(at: index) { return nil }
+            return try decodeField(T.self, at: index, key: key)
+        }
+        guard contains(key), try !decodeNil(forKey: key) else { return nil }
+        return try decode(T.self, forKey: key)
+    }
+
+    // The concrete requirements the synthesized `init(from:)` calls, spelled out so that each is specialized (a
+    // generic witness would compare metatypes and cast at run time).
+    func decode(_ type: String.Type, forKey key: Key) throws -> String { try decode(type, key) }
+    func decode(_ type: Int.Type, forKey key: Key) throws -> Int { try decode(type, key) }
+    func decode(_ type: Double.Type, forKey key: Key) throws -> Double { try decode(type, key) }
+    func decode(_ type: Bool.Type, forKey key: Key) throws -> Bool { try decode(type, key) }
+    func decodeIfPresent(_ type: String.Type, forKey key: Key) throws -> String? { try decodeIfPresent(type, key) }
+    func decodeIfPresent(_ type: Int.Type, forKey key: Key) throws -> Int? { try decodeIfPresent(type, key) }
+    func decodeIfPresent(_ type: Double.Type, forKey key: Key) throws -> Double? { try decodeIfPresent(type, key) }
+    func decodeIfPresent(_ type: Bool.Type, forKey key: Key) throws -> Bool? { try decodeIfPresent(type, key) }
+
+    @inline(__always)
+    private func decode<A: AttributeValue & Decodable>(_ type: A.Type, _ key: Key) throws -> A {
+        if key.stringValue != "id", let index = fieldIndex(key.stringValue) {
             do {
-                if T.self == String.self { return try row.decode(String.self, at: index) as! T }
-                if T.self == Int.self { return try row.decode(Int.self, at: index) as! T }
-                if T.self == Double.self { return try row.decode(Double.self, at: index) as! T }
-                if T.self == Bool.self { return try row.decode(Bool.self, at: index) as! T }
-                if T.self == Date.self { return try row.decode(Date.self, at: index) as! T }
-                if let attributeType = T.self as? any AttributeValue.Type {
-                    return try decodeAttribute(attributeType, at: index) as! T
-                }
+                return try row.decode(A.self, at: index)
             } catch var error as ValueConversionError {
-                error.attribute = "\(row.layout.entityName).\(key.stringValue)"
+                error.attribute = "\(layout.entityName).\(key.stringValue)"
                 throw error
             }
-            return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
         }
-        if row.layout.toManyNames.contains(key.stringValue) {
-            return try T(from: ReferenceListDecoder(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key]))
+        return try decode(A.self, forKey: key) as A
+    }
+
+    @inline(__always)
+    private func decodeIfPresent<A: AttributeValue & Decodable>(_ type: A.Type, _ key: Key) throws -> A? {
+        if key.stringValue != "id", let index = fieldIndex(key.stringValue) {
+            if row.isNull(at: index) { return nil }
+            do {
+                return try row.decode(A.self, at: index)
+            } catch var error as ValueConversionError {
+                error.attribute = "\(layout.entityName).\(key.stringValue)"
+                throw error
+            }
         }
-        throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "\(row.layout.entityName) has no stored field '\(key.stringValue)'"))
+        return try decodeIfPresent(A.self, forKey: key) as A?
+    }
+
+    /// Field `index` as `T`: the common attribute types read straight from the row, other attribute types through
+    /// their ``AttributeValue`` conformance, anything else (a `Reference`, a wrapper) from the stored value.
+    @inline(__always)
+    private func decodeField<T: Decodable>(_ type: T.Type, at index: Int, key: Key) throws -> T {
+        do {
+            // Common concrete types first: a metatype comparison is much cheaper than a conformance cast.
+            if T.self == String.self { return unsafeBitCast(try row.decode(String.self, at: index), to: T.self) }
+            if T.self == Int.self { return unsafeBitCast(try row.decode(Int.self, at: index), to: T.self) }
+            if T.self == Double.self { return unsafeBitCast(try row.decode(Double.self, at: index), to: T.self) }
+            if T.self == Bool.self { return unsafeBitCast(try row.decode(Bool.self, at: index), to: T.self) }
+            if T.self == Date.self { return unsafeBitCast(try row.decode(Date.self, at: index), to: T.self) }
+            if T.self == UUID.self { return unsafeBitCast(try row.decode(UUID.self, at: index), to: T.self) }
+            if let attributeType = T.self as? any AttributeValue.Type {
+                return try decodeAttribute(attributeType, at: index) as! T
+            }
+        } catch var error as ValueConversionError {
+            error.attribute = "\(layout.entityName).\(key.stringValue)"
+            throw error
+        }
+        return try T(from: FieldDecoder(value: row[index], codingPath: [key]))
     }
 
     private func decodeAttribute<A: AttributeValue>(_ type: A.Type, at index: Int) throws -> A {
@@ -336,10 +483,10 @@ struct RowKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
     }
 
     func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
-        guard row.layout.toManyNames.contains(key.stringValue) else {
+        guard layout.toManyNames.contains(key.stringValue) else {
             throw DecodingError.keyNotFound(key, .init(codingPath: [], debugDescription: "no to-many relationship '\(key.stringValue)'"))
         }
-        return ReferenceListContainer(ids: row.layout.toMany[key.stringValue] ?? [], codingPath: [key])
+        return ReferenceListContainer(ids: layout.toMany[key.stringValue] ?? [], codingPath: [key])
     }
 
     func superDecoder() throws -> any Decoder { ModelRowDecoder(row: row) }

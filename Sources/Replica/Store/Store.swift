@@ -24,9 +24,9 @@ final class Store: Sendable {
     let tracksSync: Bool
     /// The fields other app versions sharing this store file declare (see ``StoreFieldUnion``), as last read.
     let columnFields = StoreColumnFieldsCache()
-    /// Connections of an in-memory store that no context or sync engine holds: the one that created the store, then
-    /// those their owners gave back (``reuse(_:)``). While no owner holds a connection, one waits here, so the
-    /// in-memory database lives as long as the container.
+    /// Connections no context or sync engine holds: the one that opened the store (until the first owner takes it),
+    /// then, for an in-memory store, those their owners gave back (``reuse(_:)``). While no owner holds a connection
+    /// of an in-memory store, one waits here, so the in-memory database lives as long as the container.
     private let idle: Mutex<[IdleConnection]>
     /// SQL text per entity, built once.
     let statements: [EntityStatements]
@@ -205,8 +205,10 @@ final class Store: Sendable {
             if let assets, configuration.allowsSave {
                 _ = try? assets.collectGarbage(connection, entities: entities)
             }
-            // The connection that created an in-memory store keeps it alive, and is the first one handed out.
-            idle = Mutex(configuration.isStoredInMemoryOnly ? [IdleConnection(connection)] : [])
+            // The connection that created an in-memory store keeps it alive, and is the first one handed out. That of a
+            // store file is handed out first too: it has read the schema and prepared statements already, which a
+            // new connection would do again (a process start opens each store, then its context asks for one).
+            idle = Mutex([IdleConnection(connection)])
             if configuration.isStoredInMemoryOnly, configuration.allowsSave, isNew, case let .integer(version)? = try connection.scalar(Self.schemaVersionSQL) {
                 freshSchemaVersion = version
             } else {
@@ -311,12 +313,12 @@ final class Store: Sendable {
         }
     }
 
-    /// A connection to this store, for one owner (a context or a sync engine): an idle one of an in-memory store
-    /// (see ``reuse(_:)``), else a new one. Opening a connection reads the whole schema and every statement it runs
+    /// A connection to this store, for one owner (a context or a sync engine): an idle one (the one that opened the
+    /// store, or one an owner of an in-memory store gave back, see ``reuse(_:)``), else a new one. Opening a connection reads the whole schema and every statement it runs
     /// is prepared again, which costs more than the rest of a short-lived store's work (property-test and simulator
     /// cases open hundreds of in-memory stores).
     func openConnection() throws -> Connection {
-        if configuration.isStoredInMemoryOnly, let reused = idle.withLock({ $0.popLast() }) {
+        if let reused = idle.withLock({ $0.popLast() }) {
             return reused.connection
         }
         return try Connection(location: location, readOnly: !configuration.allowsSave)
@@ -372,10 +374,7 @@ final class Store: Sendable {
     /// then each entity's table and indexes, then the link tables of many-to-many relationships.
     static func freshSchemaSQL(_ entities: [Schema.Entity], synced: Bool) -> String {
         var sql = metadataSQL + ";\n" + HistoryLog.createSQL + "\n"
-        if synced {
-            sql += SyncLedger.createSQL + "\n"
-            sql += SyncLedger.addedColumns.map { $0.statement + ";\n" }.joined()
-        }
+        if synced { sql += SyncLedger.freshCreateSQL + "\n" }
         for entity in entities {
             let columns = [#""id" BLOB PRIMARY KEY NOT NULL"#] + columnDefinitions(entity)
             sql += "CREATE TABLE \(quoted(entity.name)) (\(columns.joined(separator: ", ")));\n"
@@ -439,10 +438,13 @@ final class Store: Sendable {
             // A local-only configuration of a file that has sync bookkeeping keeps it (see `tracksSync`).
             let tracked = try synced || db.scalar(Self.hasLedgerSQL) == .integer(1)
             do {
-                try db.execute(metadataSQL)
-                try db.execute(HistoryLog.createSQL)
+                // Tables and indexes the store has already: their `CREATE ... IF NOT EXISTS` would do nothing, and
+                // parsing them costs more than the rest of opening a store that is up to date.
+                let present = try IdempotentSchemaSQL.presentObjects(db)
+                try IdempotentSchemaSQL.execute(metadataSQL, db, present: present)
+                try IdempotentSchemaSQL.execute(HistoryLog.createSQL, db, present: present)
                 if tracked {
-                    try db.execute(SyncLedger.createSQL)
+                    try IdempotentSchemaSQL.execute(SyncLedger.createSQL, db, present: present)
                     try SyncLedger.migrate(db)
                 }
                 // Whether this schema added tables or columns to the store (an app upgrade), and whether a table was
@@ -487,7 +489,7 @@ final class Store: Sendable {
                         // its tables would cost a copy of each at the first launch after an update, for no writer.)
                         if appGroup, try ColumnDefaults.rebuildIfNeeded(existing, entity: entity, db: db) { rebuilt = true }
                     }
-                    for index in indexSQL(entity) { try db.execute(index) }
+                    for index in indexSQL(entity) { try IdempotentSchemaSQL.execute(index, db, present: present) }
                 }
                 // A rebuild gave rows an older process inserted without the column their default; in a synced store
                 // the fields of such rows that no write stamped take the current default too (R8), checked again.
@@ -671,4 +673,59 @@ struct StoreInUse: Error {
 
 struct StoreLayoutError: Error {
     let reason: String
+}
+
+/// Schema SQL made only of `CREATE TABLE|INDEX IF NOT EXISTS` statements, run only when one of the objects it
+/// creates is missing (running it otherwise changes nothing). Internal.
+enum IdempotentSchemaSQL {
+    /// The names of the tables and indexes `db`'s main database holds.
+    static func presentObjects(_ db: Connection) throws -> Set<String> {
+        var names = Set<String>()
+        for row in try db.rows(presentSQL) {
+            if case let .text(name) = row[0] { names.insert(name) }
+        }
+        return names
+    }
+
+    private static let presentSQL = StatementKey("SELECT name FROM main.sqlite_master WHERE type IN ('table', 'index')")
+
+    /// Runs `sql` unless every statement in it is a `CREATE TABLE|INDEX IF NOT EXISTS` of an object in `present`.
+    static func execute(_ sql: String, _ db: Connection, present: Set<String>) throws {
+        if let names = createdNames(sql), names.allSatisfy(present.contains) { return }
+        try db.execute(sql)
+    }
+
+    /// The objects `sql` creates when each of its statements is a `CREATE [UNIQUE] TABLE|INDEX IF NOT EXISTS name`
+    /// (name bare or in double quotes without quotes inside), else `nil`. Remembered per text.
+    static func createdNames(_ sql: String) -> [String]? {
+        if let known = parsed.withLock({ $0[sql] }) { return known }
+        var names: [String]? = []
+        for statement in sql.split(separator: ";") {
+            let words = statement.split(whereSeparator: { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "(" }).prefix(7).map { $0.uppercased() }
+            if words.isEmpty { continue }
+            var index = 0
+            guard words.count >= 6, words[0] == "CREATE" else { names = nil; break }
+            index = words[1] == "UNIQUE" ? 2 : 1
+            guard words.count > index + 4, words[index] == "TABLE" || words[index] == "INDEX",
+                  words[index + 1] == "IF", words[index + 2] == "NOT", words[index + 3] == "EXISTS" else { names = nil; break }
+            // The name as written (case kept): the word after EXISTS in the original text.
+            let original = statement.split(whereSeparator: { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "(" })[index + 4]
+            var name = String(original)
+            if name.hasPrefix("\"") {
+                guard name.count >= 2, name.hasSuffix("\""), !name.dropFirst().dropLast().contains("\"") else { names = nil; break }
+                name = String(name.dropFirst().dropLast())
+            } else if !name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) {
+                names = nil
+                break
+            }
+            names?.append(name)
+        }
+        parsed.withLock { cache in
+            if cache.count >= 256 { cache.removeAll() }
+            cache[sql] = names
+        }
+        return names
+    }
+
+    private static let parsed = Mutex<[String: [String]?]>([:])
 }

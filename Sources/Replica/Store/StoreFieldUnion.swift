@@ -45,7 +45,7 @@ struct StoreFieldUnion: Codable, Equatable {
         // then an older process keeps the fields it does not know as unknown fields (R9) — and the bytes that did not
         // decode are replaced, not read as an empty union.
         let current: StoreFieldUnion
-        if case let .text(json)? = stored, let decoded = ReplicaJSON.decode(StoreFieldUnion.self, json) {
+        if case let .text(json)? = stored, let decoded = decoded(json) {
             current = decoded
         } else {
             current = StoreFieldUnion(entities: [])
@@ -55,6 +55,20 @@ struct StoreFieldUnion: Codable, Equatable {
         try db.run("INSERT INTO replica_metadata (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                    [.text(metadataKey), .text(ReplicaJSON.string(union))])
     }
+
+    /// The union `json` holds, or `nil` when it does not decode. Decoded once per distinct text in the process
+    /// (every open of a synced store file reads the union, and JSONDecoder costs more than the rest of the read).
+    static func decoded(_ json: String) -> StoreFieldUnion? {
+        if let known = decodedByText.withLock({ $0[json] }) { return known }
+        guard let union = ReplicaJSON.decode(StoreFieldUnion.self, json) else { return nil }
+        decodedByText.withLock { cache in
+            if cache.count >= 64 { cache.removeAll() }
+            cache[json] = union
+        }
+        return union
+    }
+
+    private static let decodedByText = Mutex<[String: StoreFieldUnion]>([:])
 }
 
 /// A field of a store's table that this process's schema does not declare but another app version sharing the
@@ -90,7 +104,7 @@ final class StoreColumnFieldsCache: Sendable {
             return Array(repeating: [], count: store.entities.count)
         }
         if let known = state.withLock({ $0 }), known.text == text { return known.fields }
-        guard let union = ReplicaJSON.decode(StoreFieldUnion.self, text) else {
+        guard let union = StoreFieldUnion.decoded(text) else {
             // Damaged after this process opened the store: never read as "no other version's fields" (a merge would
             // then keep their values aside, and a save could drop them); the next open records the union again.
             throw ReplicaError.corruptBookkeeping(BookkeepingCorruption(store: store.configuration.name, recordID: nil,

@@ -80,8 +80,21 @@ enum SyncLedger {
         try db.execute("DROP INDEX IF EXISTS replica_sync_record_pending")
     }
 
+    /// ``createSQL`` with the ``addedColumns`` already in the `CREATE TABLE` statement, for a new store: the text
+    /// SQLite keeps for the table is the same as after the `ALTER TABLE` statements (each of which makes SQLite
+    /// read the whole schema again). ``createSQL`` followed by the statements when the text is not found.
+    static let freshCreateSQL: String = {
+        let table = "CREATE TABLE IF NOT EXISTS replica_sync_unknown_record ("
+        guard let start = createSQL.range(of: table), let end = createSQL[start.upperBound...].range(of: ");"),
+              addedColumns.allSatisfy({ $0.statement.hasPrefix("ALTER TABLE replica_sync_unknown_record ADD COLUMN ") }) else {
+            return createSQL + "\n" + addedColumns.map { $0.statement + ";\n" }.joined()
+        }
+        let definitions = addedColumns.map { ", " + $0.statement.dropFirst("ALTER TABLE replica_sync_unknown_record ADD COLUMN ".count) }.joined()
+        return createSQL.replacingCharacters(in: end.lowerBound..<end.lowerBound, with: definitions)
+    }()
+
     /// Columns added to the bookkeeping tables after ``createSQL`` was first released, with the statement adding each.
-    /// A new store runs them all right after ``createSQL`` (see `Store.freshSchemaSQL`).
+    /// A new store has them from ``freshCreateSQL`` (see `Store.freshSchemaSQL`).
     static let addedColumns: [(name: String, statement: String)] = [
         ("pending", "ALTER TABLE replica_sync_unknown_record ADD COLUMN pending INTEGER NOT NULL DEFAULT 0"),
         ("seen", "ALTER TABLE replica_sync_unknown_record ADD COLUMN seen INTEGER NOT NULL DEFAULT 0"),

@@ -438,23 +438,23 @@ extension SimulationRun {
     /// A short, stable name for a record (`Trip#3`).
     func alias(_ id: UUID) -> String { aliases[id] ?? "record-\(id.uuidString.prefix(8).lowercased())" }
 
-    /// Runs `PRAGMA integrity_check` on a store file.
+    /// Runs `PRAGMA integrity_check` on a store file, through a read-only connection of the simulator's that stays
+    /// open for the file (see ``IntegrityChecker``).
     func checkIntegrity(_ process: SimProcess, _ store: Scenario.Store) throws {
         guard let url = process.container?.url(of: configurationName(store.name)) else { return }
-        var handle: OpaquePointer?
-        guard sqlite3_open_v2(url.path, &handle, SQLITE_OPEN_READONLY, nil) == SQLITE_OK, let handle else {
-            sqlite3_close_v2(handle)
-            throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': the file cannot be opened")
+        let checker: IntegrityChecker
+        if let known = integrityCheckers[url.path], known.isCurrent {
+            checker = known
+        } else {
+            integrityCheckers[url.path] = nil
+            guard let opened = IntegrityChecker(path: url.path) else {
+                throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': the file cannot be opened")
+            }
+            checker = opened
+            integrityCheckers[url.path] = opened
         }
-        defer { sqlite3_close_v2(handle) }
-        var statement: OpaquePointer?
-        guard sqlite3_prepare_v2(handle, "PRAGMA integrity_check", -1, &statement, nil) == SQLITE_OK else {
+        guard let results = checker.check() else {
             throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': integrity_check cannot run")
-        }
-        defer { sqlite3_finalize(statement) }
-        var results: [String] = []
-        while sqlite3_step(statement) == SQLITE_ROW {
-            if let text = sqlite3_column_text(statement, 0) { results.append(String(cString: text)) }
         }
         guard results == ["ok"] else {
             throw InvariantViolation(.crashConsistency, "\(process.label) store '\(store.name)': integrity_check says \(results.prefix(3).joined(separator: "; "))")

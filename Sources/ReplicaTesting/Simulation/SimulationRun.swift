@@ -41,6 +41,8 @@ final class SimulationRun {
     /// Crashed processes' engines, contexts (of file stores) and containers: kept alive (a crash releases nothing,
     /// e.g. the upload lease) until the run ends.
     var graveyard: [AnyObject] = []
+    /// The integrity checker of each store file checked so far, by path (closed at the end of the run).
+    var integrityCheckers: [String: IntegrityChecker] = [:]
     var phase = Phase.setup
     var step = 0
     var stepLimit: Int
@@ -179,6 +181,7 @@ final class SimulationRun {
         pumpQueue = []
         engines = [:]
         graveyard = []
+        integrityCheckers = [:]
     }
 
     func setNow(_ time: Int64) {

@@ -116,16 +116,24 @@ public enum Simulator {
     /// - Parameters:
     ///   - budget: the most executions the property engine's shrinker may spend.
     /// - Returns: the run of the shrunk tape, with its trace (or the original run when it does not fail).
-    public static func shrink(_ scenario: Scenario, tape: [UInt64], seed: UInt64?, options: SimulationOptions, budget: Int = 2_000) throws(SimulationError)
+    ///   - runs: called after every run the shrink makes, with the number of runs so far (a long shrink's heartbeat).
+    public static func shrink(_ scenario: Scenario, tape: [UInt64], seed: UInt64?, options: SimulationOptions, budget: Int = 2_000,
+                              runs: (Int) -> Void = { _ in }) throws(SimulationError)
         -> SimulationResult {
         var quiet = options
         quiet.recordsTrace = false
-        let (original, flags) = try execute(scenario, source: ChoiceSource(replaying: tape, maxChoices: maxChoices), seed: seed, options: quiet)
+        var runCount = 0
+        func counted<T>(_ result: T) -> T {
+            runCount += 1
+            runs(runCount)
+            return result
+        }
+        let (original, flags) = try counted(execute(scenario, source: ChoiceSource(replaying: tape, maxChoices: maxChoices), seed: seed, options: quiet))
         guard let target = original.violation?.invariant else {
             return try run(scenario, tape: tape, seed: seed, options: options)
         }
         func fails(_ candidate: [UInt64]) -> Bool {
-            (try? run(scenario, tape: candidate, seed: seed, options: quiet))?.violation?.invariant == target
+            counted((try? run(scenario, tape: candidate, seed: seed, options: quiet))?.violation?.invariant == target)
         }
         // The shortest failing prefix of steps (binary search; a prefix ends where its next "another step?" is).
         var best = original.tape.choices
@@ -143,7 +151,7 @@ public enum Simulator {
         var changed = true
         while changed {
             changed = false
-            var positions = (try? execute(scenario, source: ChoiceSource(replaying: best, maxChoices: maxChoices), seed: seed, options: quiet))?.stepFlags ?? []
+            var positions = counted((try? execute(scenario, source: ChoiceSource(replaying: best, maxChoices: maxChoices), seed: seed, options: quiet))?.stepFlags ?? [])
             var index = positions.count - 1
             while index >= 0 {
                 let start = positions[index]
@@ -161,7 +169,7 @@ public enum Simulator {
                     candidates.append(merged)
                 }
                 for candidate in candidates {
-                    if let (result, flags) = try? execute(scenario, source: ChoiceSource(replaying: candidate, maxChoices: maxChoices), seed: seed, options: quiet),
+                    if let (result, flags) = counted(try? execute(scenario, source: ChoiceSource(replaying: candidate, maxChoices: maxChoices), seed: seed, options: quiet)),
                        result.violation?.invariant == target, ChoiceTape.shortlexPrecedes(result.tape.choices, best) {
                         best = result.tape.choices
                         positions = flags
@@ -184,6 +192,7 @@ public enum Simulator {
             swap(&source, &dice.source)
             defer { swap(&source, &dice.source) }
             let run = SimulationRun(scenario: scenario, options: quiet, dice: dice)
+            defer { _ = counted(()) }
             if let violation = try run.execute() { throw violation }
         }
         if let shrunk = property.counterexample?.tape.choices, fails(shrunk) { best = shrunk }
@@ -213,12 +222,15 @@ public enum Simulator {
     ///   - shrinkFirst: how many failing seeds per invariant are shrunk (`Int.max`: all of them).
     ///   - progress: called after each seed with the number of seeds done (from worker threads, serialised).
     ///   - shrinking: called before the first shrink and after each one with (shrinks done, shrinks planned).
+    ///   - shrinkRuns: called after every run of a shrink with its seed and the shrink's runs so far (from worker
+    ///     threads), so that a caller can show that a long shrink is moving.
     /// - Returns: the outcomes in seed order.
     /// - Complexity: one run per seed plus at most `shrinkBudget` runs per shrunk failure.
     public static func explore(_ scenario: Scenario, seeds: [UInt64], options: SimulationOptions, jobs: Int = 1, shrinkBudget: Int = 2_000,
                                shrinkFirst: Int = .max,
                                progress: @escaping @Sendable (Int) -> Void = { _ in },
-                               shrinking: @escaping @Sendable (Int, Int) -> Void = { _, _ in }) -> [SeedOutcome] {
+                               shrinking: @escaping @Sendable (Int, Int) -> Void = { _, _ in },
+                               shrinkRuns: @escaping @Sendable (UInt64, Int) -> Void = { _, _ in }) -> [SeedOutcome] {
         precondition(shrinkFirst >= 0, "shrinkFirst must not be negative")
         var quietOptions = options
         quietOptions.recordsTrace = false
@@ -259,7 +271,7 @@ public enum Simulator {
             // The shrunk run is what a caller saves and replays: it always records its trace (the runs that search
             // for it never do), whatever `options` says.
             let result = try? shrink(scenario, tape: tapes[index], seed: seeds[index], options: traced,
-                                     budget: shrinkBudget)
+                                     budget: shrinkBudget, runs: { shrinkRuns(seeds[index], $0) })
             return (result, threadCPUSeconds() - start)
         }
         for (position, index) in chosen.enumerated() {
