@@ -96,8 +96,9 @@ public enum CloudRecordBody {
 
     // MARK: Writing
 
-    /// Writes binary bodies. Reusing one writer for a batch saves allocations (its scratch space is kept). Fields are
-    /// put in the order of their names' UTF-8 bytes by walking the dictionary once (no name is hashed).
+    /// Writes binary bodies. Reusing one writer for a batch saves work: records of one type usually have the same field
+    /// names, and the writer remembers the last record's names in order (as bytes), so it sorts only when they change
+    /// and never hashes a name.
     public struct Writer {
         /// Scratch space for the record being written (kept between records, so a batch allocates it once): the
         /// fields' names as UTF-8, one after another in the dictionary's order, where each starts (and the end), where
@@ -220,43 +221,56 @@ public enum CloudRecordBody {
             return Data(bytes)
         }
 
-        /// Fills `entries` and `nameBytes`/`nameStarts` from `recordFields` (in the dictionary's order), and `order`
-        /// with their positions in the order of the names' UTF-8 bytes (an insertion sort: records have few fields).
+        /// Fills `entries` (where each field is in the dictionary, by position), `nameBytes`/`nameStarts` (the names'
+        /// UTF-8 by position) and `order` (the positions in the order of the names' UTF-8 bytes). The positions are
+        /// the last record's when its names are this one's: each name of the dictionary is matched to a remembered
+        /// one by its bytes (no name is hashed or sorted); otherwise the names are remembered anew, sorted.
         private mutating func sortNames(_ recordFields: [String: CloudField]) {
+            let count = recordFields.count
+            if count == order.count, count > 0 {
+                entries.removeAll(keepingCapacity: true)
+                entries.append(contentsOf: repeatElement(recordFields.startIndex, count: count))
+                var matched = 0
+                var index = recordFields.startIndex
+                nameBytes.withUnsafeBytes { names in
+                    nameStarts.withUnsafeBufferPointer { starts in
+                        entries.withUnsafeMutableBufferPointer { entries in
+                            while index != recordFields.endIndex {
+                                var name = recordFields.keys[index]
+                                let position = name.withUTF8 { utf8 -> Int in
+                                    for position in 0..<count {
+                                        let from = starts[position]
+                                        guard starts[position + 1] - from == utf8.count else { continue }
+                                        if utf8.isEmpty || memcmp(names.baseAddress! + from, utf8.baseAddress!, utf8.count) == 0 {
+                                            return position
+                                        }
+                                    }
+                                    return -1
+                                }
+                                // Names are distinct, so each remembered one matches at most one name.
+                                guard position >= 0 else { return }
+                                entries[position] = index
+                                matched += 1
+                                recordFields.formIndex(after: &index)
+                            }
+                        }
+                    }
+                }
+                if matched == count { return }
+            }
+            var sorted = Array(recordFields.keys)
+            sorted.sort(by: utf8Precedes)
             nameBytes.removeAll(keepingCapacity: true)
             nameStarts.removeAll(keepingCapacity: true)
             entries.removeAll(keepingCapacity: true)
             order.removeAll(keepingCapacity: true)
-            var index = recordFields.startIndex
-            while index != recordFields.endIndex {
-                var name = recordFields.keys[index]
+            for var name in sorted {
                 nameStarts.append(nameBytes.count)
                 name.withUTF8 { nameBytes.append(contentsOf: $0) }
                 order.append(entries.count)
-                entries.append(index)
-                recordFields.formIndex(after: &index)
+                entries.append(recordFields.index(forKey: name)!)
             }
             nameStarts.append(nameBytes.count)
-            guard order.count > 1 else { return }
-            nameBytes.withUnsafeBytes { names in
-                order.withUnsafeMutableBufferPointer { order in
-                    nameStarts.withUnsafeBufferPointer { starts in
-                        func name(_ position: Int) -> UnsafeRawBufferPointer {
-                            UnsafeRawBufferPointer(rebasing: names[starts[position]..<starts[position + 1]])
-                        }
-                        for next in 1..<order.count {
-                            let moving = order[next]
-                            let key = name(moving)
-                            var slot = next
-                            while slot > 0 && utf8Precedes(key, name(order[slot - 1])) {
-                                order[slot] = order[slot - 1]
-                                slot -= 1
-                            }
-                            order[slot] = moving
-                        }
-                    }
-                }
-            }
         }
     }
 
