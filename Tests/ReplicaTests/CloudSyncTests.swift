@@ -450,3 +450,270 @@ struct CloudSyncTests {
         await sync.stop()
     }
 }
+
+/// Counts a runtime's timed waits (``ReplicaEnvironment/sleepUntil`` calls), or records the order calls returned in.
+private final class WaitCounter: Sendable {
+    let count = Mutex(0)
+    let names = Mutex<[String]>([])
+}
+
+/// Scheduling defects of the runtime that the simulator's runtime scenario (`Simulations/runtime-scheduled-sync.json`,
+/// P7) found — or, for the last, a reading of the scheduling code while it was moved into `CloudSyncSchedule`. Each
+/// test failed before its fix.
+@Suite("Cloud sync runtime: scheduling defects the runtime scenario found")
+struct CloudSyncScheduleFindingsTests {
+    private static func quietOptions() -> CloudSync.Options {
+        var options = CloudSync.Options()
+        options.timerMilliseconds = nil
+        options.cloudPollingMilliseconds = nil
+        return options
+    }
+
+    @Test("a syncNow that ends at its bound with records left hands them to the automatic schedule at once (seed 4: idle with records pending, nothing scheduled)")
+    func syncNowAtItsBoundLeavesWorkScheduled() async throws {
+        let device = try RuntimeDevice(seed: 41)
+        let cloud = InMemoryCloudDatabase()
+        var options = Self.quietOptions()
+        options.debounceMilliseconds = 3_600_000
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: options)
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        _ = try device.save("left at the bound")
+        #expect(await eventually { await sync.localDeadlineForTesting != nil })
+        // The bound is over before the pass starts: it performs nothing, and the save's debounced pass (an hour away)
+        // was taken over by it.
+        let status = try await sync.syncNow(timeoutMilliseconds: 0)
+        #expect(status.pendingRecords == 1)
+        // No clock moves: the automatic pass that goes on with the work starts by itself.
+        #expect(await eventually { cloud.records(in: "notes").count == 1 })
+        #expect(await eventually { await sync.state == .idle })
+        await sync.stop()
+    }
+
+    @Test("stop() during a syncNow ends its pass after the request in flight, and a syncNow still waiting performs nothing (seeds 23, 25)")
+    func stopEndsExplicitPasses() async throws {
+        let cloud = GatedCloud()
+        let device = try RuntimeDevice(seed: 42)
+        var options = Self.quietOptions()
+        options.engine.uploadBatchSize = 1
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: options)
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        await sync.pause()  // saves start no automatic pass; syncNow still runs
+        _ = try device.save("one", "two")
+        let first = Task { try await sync.syncNow(timeoutMilliseconds: 60_000) }
+        #expect(await eventually { cloud.arrivedSaves == 1 })
+        let second = Task { try await sync.syncNow(timeoutMilliseconds: 60_000) }
+        for _ in 0..<2_000 { await Task.yield() }
+        let stopping = Task { await sync.stop() }
+        for _ in 0..<2_000 { await Task.yield() }
+        cloud.open()
+        _ = try await first.value
+        _ = try await second.value
+        await stopping.value
+        #expect(cloud.arrivedSaves == 1, "an upload went out after stop() was called")
+        #expect(cloud.inner.records(in: "notes").count == 1)
+        #expect(try await sync.status().pendingRecords == 1)
+        #expect(await sync.state == .stopped)
+    }
+
+    @Test("a pass that ends with nothing left gives up the upload lease: the other process's runtime syncs at once (app-group runtimes waited for each other's lease at every timer)")
+    func idlePassGivesUpTheLease() async throws {
+        let directory = temporaryTestDirectory("runtime-lease")
+        let cloud = InMemoryCloudDatabase()
+        let options = Self.quietOptions()
+        func open(_ seed: UInt64) throws -> ModelContainer {
+            let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+            return try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+                ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test")),
+            ], environment: environment)
+        }
+        let app = try open(51)
+        let appSync = try app.startSync(store: "notes", cloud: cloud, options: options)
+        #expect(await eventually { await appSync.lastSyncDate != nil })
+        await appSync.pause()
+        let ext = try open(52)
+        let context = ModelContext(ext)
+        context.insert(SyncNote(title: "from the extension"))
+        try context.save()
+        let extSync = try ext.startSync(store: "notes", cloud: cloud, options: options)
+        // The clock stands still: within 1 ms only a free lease lets the upload go.
+        let status = try await extSync.syncNow(timeoutMilliseconds: 1)
+        #expect(status.pendingRecords == 0, "\(status)")
+        #expect(cloud.records(in: "notes").count == 1)
+        await extSync.stop()
+        await appSync.stop()
+    }
+
+    @Test("a syncNow that waits for an automatic pass returns within its bound and the request in flight then, not after the whole pass (seeds 7, 13)")
+    func syncNowWaitsForAnAutomaticPassOnlyAsLongAsItsRequest() async throws {
+        let device = try RuntimeDevice(seed: 45)
+        _ = try device.save("1", "2", "3", "4", "5")
+        // Each upload takes a second of the device's clock; the first waits until the test opens the gate.
+        let cloud = SlowCloud(clock: device.clock, uploadMilliseconds: 1_000)
+        var options = Self.quietOptions()
+        options.engine.uploadBatchSize = 1
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: options)
+        #expect(await eventually { cloud.arrivedUploads == 1 })
+        let start = device.clock.nowMilliseconds()
+        let explicit = Task { try await sync.syncNow(timeoutMilliseconds: 1_500) }
+        for _ in 0..<2_000 { await Task.yield() }
+        cloud.open()
+        _ = try await explicit.value
+        let returned = device.clock.nowMilliseconds()
+        // The bound, plus the upload in flight when it passed: at most 2.5 s, not the 5 s of the automatic pass.
+        #expect(returned - start <= 2_500, "syncNow returned after \(returned - start) ms")
+        #expect(await eventually { cloud.inner.records(in: "notes").count == 5 })
+        await sync.stop()
+    }
+
+    @Test("a syncNow that waits for another syncNow's pass returns at its own bound (seed 8: it waited through the other's backoff)")
+    func syncNowWaitsForAnotherOnlyUntilItsBound() async throws {
+        let device = try RuntimeDevice(seed: 46)
+        let cloud = GatedCloud()
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: Self.quietOptions())
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        _ = try device.save("held up")
+        let order = WaitCounter()
+        // The first call's upload hangs; the second may wait for it only until its own bound, a second.
+        let long = Task {
+            _ = try await sync.syncNow(timeoutMilliseconds: 60_000)
+            order.names.withLock { $0.append("long") }
+        }
+        #expect(await eventually { cloud.arrivedSaves == 1 })
+        let short = Task {
+            _ = try await sync.syncNow(timeoutMilliseconds: 1_000)
+            order.names.withLock { $0.append("short") }
+        }
+        for _ in 0..<2_000 { await Task.yield() }
+        device.clock.advance(by: 2_000)
+        #expect(await eventually { order.names.withLock { $0 } == ["short"] })
+        cloud.open()
+        try await short.value
+        try await long.value
+        #expect(order.names.withLock { $0 } == ["short", "long"])
+        await sync.stop()
+    }
+
+    @Test("a clock set back during a bounded sync stretches the bound by at most the request in flight, not by the jump (seeds 10, 17)")
+    func backwardClockJumpKeepsTheBound() async throws {
+        let device = try Device("A", seed: 43)
+        let cloud = ClockJumpingCloud(clock: device.clock, jump: -600_000)
+        let start = device.clock.nowMilliseconds()
+        let status = try await SyncDriver.syncUntilIdle(device.engine, with: cloud, timeoutMilliseconds: 30_000)
+        // Virtual time that passed: what the clock moved, plus the 10 minutes it was set back.
+        let elapsed = device.clock.nowMilliseconds() - start + 600_000
+        #expect(elapsed <= 31_000, "the sync went on for \(elapsed) ms")
+        #expect(status.lastError == .networkUnavailable)
+    }
+
+    @Test("while a syncNow holds the engine, the scheduler waits for it instead of looking again and again at a deadline that passed (found reading the code)")
+    func schedulerDoesNotSpinWhileASyncNowRuns() async throws {
+        let directory = temporaryTestDirectory("runtime-spin")
+        var environment = ReplicaEnvironment.seeded(seed: 44, directory: directory)
+        let clock = try #require(environment.clock as? ManualClock)
+        let waits = WaitCounter()
+        environment.sleepUntil = { deadline in
+            waits.count.withLock { $0 += 1 }
+            try await clock.sleep(until: deadline)
+        }
+        let container = try ModelContainer(for: Schema([SyncNote.self]), configurations: [
+            ModelConfiguration("notes", isStoredInMemoryOnly: true, cloudKitDatabase: .private("iCloud.test")),
+        ], environment: environment)
+        let cloud = GatedCloud()
+        var options = Self.quietOptions()
+        options.debounceMilliseconds = 100
+        let sync = try container.startSync(store: "notes", cloud: cloud, options: options)
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        let context = ModelContext(container)
+        context.insert(SyncNote(title: "sent by syncNow"))
+        try context.save()
+        let explicit = Task { try await sync.syncNow(timeoutMilliseconds: 60_000) }
+        #expect(await eventually { cloud.arrivedSaves == 1 })
+        // A save while the syncNow's upload is in flight: its debounced pass becomes due while the syncNow holds the
+        // engine.
+        context.insert(SyncNote(title: "saved meanwhile"))
+        try context.save()
+        #expect(await eventually { await sync.localDeadlineForTesting != nil })
+        clock.advance(by: 200)
+        for _ in 0..<500 { await Task.yield() }
+        let before = waits.count.withLock { $0 }
+        for _ in 0..<5_000 { await Task.yield() }
+        let after = waits.count.withLock { $0 }
+        #expect(after - before <= 2, "the scheduler waited \(after - before) times while nothing happened")
+        cloud.open()
+        _ = try await explicit.value
+        #expect(await eventually { cloud.inner.records(in: "notes").count == 2 })
+        await sync.stop()
+    }
+}
+
+/// A cloud that is offline and, at its first request, sets the device's clock `jump` milliseconds (a clock set back).
+private final class ClockJumpingCloud: CloudDatabase {
+    let clock: ManualClock
+    let jump: Int64
+    private let jumped = Mutex(false)
+    init(clock: ManualClock, jump: Int64) {
+        self.clock = clock
+        self.jump = jump
+    }
+
+    private func fail() throws(CloudError) -> Never {
+        if jumped.withLock({ done in defer { done = true }; return !done }) { clock.advance(by: jump) }
+        throw .networkUnavailable
+    }
+    func createZone(_ zone: String) async throws(CloudError) { try fail() }
+    func deleteZone(_ zone: String) async throws(CloudError) { try fail() }
+    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] { try fail() }
+    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch { try fail() }
+    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] { try fail() }
+    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data { try fail() }
+}
+
+/// A cloud whose uploads each take `uploadMilliseconds` of the device's clock; the first waits until the test opens the
+/// gate.
+private final class SlowCloud: CloudDatabase {
+    let inner = InMemoryCloudDatabase()
+    let clock: ManualClock
+    let uploadMilliseconds: Int64
+    private let gate = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>], arrived: Int)>((false, [], 0))
+    init(clock: ManualClock, uploadMilliseconds: Int64) {
+        self.clock = clock
+        self.uploadMilliseconds = uploadMilliseconds
+    }
+
+    var arrivedUploads: Int { gate.withLock { $0.arrived } }
+    func open() {
+        let waiters = gate.withLock { gate -> [CheckedContinuation<Void, Never>] in
+            gate.open = true
+            defer { gate.waiters = [] }
+            return gate.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    func createZone(_ zone: String) async throws(CloudError) { try inner.createZone(zone) }
+    func deleteZone(_ zone: String) async throws(CloudError) { try inner.deleteZone(zone) }
+    func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
+        await withCheckedContinuation { continuation in
+            let go = gate.withLock { gate -> Bool in
+                gate.arrived += 1
+                if gate.open { return true }
+                gate.waiters.append(continuation)
+                return false
+            }
+            if go { continuation.resume() }
+        }
+        clock.advance(by: uploadMilliseconds)
+        return try inner.modifyRecords(records, in: zone)
+    }
+    func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
+        try inner.fetchZoneChanges(zone, since: token, limit: limit)
+    }
+    func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] { try inner.zoneMetadata(zone) }
+    func setZoneMetadata(_ zone: String, key: String, value: Data, ifCurrent expected: Data?) async throws(CloudError) -> Data {
+        try inner.setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)
+    }
+}

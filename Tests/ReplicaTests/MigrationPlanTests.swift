@@ -149,6 +149,39 @@ struct MigrationPlanTests {
         #expect(!FileManager.default.fileExists(atPath: directory.storeURL().path + ".migrating"))
     }
 
+    @Test("a store whose configuration name leaves no room for the migration's working copy is a load issue that changes nothing; a 231-byte name migrates",
+          arguments: [231, 232, 241])
+    func longConfigurationNames(length: Int) throws {
+        // `<name>.store.migrating-journal` (24 bytes past the name) must fit the 255-byte file-name limit.
+        let name = String(repeating: "n", count: length)
+        do {
+            let context = ModelContext(try ModelContainer(for: NotesV1.schema, migrationPlan: nil, configurations: [ModelConfiguration(name)],
+                                                          environment: directory.environment(seed: 1)))
+            for title in Self.titles { context.insert(NotesV1.Note(title: title)) }
+            try context.save()
+        }
+        let open = { try ModelContainer(for: NotesV3.schema, migrationPlan: NotesPlan.self, configurations: [ModelConfiguration(name)],
+                                        environment: directory.environment(seed: 2)) }
+        if length <= 231 {
+            #expect(try Self.v3Contents(open()) == Self.expectedV3)
+            return
+        }
+        let error = #expect(throws: ReplicaError.self) { try open() }
+        guard case let .loadIssueModelContainer(configuration, reason) = error else {
+            Issue.record("expected a load issue, got \(String(describing: error))")
+            return
+        }
+        #expect(configuration == name)
+        #expect(reason.contains("at most 231 bytes") && reason.contains("nothing was changed"))
+        #expect(!reason.contains(name))
+        // The store is as it was: version 1.0.0, its notes, and no working copy beside it.
+        let stored = try rawConnection(directory.storeURL(name), readOnly: true)
+        #expect(try stored.scalar("SELECT value FROM replica_metadata WHERE key = 'schema_version'") == .text("1.0.0"))
+        #expect(try stored.scalar("SELECT count(*) FROM Note") == .integer(3))
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: directory.url.path).filter { $0.contains("migrating") }
+        #expect(leftovers.isEmpty)
+    }
+
     @Test("a new store is created at the plan's last schema and records its version")
     func newStore() throws {
         let container = try ModelContainer(for: NotesV3.schema, migrationPlan: NotesPlan.self, environment: directory.environment(seed: 1))

@@ -116,6 +116,31 @@ struct MigrationStartingPointTests {
         #expect(try v3Contents(directory.environment(seed: 4)) == Self.migrated)
     }
 
+    @Test("a container without the plan whose unversioned schema renames a column of a store recorded at 1.0.0 is refused and changes nothing; the plan then runs every stage once",
+          arguments: [true, false])
+    func unversionedRenameOfRecordedStoreIsRefused(allowsSave: Bool) throws {
+        try makeV1Store()
+        // Version 3's models renamed title → heading: a widget's container of the updated app, before the app ran.
+        let error = #expect(throws: ReplicaError.self) {
+            let container = try ModelContainer(for: Schema([NotesV3.Note.self]), migrationPlan: nil,
+                                               configurations: [ModelConfiguration(allowsSave: allowsSave)],
+                                               environment: directory.environment(seed: 2))
+            _ = try ModelContext(container).fetch(NotesV3.Note.self)
+        }
+        if allowsSave {
+            #expect(error == .loadIssueModelContainer(configuration: "default", reason: "the store is at schema version 1.0.0, recorded by a migration plan, and this schema renames its tables or columns through original names: renaming them is that plan's stages' work — open it with the migration plan (ModelContainer(for:migrationPlan:configurations:)) first; nothing was changed"))
+        } else {
+            #expect(error != nil)
+        }
+        #expect(try columns("Note") == ["id", "title"])
+        #expect(try recordedVersion() == .text("1.0.0"))
+        #expect(try v3Contents(directory.environment(seed: 3)) == Self.migrated)
+        // Once the plan ran, a container of version 3's schema without the plan opens the store.
+        let context = ModelContext(try ModelContainer(for: NotesV3.schema, migrationPlan: nil, configurations: [],
+                                                      environment: directory.environment(seed: 4)))
+        #expect(try context.fetch(NotesV3.Note.self).count == 3)
+    }
+
     @Test("the canary layout-outranks-recorded-version skips the custom stage on such a store (the behaviour before the fix)")
     func canarySkipsTheStage() throws {
         try makeV1Store()
@@ -161,6 +186,28 @@ struct MigrationStartingPointTests {
         #expect(try recordedVersion() == nil)
         // Told the version, the plan runs nothing.
         try rawConnection(directory.storeURL()).run("INSERT INTO replica_metadata (key, value) VALUES ('schema_version', '2.0.0')")
+        let container = try ModelContainer(for: PricesV2.schema, migrationPlan: PricesPlan.self, environment: directory.environment(seed: 3))
+        #expect(try ModelContext(container).fetch(PricesV2.Price.self).map(\.amount) == [500])
+    }
+
+    @Test("an empty store without a recorded version whose tables two schemas share, across a custom stage, is at the later one: it opens, records it, and its saves are never transformed",
+          arguments: ["unversioned", "lost"])
+    func emptyAmbiguousStoreIsAtTheLatestSchema(how: String) throws {
+        // A widget's container of the updated app (an unversioned schema of the latest models) created the store and
+        // saved nothing yet; or the plan's own store lost its version row.
+        let environment = directory.environment(seed: 1)
+        _ = how == "unversioned"
+            ? try ModelContainer(for: Schema([PricesV2.Price.self]), migrationPlan: nil, configurations: [], environment: environment)
+            : try ModelContainer(for: PricesV2.schema, migrationPlan: PricesPlan.self, environment: environment)
+        if how == "lost" { try rawConnection(directory.storeURL()).run("DELETE FROM replica_metadata WHERE key = 'schema_version'") }
+        #expect(try recordedVersion() == nil)
+        do {
+            let context = ModelContext(try ModelContainer(for: PricesV2.schema, migrationPlan: PricesPlan.self,
+                                                          environment: directory.environment(seed: 2)))
+            context.insert(PricesV2.Price(amount: 500))
+            try context.save()
+        }
+        #expect(try recordedVersion() == .text("2.0.0"))
         let container = try ModelContainer(for: PricesV2.schema, migrationPlan: PricesPlan.self, environment: directory.environment(seed: 3))
         #expect(try ModelContext(container).fetch(PricesV2.Price.self).map(\.amount) == [500])
     }

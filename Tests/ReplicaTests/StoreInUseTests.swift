@@ -80,8 +80,10 @@ struct StoreInUseTests {
     @Test("a rename through an original name while another container has the store open is refused and changes nothing; it runs once that one closes")
     func renameRefusedWhileOpen() throws {
         try makeV1Store()
+        // A store no plan manages (no recorded version): a container without a plan renames only those; one recorded
+        // at 1.0.0 is renamed by the plan's stages (see "Migration plan starting point").
+        try rawConnection(directory.storeURL()).run("DELETE FROM replica_metadata WHERE key = 'schema_version'")
         var holder: ModelContainer? = try v1Container(seed: 2)
-        // An unversioned schema: a versioned one (NotesV3.schema) without its plan refuses a store recorded at 1.0.0.
         let reason = inUseReason { try ModelContainer(for: Schema([NotesV3.Note.self]), migrationPlan: nil, configurations: [], environment: directory.environment(seed: 3)) }
         #expect(reason?.contains("renaming through original names") == true)
         // The rename and the columns added in the same preparing transaction were rolled back.

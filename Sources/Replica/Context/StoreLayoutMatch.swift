@@ -20,7 +20,8 @@ import Foundation
 /// A store that is not past `c` is at `c`, as before (a genuine legacy store of the plan's first schema migrates from
 /// there). When the tables decide and other schemas of the plan have the same tables and columns as the one found,
 /// with a custom stage between them (a values-only stage), it is a load issue naming them: running that stage on a
-/// store already past it would apply its code twice (R3). Complexity: O(schemas² × fields) lookups, one read of the store's table list and of each table's columns.
+/// store already past it would apply its code twice (R3); unless the configuration's tables hold no row: an empty
+/// store is at the latest of them, as if the plan's container had created it. Complexity: O(schemas² × fields) lookups, one read of the store's table list and of each table's columns.
 enum StoreLayoutMatch {
     /// The index into `plan.schemas` of the schema the store on `db` is at, given the one its recorded version (or,
     /// without one, the plan's first schema) says: `claimed`.
@@ -117,21 +118,30 @@ enum StoreLayoutMatch {
             throw StoreLayoutError(reason: "\(claim), but its tables are past that schema (\(shown)) and have the layout of no later schema of the migration plan (\(schemas[(claimed + 1)...].map(\.version.description).joined(separator: ", "))); running the stages from \(schemas[claimed].version) would run their code on tables they were not written for — restore the store file from a backup, or set its 'schema_version' in replica_metadata to the version its tables are at")
         }
 
-        /// Refuses a start the tables decide when other schemas of the plan have the same tables and columns and a
-        /// stage between them runs code: which of them the store is at is unknown, and running that code on a store
-        /// already past it applies it twice (a values-only stage, R3).
-        func refuseIfAmbiguous(_ decided: Int) throws {
+        /// The start the tables decide, `decided`, unless other schemas of the plan have the same tables and columns
+        /// and a stage between them runs code: which of them the store is at is then unknown, and running that code on
+        /// a store already past it applies it twice (a values-only stage, R3) — refused, unless this configuration's
+        /// tables hold no row. An empty store is at the latest of those schemas: no stage's code has rows to transform,
+        /// as in a store the plan's container creates (a widget's container without the plan created it and saved
+        /// nothing yet).
+        func resolveAmbiguity(_ decided: Int) throws -> Int {
             func layout(_ index: Int) -> [String: Set<String>] {
                 Dictionary(entities(index).map { ($0.name, Set($0.fieldNames)) }, uniquingKeysWith: { first, _ in first })
             }
             let shape = layout(decided)
-            guard !shape.isEmpty else { return }
+            guard !shape.isEmpty else { return decided }
             let candidates = (claimed..<schemas.count).filter { layout($0) == shape }
             guard let first = candidates.first, let last = candidates.last, first < last,
-                  plan.stages[first..<last].contains(where: { $0.willMigrate != nil || $0.didMigrate != nil }) else { return }
+                  plan.stages[first..<last].contains(where: { $0.willMigrate != nil || $0.didMigrate != nil }) else { return decided }
+            var holdsRows = canaries.contains(.emptyAmbiguousStoreRefused)
+            for table in shape.keys.sorted() where try db.scalar("SELECT EXISTS (SELECT 1 FROM \(quoted(table)))") == .integer(1) {
+                holdsRows = true
+                break
+            }
+            if !holdsRows { return last }
             let versions = candidates.map { schemas[$0].version.description }.joined(separator: ", ")
             let claim = recorded.map { "its recorded schema version \($0) does not match its tables" } ?? "it records no schema version"
-            throw StoreLayoutError(reason: "\(claim), and its tables have the layout of several schemas of the migration plan (\(versions)), with a custom stage between them: which one the store is at is unknown, and running that stage's code on a store already past it would apply it twice — set its 'schema_version' in replica_metadata to the version it is at (a store created from a versioned schema, Schema(versionedSchema:), records it)")
+            throw StoreLayoutError(reason: "\(claim), and its tables have the layout of several schemas of the migration plan (\(versions)), with a custom stage between them: which one the store is at is unknown, and running that stage's code on a store already past it would apply it twice; nothing was changed — set its 'schema_version' in replica_metadata to the version it is at, and open the store from a versioned schema (Schema(versionedSchema:)) in every process that opens it (widgets, extensions, model actors): a store created that way records its version")
         }
 
         // A recorded version whose every table and column the store still has is where the plan starts: tables and
@@ -141,7 +151,6 @@ enum StoreLayoutMatch {
         if recorded != nil, !canaries.contains(.layoutOutranksRecordedVersion), try hasLayout(claimed) { return claimed }
         let decided = try layoutStart()
         if recorded != nil && decided == claimed { return claimed }
-        try refuseIfAmbiguous(decided)
-        return decided
+        return try resolveAmbiguity(decided)
     }
 }

@@ -37,6 +37,9 @@ enum MigrationStep: String, Sendable, Hashable, CaseIterable {
 enum StoreMigrator {
     static let versionKey = "schema_version"
 
+    /// The longest file name the file systems Replica runs on accept (`NAME_MAX`), in bytes.
+    static let fileNameLimit = 255
+
     /// The reason of ``ReplicaError/storeInUse(configuration:reason:)`` when another process or container is migrating
     /// the store (it holds the store's lock exclusively): nothing is wrong with either side; open it again once that
     /// migration finished.
@@ -85,6 +88,13 @@ enum StoreMigrator {
         guard start < plan.stages.count else { return }
         guard configuration.allowsSave else {
             throw loadIssue("the read-only store is at schema version \(plan.schemas[start].version); migrating it to \(current) needs a writable store")
+        }
+        // The stages work on `<file>.migrating`, which SQLite gives a `-journal` beside it: both names must fit the
+        // file-name limit, or the copy could not be made after the stages had begun.
+        let longest = copy.lastPathComponent.utf8.count + "-journal".utf8.count
+        guard longest <= Self.fileNameLimit else {
+            let room = Self.fileNameLimit - (longest - url.lastPathComponent.utf8.count) - ".store".utf8.count
+            throw loadIssue("the store file's name (\(url.lastPathComponent.utf8.count) bytes) leaves no room for the migration's working copy beside it ('.migrating' and its '-journal' must fit the \(Self.fileNameLimit)-byte file-name limit): migrating it from schema version \(plan.schemas[start].version) to \(current) needs a configuration name of at most \(room) bytes (rename the store file to match); nothing was changed")
         }
         // The stages replace the store file: no other process or container may have it open meanwhile (it would go on
         // writing into the replaced file), and none may open it before they are done (see StoreFileLock).

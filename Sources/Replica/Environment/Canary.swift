@@ -62,4 +62,15 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// store all still has: after a container of a later schema opened the store without the plan (a widget, adding
     /// its columns), the plan skips the stages from the recorded version, and their code never runs (issue 23's R2).
     case layoutOutranksRecordedVersion = "layout-outranks-recorded-version"
+    /// A container without the migration plan (a widget's, with an unversioned schema of the updated models) renames
+    /// the columns of a store a plan manages through original names: its tables move past the recorded version and the
+    /// plan then skips the custom stage's code (issue 23's R2, by a rename).
+    case renameOutsidePlan = "rename-outside-plan"
+    /// A store without a recorded version whose tables several schemas of the plan share across a custom stage is
+    /// refused even when it holds no row: an app whose widget created the store first cannot launch (issue 23's R3 cost).
+    case emptyAmbiguousStoreRefused = "empty-ambiguous-store-refused"
+    /// An explicit ``CloudSync/syncNow(timeoutMilliseconds:)`` waits out the backoff the engine chose itself after a
+    /// transient failure instead of trying at once (P7: the runtime defect of new-user trial F10, before its fix): with
+    /// the network back, the call returns at its bound with nothing done, or minutes late.
+    case syncNowWaitsForBackoff = "sync-now-waits-for-backoff"
 }

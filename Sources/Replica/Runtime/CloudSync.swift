@@ -19,11 +19,16 @@ import Synchronization
 /// - on ``syncNow(timeoutMilliseconds:)``.
 ///
 /// It honours the engine's backoff and the upload lease: after a transient failure (network, quota, rate limit, busy
-/// zone) it stays quiet until the engine's retry time, and resumes normal scheduling as soon as a request succeeds.
+/// zone) it stays quiet until the engine's retry time, and resumes normal scheduling as soon as a request succeeds. A
+/// pass that ends with nothing left to upload gives the lease up, so the runtime of another process of an app group
+/// never waits for it; one that stops with work left (a ``syncNow(timeoutMilliseconds:)`` at its bound) leaves that
+/// work to the next automatic pass, at once or when the engine's wait ends.
 ///
 /// **Time.** Every wait goes through ``ReplicaEnvironment/sleepUntil`` and every time is read from
 /// ``ReplicaEnvironment/clock``: with a seeded environment nothing happens until the test moves the
-/// ``ManualClock``, and an idle runtime costs no CPU (no polling but the optional cloud counter).
+/// ``ManualClock``, and an idle runtime costs no CPU (no polling but the optional cloud counter). Every scheduling
+/// decision is made by one ``CloudSyncSchedule`` (without I/O or waiting), which the simulator drives in virtual time
+/// too, so `replica-sim` searches the same decision code an app runs.
 ///
 /// **Ending.** ``stop()`` ends it (waiting for a request in flight, which is handled) and gives up the upload lease;
 /// releasing the last reference ends it too: its tasks hold it weakly and are cancelled when it goes. Nothing is
@@ -70,28 +75,26 @@ public actor CloudSync {
     private nonisolated let wakeup = CloudSyncWakeup()
     private nonisolated let tasks = CloudSyncTasks()
     private let engine: SyncEngine
+    /// Every scheduling and state decision (see ``CloudSyncSchedule``).
+    private var schedule: CloudSyncSchedule
 
     /// The current state (as last reported by ``CloudSyncEvent/stateChanged(_:)``).
-    public private(set) var state: CloudSyncState = .idle
+    public var state: CloudSyncState { schedule.state }
     /// When the last pass ended with the store up to date with the cloud (the engine idle, no error), from the
     /// environment's clock, at millisecond precision. Kept in the store (``SyncEngine/lastSyncDate()``): a runtime
     /// started after a restart — or in another process of an app group — starts with the last one recorded; `nil`
     /// before the store's first.
     public private(set) var lastSyncDate: Date?
     /// `true` while automatic syncing is paused.
-    public private(set) var isPaused = false
-    private var stopped = false
-    private var passRequested = true
-    private var fetchRequested = true
-    private var firstLocalChange: Int64?
-    private var lastLocalChange: Int64?
-    private var nextTimer: Int64?
-    private var nextPoll: Int64?
-    private var cloudCounter: Int64?
-    /// When the engine wants to be woken (its backoff or lease wait), after a pass that left work.
-    private var retryAt: Int64?
+    public var isPaused: Bool { schedule.isPaused }
+    private var stopped: Bool { schedule.isStopped }
     private var running = false
-    private var runWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Calls waiting for the engine, in order; each is resumed with `true` when it gets it, `false` when its bound
+    /// passed first.
+    private var runWaiters: [(id: Int, continuation: CheckedContinuation<Bool, Never>)] = []
+    private var nextWaiterID = 0
+    /// ``syncNow(timeoutMilliseconds:)`` calls waiting for the engine (an automatic pass makes way for them).
+    private var explicitCallsWaiting = 0
     private var conflictPosition: Int64 = 0
     private var keyVersions: [UInt32] = []
     private var reportedKeyProblem: FieldEncryptionError?
@@ -110,6 +113,7 @@ public actor CloudSync {
         self.storeName = storeName
         self.zone = engine.zone
         self.options = options
+        self.schedule = CloudSyncSchedule(options: options, canaries: container.environment.canaries)
         self.container = container
         self.cloud = cloud
         self.broadcaster = CloudSyncEventBroadcaster(bufferLimit: max(1, options.eventBufferLimit))
@@ -170,7 +174,8 @@ public actor CloudSync {
     /// (``CloudError/retryAfterMilliseconds``) or another process's upload lease is waited out. Returns when the work
     /// is done, the time is up, or the only remaining problem is transient and its retry lies past the bound (the
     /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs nothing.
-    /// Waits for a pass under way to end first (that wait counts toward the bound only as long as its request).
+    /// Waits for a pass under way to end first: an automatic pass makes way after its request in flight; another
+    /// syncNow's pass is waited for until the bound at most (the call then returns the status as it is).
     /// - Parameter timeout: the bound in milliseconds (default 30 s).
     /// - Returns: the engine's status at the end.
     /// - Throws: as ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``.
@@ -178,12 +183,15 @@ public actor CloudSync {
     public func syncNow(timeoutMilliseconds timeout: Int64 = 30_000) async throws -> SyncStatus {
         let deadline = now &+ max(0, timeout)
         guard !stopped else { return try engine.status() }
-        await acquireRun()
+        explicitCallsWaiting += 1
+        let gotEngine = await acquireRun(until: deadline)
+        explicitCallsWaiting -= 1
+        // The bound passed while another call held the engine: the status as it is.
+        guard gotEngine else { return try engine.status() }
         defer { releaseRun() }
-        engine.setNeedsFetch()
-        // Asked for explicitly: a backoff of ours left by an outage does not delay it (a server's retry-after does).
-        engine.endOwnBackoff()
-        let status = try await pass(deadline: deadline, sleeps: true, automatic: false)
+        // stop() was called while this call waited for a pass under way: it performs nothing.
+        guard schedule.mayBeginExplicitPass else { return try engine.status() }
+        let status = try await pass(explicitDeadline: deadline)
         // The scheduler looks again: a retry time may have been set, or the work it was waiting for is done.
         wakeup.signal()
         return status
@@ -208,27 +216,20 @@ public actor CloudSync {
         await acquireRun()
         defer { releaseRun() }
         try engine.requestFullRefetch()
-        passRequested = true
-        fetchRequested = true
+        schedule.requestPass()
         wakeup.signal()
     }
 
     /// Pauses automatic syncing: a pass under way stops after its current request; nothing is scheduled until
     /// ``resume()``. Local saves are still recorded (the outbox is durable) and upload after resuming.
     public func pause() {
-        guard !stopped, !isPaused else { return }
-        isPaused = true
-        setState(.paused)
+        announce(schedule.pause())
         wakeup.signal()
     }
 
     /// Resumes automatic syncing with a pass at once.
     public func resume() {
-        guard !stopped, isPaused else { return }
-        isPaused = false
-        passRequested = true
-        fetchRequested = true
-        setState(.idle)
+        announce(schedule.resume())
         wakeup.signal()
     }
 
@@ -263,8 +264,7 @@ public actor CloudSync {
         defer { releaseRun() }
         guard !stopped else { return }
         try change(engine)
-        passRequested = true
-        fetchRequested = true
+        schedule.requestPass()
         wakeup.signal()
     }
 
@@ -280,8 +280,7 @@ public actor CloudSync {
         guard try engine.resolveZoneDeletion(response) else { return false }
         // What an erase deleted is reported as fetched changes (sync-authored deletions).
         try report(nil, nil)
-        passRequested = true
-        fetchRequested = true
+        schedule.requestPass()
         wakeup.signal()
         return true
     }
@@ -289,17 +288,17 @@ public actor CloudSync {
     /// The zone deletion waiting for an answer (``ZoneDeletionPolicy/ask``), or `nil`.
     public var pendingZoneDeletion: ZoneDeletion? { engine.pendingZoneDeletion }
 
-    /// Stops the runtime for good: waits for a request in flight (its response is applied), gives up the upload
-    /// lease (another process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the
-    /// outbox for the next runtime.
+    /// Stops the runtime for good: waits for a request in flight (its response is applied; no pass goes on after it,
+    /// and a ``syncNow(timeoutMilliseconds:)`` still waiting performs nothing), gives up the upload lease (another
+    /// process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the outbox for the next
+    /// runtime.
     public func stop() async {
-        guard !stopped else { return }
-        stopped = true
+        guard schedule.beginStop() else { return }
         tasks.cancelAll()
         wakeup.signal()
         await acquireRun()
         engine.releaseLease()
-        setState(.stopped)
+        announce(schedule.finishStop())
         broadcaster.finish()
         releaseRun()
     }
@@ -308,15 +307,12 @@ public actor CloudSync {
 
     /// A local save (or another process's commit) at `savedAt` (its clock, milliseconds; never later than now here).
     private func noteLocalChange(savedAt: Int64?) {
-        let time = min(savedAt ?? now, now)
-        if firstLocalChange == nil { firstLocalChange = time }
-        lastLocalChange = time
+        schedule.noteLocalChange(savedAt: savedAt, now: now)
         wakeup.signal()
     }
 
     private func noteCloudChange() {
-        passRequested = true
-        fetchRequested = true
+        schedule.noteCloudChange()
         wakeup.signal()
     }
 
@@ -331,119 +327,93 @@ public actor CloudSync {
     /// of the optional: the runtime stopped.
     private func runDueWork() async -> Int64?? {
         if stopped { return nil }
-        if isPaused { return .some(nil) }
-        let time = now
-        if nextTimer == nil, let interval = options.timerMilliseconds { nextTimer = time &+ max(1, interval) }
-        if let interval = options.cloudPollingMilliseconds {
-            if let poll = nextPoll {
-                if time >= poll {
-                    if let counter = cloud.changeCounter(), counter != cloudCounter {
-                        if cloudCounter != nil { passRequested = true; fetchRequested = true }
-                        cloudCounter = counter
-                    }
-                    nextPoll = time &+ max(1, interval)
-                }
-            } else if cloud.changeCounter() != nil {
-                nextPoll = time &+ max(1, interval)
-            }
-        }
-        var due = passRequested
-        if let timer = nextTimer, time >= timer { due = true; fetchRequested = true }
-        if let localDeadline, time >= localDeadline { due = true }
-        if let retryAt, time >= retryAt { due = true }
-        if due && !running {
+        let cloud = self.cloud
+        if schedule.passIsDue(now: now, changeCounter: { cloud.changeCounter() }) && !running {
             await acquireRun()
             if !stopped && !isPaused {
                 do {
-                    _ = try await pass(deadline: nil, sleeps: false, automatic: true)
+                    _ = try await pass(explicitDeadline: nil)
                 } catch is CancellationError {
                 } catch {
-                    setState(.blocked)
-                    retryAt = nil
+                    announce(schedule.passFailed())
                 }
             }
-            releaseRun()
+            releaseRun(signals: false)
         }
         if stopped { return nil }
-        if isPaused { return .some(nil) }
-        let candidates = [localDeadline, nextTimer, nextPoll, retryAt].compactMap { $0 }
-        return .some(candidates.min())
+        // While another call holds the engine, wait for its end (it signals) rather than for a deadline that may have
+        // passed meanwhile: looking again at once, again and again, would spin until it ends.
+        return .some(schedule.nextWake(passUnderWay: running))
     }
 
-    /// ``localDeadline``, for tests that wait until the runtime noticed a save.
-    var localDeadlineForTesting: Int64? { localDeadline }
+    /// ``CloudSyncSchedule/localDeadline``, for tests that wait until the runtime noticed a save.
+    var localDeadlineForTesting: Int64? { schedule.localDeadline }
 
-    /// When the debounced pass for local saves is due.
-    private var localDeadline: Int64? {
-        guard let first = firstLocalChange, let last = lastLocalChange else { return nil }
-        let debounce = max(0, options.debounceMilliseconds)
-        return min(last &+ debounce, first &+ debounce &* 10)
-    }
-
-    private func acquireRun() async {
-        while running { await withCheckedContinuation { runWaiters.append($0) } }
+    /// Waits until the caller holds the engine; with a `deadline` (environment milliseconds) gives up when the clock
+    /// reaches it first. Returns whether the caller holds it.
+    @discardableResult
+    private func acquireRun(until deadline: Int64? = nil) async -> Bool {
+        while running {
+            if let deadline, now >= deadline { return false }
+            nextWaiterID += 1
+            let id = nextWaiterID
+            let environment = container.environment
+            let timer = deadline.map { deadline in
+                Task { [weak self] in
+                    try? await environment.sleepUntil(deadline)
+                    if !Task.isCancelled { await self?.stopWaiting(id) }
+                }
+            }
+            let got = await withCheckedContinuation { runWaiters.append((id, $0)) }
+            timer?.cancel()
+            if !got { return false }
+        }
         running = true
+        return true
     }
 
-    private func releaseRun() {
+    /// A waiting call's bound passed before it got the engine.
+    private func stopWaiting(_ id: Int) {
+        guard let index = runWaiters.firstIndex(where: { $0.id == id }) else { return }
+        runWaiters.remove(at: index).continuation.resume(returning: false)
+    }
+
+    /// Ends the caller's hold of the engine: the next waiting call gets it, and the scheduler looks again (unless the
+    /// scheduler itself is the caller).
+    private func releaseRun(signals: Bool = true) {
         running = false
-        if !runWaiters.isEmpty { runWaiters.removeFirst().resume() }
+        if !runWaiters.isEmpty { runWaiters.removeFirst().continuation.resume(returning: true) }
+        if signals { wakeup.signal() }
     }
 
-    /// One pass (the caller holds the run): performs requests until the engine is idle, backs off, or the deadline.
-    private func pass(deadline: Int64?, sleeps: Bool, automatic: Bool) async throws -> SyncStatus {
-        let started = now
-        let fetches = !automatic || fetchRequested
-        if fetches { engine.setNeedsFetch() }
-        passRequested = false
-        fetchRequested = false
-        firstLocalChange = nil
-        lastLocalChange = nil
-        retryAt = nil
-        if let interval = options.timerMilliseconds, fetches { nextTimer = started &+ max(1, interval) }
-        if engine.wakeTime == nil { setState(.syncing) }
-        let end: SyncDriver.DriveEnd
+    /// One pass (the caller holds the run): automatic (`explicitDeadline` `nil`: until the engine is idle or backs off)
+    /// or explicit (``syncNow(timeoutMilliseconds:)``: through backoffs until the deadline).
+    private func pass(explicitDeadline deadline: Int64?) async throws -> SyncStatus {
+        let explicit = deadline != nil
+        var (pass, change) = schedule.beginPass(explicit: explicit, deadline: deadline, engine: engine, now: now)
+        announce(change)
+        let end: SyncPass.End
         do {
             end = try await SyncDriver.drive(
-                engine, with: cloud, maxRequests: max(1, options.maxRequestsPerPass), deadline: deadline,
-                sleepsThroughBackoff: sleeps,
-                shouldContinue: { !automatic || (!self.isPaused && !self.stopped) },
-                observe: { request, result in try self.report(request, result) })
+                engine, with: cloud, pass: &pass,
+                shouldContinue: { pass in self.schedule.shouldContinue(pass, explicitCallWaiting: self.explicitCallsWaiting > 0) },
+                observe: { request, result in try self.report(request, result) },
+                willSleep: { self.announce(self.schedule.notePassSleeps(engine: self.engine)) })
         } catch {
             if error is CancellationError { throw error }
-            setState(.blocked)
+            announce(schedule.passFailed())
             throw error
         }
-        let status = try engine.status()
-        switch end {
-        case let .waiting(until): retryAt = until
-        case .stopped: if automatic && !isPaused && !stopped && deadline == nil { retryAt = now }
-        case .idle: break
-        }
-        if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
-        if case .idle = end, engine.completedSync(status) {
-            lastSyncDate = try engine.recordSync(at: container.environment.now())
-        }
-        if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = cloud.changeCounter() }
-        settleState(status)
-        return status
+        let cloud = self.cloud
+        let outcome = try schedule.endPass(pass, end, engine: engine, now: now, changeCounter: { cloud.changeCounter() })
+        if let synced = outcome.synced { lastSyncDate = synced }
+        announce(outcome.state)
+        return outcome.status
     }
 
-    private func settleState(_ status: SyncStatus) {
-        if stopped { return setState(.stopped) }
-        if isPaused { return setState(.paused) }
-        if status.blockedBy != nil || engine.blockingEncryptionError != nil || status.zoneDeletion != nil { return setState(.blocked) }
-        if engine.wakeTime != nil, let error = status.lastError {
-            return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
-        }
-        if engine.wakeTime != nil { return setState(.waitingToRetry) }
-        setState(.idle)
-    }
-
-    private func setState(_ new: CloudSyncState) {
-        guard new != state else { return }
-        state = new
-        broadcaster.emit(.stateChanged(new))
+    /// Reports a state change the schedule decided.
+    private func announce(_ change: CloudSyncState?) {
+        if let change { broadcaster.emit(.stateChanged(change)) }
     }
 
     // MARK: Events
@@ -472,9 +442,7 @@ public actor CloudSync {
                 broadcaster.emit(.requestFailed(operation: request.operation.name, error: error))
                 if error == .changeTokenExpired { broadcaster.emit(.changeTokenExpired(zone: zone)) }
                 // The wait starts now, not when the pass ends (a bounded syncNow may retry several times first).
-                if error.isTransient, engine.wakeTime != nil {
-                    setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
-                }
+                announce(schedule.noteResult(result, engine: engine))
             case .success:
                 break
             }

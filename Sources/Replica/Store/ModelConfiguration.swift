@@ -24,7 +24,8 @@ public struct ModelConfiguration: Sendable, Hashable {
         case identifier(String)
     }
 
-    /// The configuration name; also the store file's base name (`<name>.store`) when no URL is given.
+    /// The configuration name; also the store file's base name (`<name>.store`) when no URL is given: at most 241
+    /// bytes of UTF-8, and at most 231 for a store a migration plan migrates (its working copy sits beside it).
     public var name: String
     /// The entities this store holds, or `nil` for "every entity of the container schema that no other
     /// configuration names".
@@ -96,6 +97,8 @@ public struct ModelConfiguration: Sendable, Hashable {
 
     /// Whether `name` can be used as a store file's base name: `<name>.store` and the files SQLite keeps beside it
     /// (`-wal`, `-shm`, and `-journal`, the longest) must fit the usual 255-byte file-name limit, so at most 241 bytes.
+    /// A store that a migration plan migrates needs at most 231 (its working copy `<name>.store.migrating-journal`
+    /// must fit too); a longer one is a load issue when a migration is due, which changes nothing.
     static func isValidFileName(_ name: String) -> Bool {
         !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.contains("\0")
             && name.utf8.count <= 255 - ".store".utf8.count - "-journal".utf8.count

@@ -126,7 +126,8 @@ final class Store: Sendable {
             let connection = try recycled ?? Connection(location: location, readOnly: !configuration.allowsSave)
             // A store a migration plan took past this schema's version holds what an older build cannot know (renamed
             // columns, transformed values): opening it would add the old columns back and read defaults.
-            if recycled == nil, let recorded = try Self.recordedSchemaVersion(connection) {
+            let recordedVersion = recycled == nil ? try Self.recordedSchemaVersion(connection) : nil
+            if let recorded = recordedVersion {
                 if recorded > schemaVersion {
                     throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a newer app version migrated or created it); this is an older build of the app — update it")
                 }
@@ -153,6 +154,13 @@ final class Store: Sendable {
                 let fileLock = self.fileLock
                 var exclusive = false
                 let takeExclusive: () throws -> Void = {
+                    // A store a migration plan manages (it records a schema version) is renamed by the plan's stages
+                    // only: a container without the plan (a widget's, a model actor's, with an unversioned schema of
+                    // the updated models) that renamed its columns would move its tables past the recorded version,
+                    // and the plan would then skip the stages' code (R2).
+                    if let recordedVersion, migrationSource == nil, !environment.canaries.contains(.renameOutsidePlan) {
+                        throw StoreLayoutError(reason: "the store is at schema version \(recordedVersion), recorded by a migration plan, and this schema renames its tables or columns through original names: renaming them is that plan's stages' work — open it with the migration plan (ModelContainer(for:migrationPlan:configurations:)) first; nothing was changed")
+                    }
                     guard let fileLock, !exclusive else { return }
                     do {
                         try fileLock.change(to: .exclusive)

@@ -33,49 +33,38 @@ public enum SyncDriver {
         let environment = engine.container.environment
         let deadline = timeout.map { environment.clock.nowMilliseconds() &+ max(0, $0) }
         engine.setNeedsFetch()
-        let end = try await drive(engine, with: database, maxRequests: maxRequests, deadline: deadline, sleepsThroughBackoff: true)
+        var pass = SyncPass(maxRequests: maxRequests, deadline: deadline, sleepsThroughBackoff: true, isAutomatic: false)
+        let end = try await drive(engine, with: database, pass: &pass)
         let status = try engine.status()
         if case .idle = end, engine.completedSync(status) { try engine.recordSync(at: environment.now()) }
         return status
     }
 
-    /// How a run of ``drive(_:with:maxRequests:deadline:sleepsThroughBackoff:isolation:shouldContinue:observe:)`` ended.
-    enum DriveEnd {
-        /// The engine has nothing to do.
-        case idle
-        /// The engine backs off (or waits for another engine's lease) until this time.
-        case waiting(until: Int64)
-        /// The deadline passed, `maxRequests` were performed, or `shouldContinue` said stop.
-        case stopped
-    }
-
-    /// The request loop behind ``syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)`` and the sync
-    /// runtime (``CloudSync``): performs requests until the engine is idle, the deadline passes, `maxRequests` were
-    /// performed or `shouldContinue` returns `false`; through backoffs it sleeps (`sleepsThroughBackoff`) or returns.
+    /// Runs `pass` (see ``SyncPass``) against `database`: the request loop behind
+    /// ``syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)`` and the sync runtime (``CloudSync``).
+    /// Performs requests until the engine is idle, the deadline passes, the request bound is reached or
+    /// `shouldContinue` returns `false`; through backoffs it sleeps (``SyncPass/sleepsThroughBackoff``) or returns.
     /// `observe` sees each request and its result after the engine handled it.
     @discardableResult
     static func drive(
-        _ engine: SyncEngine, with database: any CloudDatabase, maxRequests: Int, deadline: Int64?, sleepsThroughBackoff: Bool,
-        isolation: isolated (any Actor)? = #isolation, shouldContinue: () -> Bool = { true },
-        observe: (SyncRequest, Result<CloudOperationResult, CloudError>) throws -> Void = { _, _ in }
-    ) async throws -> DriveEnd {
+        _ engine: SyncEngine, with database: any CloudDatabase, pass: inout SyncPass,
+        isolation: isolated (any Actor)? = #isolation, shouldContinue: (SyncPass) -> Bool = { _ in true },
+        observe: (SyncRequest, Result<CloudOperationResult, CloudError>) throws -> Void = { _, _ in },
+        willSleep: () -> Void = {}
+    ) async throws -> SyncPass.End {
         let environment = engine.container.environment
-        var performed = 0
-        while performed < maxRequests, shouldContinue() {
-            try Task.checkCancellation()
-            if let deadline, environment.clock.nowMilliseconds() >= deadline { return .stopped }
-            if let request = try engine.nextRequest() {
-                performed += 1
+        while true {
+            switch try pass.next(engine, shouldContinue: shouldContinue(pass), cancelled: Task.isCancelled) {
+            case let .perform(request):
                 let result = await database.perform(request.operation)
                 try engine.handle(request.id, result)
                 try observe(request, result)
-                continue
+            case let .sleep(milliseconds):
+                willSleep()
+                try await environment.sleep(milliseconds)
+            case let .end(end):
+                return end
             }
-            guard let wake = engine.wakeTime else { return .idle }
-            if !sleepsThroughBackoff { return .waiting(until: wake) }
-            if let deadline, wake >= deadline { return .stopped }
-            try await environment.sleep(max(1, wake - environment.clock.nowMilliseconds()))
         }
-        return .stopped
     }
 }

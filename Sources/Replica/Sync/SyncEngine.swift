@@ -375,6 +375,25 @@ public final class SyncEngine {
     /// `true` while a request is outstanding.
     public var isAwaitingResponse: Bool { inFlight != nil }
 
+    /// Whether the engine waits for another engine's upload lease (rather than a backoff).
+    var isWaitingForLease: Bool { waitingForLease && backoffDeadline() > now }
+
+    /// Forgets a wait for another engine's upload lease, so that the next request reads the lease again: the sync
+    /// runtime looks again long before the expiry it saw, as the other engine gives the lease up when its pass ends
+    /// with nothing left (``CloudSyncSchedule``). A lease still held starts the wait again.
+    func endLeaseWait() {
+        guard isWaitingForLease else { return }
+        backoffUntil = .min
+        backoffStart = .min
+        waitingForLease = false
+    }
+
+    /// For simulators: whether the engine waits out a backoff it chose itself after a transient failure — the wait an
+    /// explicit sync ends (``endOwnBackoff()``) — rather than a delay the server asked for or another engine's lease.
+    @_spi(Simulation) public var isBackingOffOnItsOwn: Bool {
+        !waitingForLease && !waitIsServerDirected && backoffDeadline() > now
+    }
+
     /// The engine's view of the store.
     public func status() throws -> SyncStatus {
         let row = try db.rows("""

@@ -93,7 +93,10 @@ public enum CanaryCatalog {
         ("rename-adds-column", "renamed-attribute-across-versions", "a local store adds a new column for an attribute with an original name instead of renaming the old one"),
         ("conflict-log-misses-deletes", "trips", "an unsynced local write that a remote delete or cascade removed is not logged as a conflict"),
         ("layout-outranks-recorded-version", "migration-plan-across-versions", "a migration plan starts where the store's tables are, so after an open without the plan added columns it skips the custom stage"),
+        ("rename-outside-plan", "migration-plan-across-versions", "a container without the plan renames a plan-managed store's columns, so the plan then skips the custom stage"),
+        ("empty-ambiguous-store-refused", "values-only-migration", "an app cannot open the empty store its widget's unversioned container created when the plan's layouts are alike across a custom stage"),
         ("undo-drops-pending-edit", "undo-redo", "undo() with an edit pending undoes the save before it and overwrites or keeps the edit, instead of undoing the edit"),
+        ("sync-now-waits-for-backoff", "runtime-scheduled-sync", "an explicit syncNow waits out the engine's own backoff instead of trying at once"),
     ]
 
     /// Every canary the library has, in the library's order.

@@ -251,9 +251,15 @@ extension SimulationRun {
     /// Before an updated device's app opens (fault `noPlanOpen`): a process of the new build opens the device's local
     /// stores without the plan (versioned or unversioned schema, drawn), then closes them. A refusal is noted.
     func noPlanOpenBeforeUpdate(_ device: SimDevice) throws {
-        guard let migration = scenario.migration, migration.noPlanOpen > 0, try dice.chance(migration.noPlanOpen),
-              let process = device.processes.first(where: { $0.stores.allSatisfy(usesFile) }) else { return }
+        guard let migration = scenario.migration, migration.noPlanOpen > 0, try dice.chance(migration.noPlanOpen) else { return }
         let kind: NoPlanOpen = try dice.below(2) == 0 ? .versioned : .unversioned
+        try widgetOpen(device, kind: kind)
+    }
+
+    /// A process of `device`'s build (a widget's, an intent's) opens the device's local stores with the `kind` of schema
+    /// and no plan, then closes them. A refusal is noted.
+    func widgetOpen(_ device: SimDevice, kind: NoPlanOpen) throws {
+        guard let process = device.processes.first(where: { $0.stores.allSatisfy(usesFile) }) else { return }
         let widget = SimProcess(device: device, index: process.index, stores: process.stores.filter { $0.kind == .local }, view: device.view,
                                 environment: process.environment, faults: FaultSwitch())
         guard !widget.stores.isEmpty else { return }
@@ -266,7 +272,7 @@ extension SimulationRun {
         do {
             _ = try openContainer(widget, entities: entities, configurations: configurations)
         } catch let error as ReplicaError {
-            result = "refused: \(error)"
+            result = "refused: \(runIndependent(error))"
         }
         note("\(device.name): a process of the new build opened its local stores with the \(kind.rawValue) schema and no plan first (\(result))")
         trace.event(now, "no-plan-open") { line in
@@ -274,6 +280,12 @@ extension SimulationRun {
             line.add("schema", kind.rawValue)
             line.add("result", result)
         }
+    }
+
+    /// `error`'s description with each store's configuration name of this run (see `configurationName(_:)`, unique
+    /// per run) replaced by the scenario's store name, so that a trace that quotes it is the same in every run.
+    func runIndependent(_ error: ReplicaError) -> String {
+        scenario.stores.reduce("\(error)") { text, store in text.replacingOccurrences(of: configurationName(store.name), with: store.name) }
     }
 
     /// Workload operation `unversionedOpen`: the process reopens with the unversioned schema and no plan.
@@ -285,7 +297,7 @@ extension SimulationRun {
             outcome.result = "opened without the plan"
         } catch let error as ReplicaError {
             // Refused: the app opens through its plan again.
-            outcome.result = "refused: \(error)"
+            outcome.result = "refused: \(runIndependent(error))"
             try start(process)
         }
     }

@@ -302,6 +302,9 @@ public struct Scenario: Codable, Hashable, Sendable {
     public var steps: Int
     /// The app's migration plan (`nil`: containers open without one; left out of the canonical JSON).
     public var migration: Migration? = nil
+    /// Simulated apps sync through the sync runtime's decisions (``CloudSyncSchedule``) instead of the simulator's own
+    /// request loop (`nil`, the default, left out of the canonical JSON: the simulator's loop). See `SimulatedRuntime.swift`.
+    public var runtime: Runtime? = nil
 
     /// The store called `name`.
     public func store(named name: String) -> Store? { stores.first { $0.name == name } }
@@ -470,7 +473,8 @@ struct ScenarioReader {
     /// runs (``Scenario/validate(file:fieldPrefix:)``).
     mutating func scenario(_ root: Any, defaultName: String) throws(ScenarioError) -> Scenario {
         let object = try self.object(root, "", allowed: ["name", "description", "schema", "stores", "devices", "storage",
-                                                          "workload", "faults", "timing", "expect", "steps", "migration"])
+                                                          "workload", "faults", "timing", "expect", "steps", "migration",
+                                                          "runtime"])
         let name = try object["name"].map { v throws(ScenarioError) in try self.name(v, "name") } ?? defaultName
         let description = try object["description"].map { v throws(ScenarioError) in try string(v, "description") } ?? ""
         guard let schemaValue = object["schema"] else { throw fail("schema", "missing (a seed schema name, a list of them, or an inline schema)") }
@@ -497,6 +501,7 @@ struct ScenarioReader {
         var scenario = Scenario(name: name, description: description, schemaSeeds: seeds, schema: schema, stores: stores, devices: devices,
                                 storage: storage, workload: workload, faults: faults, timing: timing, expect: expect, steps: steps)
         scenario.migration = try object["migration"].map { v throws(ScenarioError) in try migration(v, "migration") }
+        scenario.runtime = try object["runtime"].map { v throws(ScenarioError) in try runtime(v, "runtime") }
         try scenario.validate(file: file)
         return scenario
     }

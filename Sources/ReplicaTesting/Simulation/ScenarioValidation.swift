@@ -51,6 +51,7 @@ extension Scenario {
         try check.timing(timing)
         try check.range(steps, "steps", Limits.steps)
         try check.migration(self)
+        try check.runtime(self)
     }
 }
 

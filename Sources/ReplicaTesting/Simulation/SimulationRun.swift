@@ -35,6 +35,8 @@ final class SimulationRun {
     var engines: [Int: SimEngine] = [:]
     var nextEngineSerial = 1
     var nextMessageID = 1
+    /// The last workload syncNow call's number (scenarios with a runtime).
+    var nextCallSerial = 0
     var pumpQueue: [SimEngine] = []
     /// Crashed processes' engines, contexts (of file stores) and containers: kept alive (a crash releases nothing,
     /// e.g. the upload lease) until the run ends.
@@ -234,14 +236,19 @@ final class SimulationRun {
                 line.add("stores", device.spec.stores)
                 line.add("processes", device.processes.count)
             }
-            // A device at the newest version whose stores a widget of its build creates first, without the plan. (With
-            // the versioned schema only: a store an unversioned schema created records no version, and where a plan's
-            // layouts are alike across a custom stage its version is unknown — the library refuses it (R3), which is
-            // what it should do, but the app then cannot open it; modelled once the simulator can expect that refusal.)
+            // A device at the newest version whose stores a process of its build creates first, without the plan:
+            // the app's own process with the versioned schema (it runs so until its next restart), or a widget's
+            // container with the unversioned schema, which creates the local stores and closes them before the app
+            // opens. (A store an unversioned schema created records no version: where a plan's layouts are alike
+            // across a custom stage the plan cannot tell whether its code applies, so one holding rows is refused
+            // (R3); an empty one is at the latest of those schemas. The widget writes nothing, so the app opens.)
             if let migration = scenario.migration, migration.noPlanOpen > 0, device.spec.upgrade == nil,
                device.schemaVersion == scenario.schema.version, try dice.chance(migration.noPlanOpen) {
-                _ = try dice.below(2)
-                device.processes.first?.noPlanOpen = .versioned
+                if try dice.below(2) == 0 {
+                    device.processes.first?.noPlanOpen = .versioned
+                } else {
+                    try widgetOpen(device, kind: .unversioned)
+                }
             }
             for process in device.processes { try start(process) }
         }
@@ -294,21 +301,8 @@ final class SimulationRun {
         process.undoStack = []
         process.redoStack = []
         if usesUndo { context.undoManager = ModelUndoManager() }
-        var options = SyncEngine.Options()
-        options.uploadBatchSize = 10
-        options.fetchLimit = 10
         for store in process.stores where store.isSynced && !process.syncOff.contains(store.name) {
-            let encrypted = encryptedStores.contains(store.name) || process.encryptionOn.contains(store.name)
-            let encryption = encrypted ? try FieldEncryption.rawKey(Self.worldKey) : nil
-            // One connection per store and process, as one thread drives the context and the engines.
-            // The device's zone deletion policy, decided by the library's own function and noted for the checks.
-            let decisions = ZoneDeletionDecisions()
-            var storeOptions = options
-            storeOptions.zoneDeletionPolicy = decisions.policy(wrapping: process.device.spec.deletionPolicy)
-            let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: storeOptions,
-                                        encryption: encryption, sharingConnectionOf: context)
-            let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process, decisions: decisions)
-            nextEngineSerial += 1
+            let simEngine = try makeEngine(process, store, container: container, context: context)
             engines[simEngine.serial] = simEngine
             process.engines[store.name] = simEngine
         }
@@ -321,6 +315,25 @@ final class SimulationRun {
             for store in process.stores where usesFile(store) { try checkIntegrity(process, store) }
         }
         if usesPlan { try checkMigratedOnce(process) }
+    }
+
+    /// A sync engine of `store` for `process` (with its runtime, in scenarios with one).
+    func makeEngine(_ process: SimProcess, _ store: Scenario.Store, container: ModelContainer, context: ModelContext) throws -> SimEngine {
+        var options = SyncEngine.Options()
+        options.uploadBatchSize = 10
+        options.fetchLimit = 10
+        let encrypted = encryptedStores.contains(store.name) || process.encryptionOn.contains(store.name)
+        let encryption = encrypted ? try FieldEncryption.rawKey(Self.worldKey) : nil
+        // One connection per store and process, as one thread drives the context and the engines.
+        // The device's zone deletion policy, decided by the library's own function and noted for the checks.
+        let decisions = ZoneDeletionDecisions()
+        options.zoneDeletionPolicy = decisions.policy(wrapping: process.device.spec.deletionPolicy)
+        let engine = try SyncEngine(container: container, storeName: configurationName(store.name), zone: store.name, options: options,
+                                    encryption: encryption, sharingConnectionOf: context)
+        let simEngine = SimEngine(serial: nextEngineSerial, store: store.name, engine: engine, process: process, decisions: decisions)
+        nextEngineSerial += 1
+        simEngine.runtime = makeRuntime()
+        return simEngine
     }
 
     func orderedEngines(_ process: SimProcess) -> [SimEngine] {
@@ -337,7 +350,8 @@ final class SimulationRun {
     private func chaos() throws {
         phase = .chaos
         trace.event(now, "phase") { $0.add("phase", "chaos") }
-        let stepRates = scenario.faults.stepRates
+        // (The runtime's calls come after the faults, in scenarios with a runtime only: the others draw as before.)
+        let stepRates = scenario.faults.stepRates + (scenario.runtime?.stepRates ?? [])
         let actionWeights = weights(stepRates)
         try dice.span(.collection) {
             while step < stepLimit {
@@ -400,7 +414,10 @@ final class SimulationRun {
         case 9: try corruptStep(.clock)
         case 10: try corruptStep(.causalLength)
         case 11: try hostileRecordStep()
-        default: try zoneDeleteStep()
+        case 12: try zoneDeleteStep()
+        case 13: try syncNowStep()
+        case 14: try stopRuntimeStep()
+        default: try pauseRuntimeStep()
         }
     }
 
@@ -514,6 +531,7 @@ final class SimulationRun {
         }
         latestWallSeen = max(latestWallSeen, latestWallClock())
         device.offset += jump
+        if jump < 0, scenario.runtime != nil { noteBackwardClockJump(device) }
         setNow(now)
         latestWallSeen = max(latestWallSeen, latestWallClock())
     }
@@ -556,6 +574,9 @@ final class SimulationRun {
                 if !process.syncOff.isEmpty { try reopen(process, syncOff: [], encryptionOn: process.encryptionOn) }
             }
         }
+        // Simulated runtimes get no kick: they find out by themselves (their backoff, the timer, the cloud's
+        // announcements) that the network is back.
+        if runtimesDrive { return try healRuntimes() }
         for engine in currentEngines {
             engine.engine.setNeedsFetch()
             enqueuePump(engine)
@@ -567,7 +588,11 @@ final class SimulationRun {
         phase = .quiesce
         trace.event(now, "phase") { $0.add("phase", "quiesce") }
         let deadline = now + Int64(scenario.timing.livenessBoundMs)
-        try settle(deadline: deadline, what: "after heal")
+        if runtimesDrive {
+            try settleRuntimes(deadline: deadline)
+        } else {
+            try settle(deadline: deadline, what: "after heal")
+        }
         trace.event(now, "quiet") { $0.add("cloud_saves", stats.cloudSaves) }
         try digest()
     }
@@ -695,6 +720,8 @@ extension SimulationRun {
             return devices[device].partitionedUntil < 0
         case .arrive:
             return false
+        case .runtimeWake, .runtimeResume, .runtimeStart:
+            return isMootRuntimeEvent(event)
         }
     }
 
@@ -721,6 +748,7 @@ extension SimulationRun {
 
     /// Asks an engine for its next request and sends it, or schedules its wake-up.
     func pump(_ engine: SimEngine) throws {
+        if runtimesDrive, engine.runtime != nil { return try runtimeTurn(engine) }
         guard isCurrent(engine), !engine.isBroken, !engine.engine.isAwaitingResponse else { return }
         let request: SyncRequest?
         do {
@@ -833,6 +861,7 @@ extension SimulationRun {
             } catch {
                 try engineFailed(engine, "abandon", error)
             }
+            runtimeSawResult(engine, .failure(.networkUnavailable))
             enqueuePump(engine)
         case let .wake(serial):
             guard let engine = engines[serial] else { return }
@@ -843,7 +872,11 @@ extension SimulationRun {
             engine.pushPending = false
             let device = engine.process.device
             guard isCurrent(engine), !device.isOffline(now), !device.isPartitioned(now) else { return }
-            engine.engine.setNeedsFetch()
+            if runtimesDrive, engine.runtime != nil {
+                noteCloudAnnouncement(engine)
+            } else {
+                engine.engine.setNeedsFetch()
+            }
             enqueuePump(engine)
         case let .restart(deviceIndex, processIndex):
             let process = devices[deviceIndex].processes[processIndex]
@@ -852,6 +885,8 @@ extension SimulationRun {
             let device = devices[deviceIndex]
             guard !device.isOffline(now) else { return }
             trace.event(now, "online") { $0.add("device", device.name) }
+            // (A runtime is not told: it retries at its engine's backoff.)
+            if runtimesDrive { return }
             for process in device.processes where process.isUp {
                 for engine in orderedEngines(process) {
                     engine.engine.setNeedsFetch()
@@ -863,6 +898,8 @@ extension SimulationRun {
             guard !device.isPartitioned(now) else { return }
             trace.event(now, "partition-healed") { $0.add("device", device.name) }
             for process in device.processes where process.isUp { for engine in orderedEngines(process) { enqueuePump(engine) } }
+        case .runtimeWake, .runtimeResume, .runtimeStart:
+            try handleRuntimeEvent(event)
         }
     }
 
@@ -911,6 +948,7 @@ extension SimulationRun {
             return try engineFailed(engine, "handling \(message.request.operation.name)", error)
         }
         try noteZoneDeletionDecisions(engine)
+        if applied { runtimeSawResult(engine, result) }
         // (A zone reset between the save and this answer removed the saved records legitimately: the engine learns
         // of the reset later, and convergence checks that it uploads them again. An answer the engine ignored — a
         // duplicate of one it applied earlier — dropped nothing: what it dropped then was checked then.)

@@ -76,13 +76,23 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
     /// times, not twice) and none is lost, whichever process of the new build opened the store first and how (checked
     /// after every open through the scenario's migration plan, see MigrationPlans.swift).
     case migratedOnce = "migrated-once"
+    /// A bounded `syncNow(timeoutMilliseconds:)` of a simulated runtime returns within its bound in true time: no
+    /// request is sent for it, or while it waits for a pass under way, after the bound (the request in flight at the
+    /// bound may finish); and it tries at once — unless a delay the server asked for or another process's upload lease
+    /// is waited out, its pass starts with a request, not with the engine's own backoff (P7; scenarios with a runtime,
+    /// checked as the run goes).
+    case syncNowBound = "sync-now-bound"
+    /// The state a simulated runtime reports is true: never idle or syncing while its engine backs off with no request
+    /// in flight, never idle after a pass that left records to send; and once `stop()` was called it sends nothing but
+    /// the request it had in flight (P7; scenarios with a runtime, checked as the run goes).
+    case runtimeState = "runtime-state"
 
     /// The invariants the check phase evaluates over the quiesced world (the others are checked as the run goes:
     /// after each save, each upload, at each quiescent point): the count the trace's `checked` line reports.
     public static var checkedAtEnd: [Invariant] {
         allCases.filter {
             $0 != .localSaves && $0 != .clockBounds && $0 != .unreadableBookkeeping && $0 != .schemaGate && $0 != .observersAgree
-                && $0 != .zoneDeletionErase && $0 != .migratedOnce
+                && $0 != .zoneDeletionErase && $0 != .migratedOnce && $0 != .syncNowBound && $0 != .runtimeState
         }
     }
 
@@ -110,6 +120,8 @@ public enum Invariant: String, CaseIterable, Sendable, Codable {
         case .observersAgree: return "live queries equal a fresh fetch at every quiescent point"
         case .zoneDeletionErase: return "nothing of a deleted zone is left in a store that erased it"
         case .migratedOnce: return "each migration stage transforms every acknowledged row exactly once"
+        case .syncNowBound: return "a bounded syncNow returns within its bound and tries at once"
+        case .runtimeState: return "the runtime's state is true; a stopped runtime sends nothing"
         }
     }
 }
@@ -396,6 +408,8 @@ final class SimEngine {
     var recentFetches: [ZoneChangeBatch] = []
     /// What the engine's zone deletion policy decided (see ZoneDeletionFaults.swift).
     let decisions: ZoneDeletionDecisions
+    /// The sync runtime that drives the engine (scenarios with a runtime; see SimulatedRuntime.swift).
+    var runtime: SimRuntime?
 
     init(serial: Int, store: String, engine: SyncEngine, process: SimProcess, decisions: ZoneDeletionDecisions) {
         self.serial = serial
@@ -452,6 +466,12 @@ enum SimEvent {
     case restart(device: Int, process: Int)
     case online(Int)
     case partitionEnd(Int)
+    /// A runtime's wake-up (its engine's serial), armed for virtual time `at` (moot once another is armed).
+    case runtimeWake(Int, at: Int64)
+    /// A paused runtime is resumed.
+    case runtimeResume(Int)
+    /// The app starts sync again after stopping its runtime.
+    case runtimeStart(Int)
 }
 
 /// A min-heap of events ordered by (time, insertion order): deterministic. The heap holds only the ordering keys
@@ -464,7 +484,14 @@ struct EventQueue {
     private var freeSlots: [Int] = []
     private var nextSeq = 0
 
+    /// How many of the queued events are runtime wake-ups (see SimulatedRuntime.swift).
+    private(set) var runtimeWakes = 0
+
     var isEmpty: Bool { heap.isEmpty }
+    /// The queued events in time order (for messages).
+    var ordered: [(time: Int64, event: SimEvent)] {
+        heap.sorted { $0.time != $1.time ? $0.time < $1.time : $0.seq < $1.seq }.map { ($0.time, events[$0.slot]!) }
+    }
     var count: Int { heap.count }
     var nextTime: Int64? { heap.first?.time }
     var peek: (time: Int64, event: SimEvent)? { heap.first.map { ($0.time, events[$0.slot]!) } }
@@ -482,6 +509,7 @@ struct EventQueue {
             slot = events.count
             events.append(event)
         }
+        if case .runtimeWake = event { runtimeWakes += 1 }
         heap.append((time, nextSeq, slot))
         nextSeq += 1
         var child = heap.count - 1
@@ -509,6 +537,7 @@ struct EventQueue {
         }
         let event = events[top.slot].take()!
         freeSlots.append(top.slot)
+        if case .runtimeWake = event { runtimeWakes -= 1 }
         return (top.time, event)
     }
 }

@@ -323,7 +323,10 @@ extension SimulationRun {
     /// After a save: the store's engines on the device (both processes of an app-group store) have work.
     func wakeEngines(_ outcome: Outcome) {
         for sibling in outcome.process.device.processes where sibling.isUp {
-            if let engine = sibling.engines[outcome.store.name] { enqueuePump(engine) }
+            if let engine = sibling.engines[outcome.store.name] {
+                if runtimesDrive { noteLocalSave(engine) }
+                enqueuePump(engine)
+            }
         }
     }
 

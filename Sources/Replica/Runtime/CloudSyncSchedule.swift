@@ -1,0 +1,354 @@
+import Foundation
+
+/// The decisions of the sync runtime (``CloudSync``), without I/O and without waiting: when a pass is due (debounced
+/// local saves, cloud announcements, the polled change counter, the timer, the engine's retry time), what a pass does
+/// first (fetch or not; an explicit sync ends the engine's own backoff), whether it goes on after each request, what it
+/// leaves for later, and the state the runtime reports.
+///
+/// ``CloudSync`` makes every scheduling decision through one value of this type and does only the waiting and the
+/// cloud I/O itself; the simulator drives the same value per simulated app process in virtual time, so the seeds
+/// search the runtime's real decision code. Times are milliseconds of the environment's clock
+/// (``ReplicaEnvironment/clock``), passed in by the caller: the schedule never reads a clock.
+///
+/// A caller holds at most one pass at a time (``CloudSync`` serialises passes and the calls that touch the engine).
+@_spi(Simulation) public struct CloudSyncSchedule: Sendable {
+    /// The runtime's options.
+    public let options: CloudSync.Options
+    /// Deliberate runtime bugs switched on for simulator canary runs (see ``Canary``).
+    let canaries: Set<Canary>
+    /// The state as last reported.
+    public private(set) var state: CloudSyncState = .idle
+    /// `true` while automatic syncing is paused.
+    public private(set) var isPaused = false
+    /// `true` once the runtime is stopping or stopped.
+    public private(set) var isStopped = false
+    private var passRequested = true
+    private var fetchRequested = true
+    private var firstLocalChange: Int64?
+    private var lastLocalChange: Int64?
+    private var nextTimer: Int64?
+    private var nextPoll: Int64?
+    private var cloudCounter: Int64?
+    /// When the engine wants to be woken (its backoff or lease wait), after a pass that left work.
+    private var retryAt: Int64?
+
+    /// A schedule in its first state: a pass (with a fetch) is due at once.
+    /// - Parameters:
+    ///   - options: the runtime's options.
+    ///   - canaries: deliberate bugs for simulator canary runs (the environment's ``ReplicaEnvironment/canaries``).
+    public init(options: CloudSync.Options, canaries: Set<Canary> = []) {
+        self.options = options
+        self.canaries = canaries
+    }
+
+    // MARK: Triggers
+
+    /// A local save, or another process's commit to an app-group store, at `savedAt` (`nil`: now), noted at `now`.
+    /// The debounced pass is due ``CloudSync/Options/debounceMilliseconds`` after the last save of a burst, at most ten
+    /// intervals after its first.
+    public mutating func noteLocalChange(savedAt: Int64?, now: Int64) {
+        let time = min(savedAt ?? now, now)
+        if firstLocalChange == nil { firstLocalChange = time }
+        lastLocalChange = time
+    }
+
+    /// The cloud announced a change of the zone: a pass with a fetch is due at once.
+    public mutating func noteCloudChange() { requestPass() }
+
+    /// A pass with a fetch is due at once (a full refetch, a key change or a zone deletion's answer asked for one).
+    public mutating func requestPass() {
+        passRequested = true
+        fetchRequested = true
+    }
+
+    /// Pauses automatic syncing. Returns the state to report, if it changed.
+    public mutating func pause() -> CloudSyncState? {
+        guard !isStopped, !isPaused else { return nil }
+        isPaused = true
+        return setState(.paused)
+    }
+
+    /// Resumes automatic syncing with a pass (and a fetch) at once. Returns the state to report, if it changed.
+    public mutating func resume() -> CloudSyncState? {
+        guard !isStopped, isPaused else { return nil }
+        isPaused = false
+        requestPass()
+        return setState(.idle)
+    }
+
+    /// Marks the runtime stopping: no automatic pass starts or goes on. Returns `false` when it was already stopped.
+    public mutating func beginStop() -> Bool {
+        guard !isStopped else { return false }
+        isStopped = true
+        return true
+    }
+
+    /// The runtime gave up its lease and ended. Returns the state to report, if it changed.
+    public mutating func finishStop() -> CloudSyncState? { setState(.stopped) }
+
+    // MARK: Scheduling
+
+    /// Whether an automatic pass is due at `now`. Reads the cloud's change counter (`changeCounter`) when its polling
+    /// interval has come round; starts the timer on first use.
+    /// - Complexity: O(1), plus one `changeCounter` call at most.
+    public mutating func passIsDue(now time: Int64, changeCounter: () -> Int64?) -> Bool {
+        if isStopped || isPaused { return false }
+        if nextTimer == nil, let interval = options.timerMilliseconds { nextTimer = time &+ max(1, interval) }
+        if let interval = options.cloudPollingMilliseconds {
+            if let poll = nextPoll {
+                if time >= poll {
+                    if let counter = changeCounter(), counter != cloudCounter {
+                        if cloudCounter != nil { requestPass() }
+                        cloudCounter = counter
+                    }
+                    nextPoll = time &+ max(1, interval)
+                }
+            } else if changeCounter() != nil {
+                nextPoll = time &+ max(1, interval)
+            }
+        }
+        var due = passRequested
+        if let timer = nextTimer, time >= timer {
+            due = true
+            fetchRequested = true
+        }
+        if let localDeadline, time >= localDeadline { due = true }
+        if let retryAt, time >= retryAt { due = true }
+        return due
+    }
+
+    /// When to look again (``passIsDue(now:changeCounter:)``), in environment milliseconds; `nil`: only when a trigger
+    /// arrives. While a pass (or another call holding the engine) is under way the answer is `nil` too: its end is
+    /// such a trigger, and a deadline that passed meanwhile must not make the caller look again and again.
+    public func nextWake(passUnderWay: Bool) -> Int64? {
+        if isStopped || isPaused || passUnderWay { return nil }
+        return [localDeadline, nextTimer, nextPoll, retryAt].compactMap { $0 }.min()
+    }
+
+    /// When the debounced pass for local saves is due.
+    public var localDeadline: Int64? {
+        guard let first = firstLocalChange, let last = lastLocalChange else { return nil }
+        let debounce = max(0, options.debounceMilliseconds)
+        return min(last &+ debounce, first &+ debounce &* 10)
+    }
+
+    /// Whether anything but the timer (and polling) will make a pass due: a request for one, unsynced saves, or a
+    /// retry time.
+    public var hasPendingWork: Bool { passRequested || firstLocalChange != nil || retryAt != nil }
+
+    /// What ``hasPendingWork`` stands for, for messages.
+    public var pendingWorkDescription: String {
+        var parts: [String] = []
+        if passRequested { parts.append("a pass requested") }
+        if let localDeadline { parts.append("saves due at \(localDeadline)") }
+        if let retryAt { parts.append("a retry at \(retryAt)") }
+        return parts.joined(separator: ", ")
+    }
+
+    // MARK: Passes
+
+    /// Starts a pass at `now`: automatic (`deadline` `nil`; returns at the engine's backoff) or explicit
+    /// (``CloudSync/syncNow(timeoutMilliseconds:)``: fetches, ends the engine's own backoff, sleeps through the rest
+    /// until `deadline`). Returns the pass and the state to report, if it changed.
+    public mutating func beginPass(explicit: Bool, deadline: Int64?, engine: SyncEngine, now started: Int64) -> (SyncPass, CloudSyncState?) {
+        if explicit {
+            engine.setNeedsFetch()
+            // Asked for explicitly: a backoff of ours left by an outage does not delay it (a server's retry-after does).
+            if !canaries.contains(.syncNowWaitsForBackoff) { engine.endOwnBackoff() }
+        }
+        let fetches = explicit || fetchRequested
+        if fetches { engine.setNeedsFetch() }
+        passRequested = false
+        fetchRequested = false
+        firstLocalChange = nil
+        lastLocalChange = nil
+        retryAt = nil
+        if let interval = options.timerMilliseconds, fetches { nextTimer = started &+ max(1, interval) }
+        let change = engine.wakeTime == nil ? setState(.syncing) : nil
+        let pass = SyncPass(maxRequests: max(1, options.maxRequestsPerPass), deadline: deadline, sleepsThroughBackoff: explicit,
+                            isAutomatic: !explicit)
+        return (pass, change)
+    }
+
+    /// Whether `pass` goes on to its next request: no pass goes on once the runtime is stopping (``CloudSync/stop()``
+    /// waits only for the request in flight); an automatic pass also stops when the runtime is paused, and when an
+    /// explicit sync waits for the engine (`explicitCallWaiting`): a ``CloudSync/syncNow(timeoutMilliseconds:)``
+    /// waits for a pass under way only as long as its request, then does the work itself within its bound.
+    public func shouldContinue(_ pass: SyncPass, explicitCallWaiting: Bool) -> Bool {
+        !isStopped && (!pass.isAutomatic || (!isPaused && !explicitCallWaiting))
+    }
+
+    /// Whether an explicit sync that got the engine may start its pass: not once the runtime is stopping (a
+    /// ``CloudSync/syncNow(timeoutMilliseconds:)`` that waited for a pass under way when ``CloudSync/stop()`` was
+    /// called performs nothing).
+    public var mayBeginExplicitPass: Bool { !isStopped }
+
+    /// The pass sleeps through the engine's wait (an explicit pass, within its bound). Returns the state to report, if
+    /// it changed: the wait shows at once — also one the engine had before the pass began (another process's lease).
+    public mutating func notePassSleeps(engine: SyncEngine) -> CloudSyncState? {
+        guard engine.wakeTime != nil else { return nil }
+        return setState(engine.lastError == .networkUnavailable && !engine.isWaitingForLease ? .waitingForNetwork : .waitingToRetry)
+    }
+
+    /// The engine handled `result` of a request of the pass. Returns the state to report, if it changed: a transient
+    /// failure that leaves the engine backing off is reported at once, not only when the pass ends.
+    public mutating func noteResult(_ result: Result<CloudOperationResult, CloudError>, engine: SyncEngine) -> CloudSyncState? {
+        guard case let .failure(error) = result else { return nil }
+        if case .partialFailure = error { return nil }
+        guard error.isTransient, engine.wakeTime != nil else { return nil }
+        return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
+    }
+
+    /// The outcome of a pass that ended.
+    public struct PassOutcome: Sendable {
+        /// The engine's status at the end.
+        public var status: SyncStatus
+        /// When the pass brought the store up to date with the cloud: the sync time recorded in the store.
+        public var synced: Date?
+        /// The state to report, if it changed.
+        public var state: CloudSyncState?
+    }
+
+    /// Ends `pass` (it ended with `end` at `now`): notes when to retry, records a completed sync in the store and
+    /// settles the state.
+    /// - Parameter changeCounter: the cloud's change counter (read when polling is on).
+    /// - Throws: ``SQLiteError`` when the store cannot be read or written.
+    public mutating func endPass(_ pass: SyncPass, _ end: SyncPass.End, engine: SyncEngine, now: Int64,
+                                 changeCounter: () -> Int64?) throws -> PassOutcome {
+        let status = try engine.status()
+        switch end {
+        case let .waiting(until):
+            // Another process's lease is looked at again well before the expiry this engine saw: that process gives
+            // it up when its pass ends with nothing left.
+            retryAt = engine.isWaitingForLease ? min(until, now &+ SyncPass.leaseRecheckMilliseconds(engine)) : until
+        case .stopped:
+            // Stopped with work left — by a syncNow's bound, the request bound, or a pause or stop: automatic
+            // scheduling goes on with it (at once, or when the engine's wait ends), not only at the next trigger.
+            if !isPaused && !isStopped { retryAt = engine.wakeTime ?? now }
+        case .idle:
+            // Nothing left to upload: the upload lease goes, so another process of an app group need not wait for it
+            // to expire at its next pass (P6).
+            engine.releaseLease()
+        }
+        if retryAt == nil, let wake = engine.wakeTime { retryAt = wake }
+        var synced: Date?
+        if case .idle = end, engine.completedSync(status) {
+            synced = try engine.recordSync(at: engine.container.environment.now())
+        }
+        if let interval = options.cloudPollingMilliseconds, interval > 0 { cloudCounter = changeCounter() }
+        return PassOutcome(status: status, synced: synced, state: settle(status, engine: engine, now: now))
+    }
+
+    /// A pass failed with an error the engine threw (not a cloud error): the runtime is blocked until the next trigger.
+    /// Returns the state to report, if it changed.
+    public mutating func passFailed() -> CloudSyncState? {
+        retryAt = nil
+        return setState(.blocked)
+    }
+
+    private mutating func settle(_ status: SyncStatus, engine: SyncEngine, now: Int64) -> CloudSyncState? {
+        if isStopped { return setState(.stopped) }
+        if isPaused { return setState(.paused) }
+        if status.blockedBy != nil || engine.blockingEncryptionError != nil || status.zoneDeletion != nil { return setState(.blocked) }
+        if engine.wakeTime != nil, let error = status.lastError {
+            return setState(error == .networkUnavailable ? .waitingForNetwork : .waitingToRetry)
+        }
+        if engine.wakeTime != nil { return setState(.waitingToRetry) }
+        // Another pass follows at once (this one stopped with work left): still syncing, not idle.
+        if let retryAt, retryAt <= now { return setState(.syncing) }
+        return setState(.idle)
+    }
+
+    private mutating func setState(_ new: CloudSyncState) -> CloudSyncState? {
+        guard new != state else { return nil }
+        state = new
+        return new
+    }
+}
+
+/// One sync pass as a state machine without I/O: performs the engine's requests until it is idle, backs off (an
+/// automatic pass returns then; an explicit one sleeps through the backoff), the deadline passes, the request bound is
+/// reached or the caller says stop. ``SyncDriver`` and ``CloudSync`` run it against a ``CloudDatabase``; the simulator
+/// runs it through its simulated network.
+@_spi(Simulation) public struct SyncPass: Sendable {
+    /// How a pass ended.
+    public enum End: Sendable, Hashable {
+        /// The engine has nothing to do.
+        case idle
+        /// The engine backs off (or waits for another engine's lease) until this time.
+        case waiting(until: Int64)
+        /// The deadline passed, the request bound was reached or the caller said stop.
+        case stopped
+    }
+
+    /// What the caller does next.
+    public enum Step: Sendable {
+        /// Perform this request, hand its result to the engine (``SyncEngine/handle(_:_:)``), then ask again.
+        case perform(SyncRequest)
+        /// Wait this many milliseconds (the engine's backoff, within the deadline), then ask again.
+        case sleep(milliseconds: Int64)
+        /// The pass is over.
+        case end(End)
+    }
+
+    /// The most requests the pass performs.
+    public let maxRequests: Int
+    /// The environment time the pass stops at (`nil`: none). Moved back with the clock when the clock goes back (see
+    /// ``next(_:shouldContinue:cancelled:)``).
+    public private(set) var deadline: Int64?
+    /// When the pass last looked at the clock, plus the sleep it asked for since.
+    private var observed: Int64?
+    /// Whether the pass sleeps through the engine's backoff (within the deadline) instead of ending.
+    public let sleepsThroughBackoff: Bool
+    /// An automatic pass (scheduled by the runtime) rather than an explicit one.
+    public let isAutomatic: Bool
+    /// Requests performed so far.
+    public private(set) var performed = 0
+
+    /// A pass that performs at most `maxRequests` requests, until `deadline` (environment milliseconds; `nil`: none).
+    public init(maxRequests: Int, deadline: Int64?, sleepsThroughBackoff: Bool, isAutomatic: Bool) {
+        self.maxRequests = maxRequests
+        self.deadline = deadline
+        self.sleepsThroughBackoff = sleepsThroughBackoff
+        self.isAutomatic = isAutomatic
+    }
+
+    /// The next step (call it first, and again after each request's result was handled or each sleep).
+    /// - Parameters:
+    ///   - shouldContinue: whether the caller lets the pass go on.
+    ///   - cancelled: whether the caller's task is cancelled (checked when the pass would go on).
+    /// - Throws: `CancellationError`; as ``SyncEngine/nextRequest()``.
+    ///
+    /// The deadline is a wall-clock instant, but a clock that goes back never stretches the bound by the size of the jump:
+    /// when the clock reads earlier than the pass last saw it (plus the sleep it asked for since), the deadline moves
+    /// back with it, keeping the time that was left then — as the engine re-anchors its waits (P4). (The time a request
+    /// in flight took before the jump is not known, so the bound may stretch by that much.)
+    public mutating func next(_ engine: SyncEngine, shouldContinue: Bool, cancelled: Bool = false) throws -> Step {
+        guard performed < maxRequests, shouldContinue else { return .end(.stopped) }
+        if cancelled { throw CancellationError() }
+        // Another process's lease is read again at every step (it may have been given up since).
+        engine.endLeaseWait()
+        let clock = engine.container.environment.clock
+        let now = clock.nowMilliseconds()
+        if let seen = observed, now < seen, let old = deadline { deadline = now &+ max(0, old &- seen) }
+        observed = now
+        if let deadline, now >= deadline { return .end(.stopped) }
+        if let request = try engine.nextRequest() {
+            performed += 1
+            return .perform(request)
+        }
+        guard let wake = engine.wakeTime else { return .end(.idle) }
+        if !sleepsThroughBackoff { return .end(.waiting(until: wake)) }
+        if let deadline, wake >= deadline { return .end(.stopped) }
+        var duration = max(1, wake - clock.nowMilliseconds())
+        if engine.isWaitingForLease { duration = min(duration, Self.leaseRecheckMilliseconds(engine)) }
+        observed = clock.nowMilliseconds() &+ duration
+        return .sleep(milliseconds: duration)
+    }
+
+    /// How often a runtime reads another process's upload lease again while it waits for it: a tenth of the lease
+    /// duration (3 s by default).
+    static func leaseRecheckMilliseconds(_ engine: SyncEngine) -> Int64 {
+        max(1, engine.options.leaseDurationMilliseconds / 10)
+    }
+}

@@ -1,0 +1,54 @@
+import Foundation
+import Replica
+import ReplicaTesting
+import Testing
+
+private let scenarioName = "runtime-scheduled-sync"
+
+/// Scenarios whose simulated apps sync through the sync runtime's decision code (`"runtime"`, Specs P7).
+@Suite("Simulator: apps syncing through the sync runtime")
+struct SimulationRuntimeTests {
+    @Test("the runtime section parses, survives the canonical JSON, and stays out of the canonical JSON of scenarios without it")
+    func canonicalJSON() throws {
+        for scenario in try ScenarioCatalog.builtIn() where scenario.name != scenarioName {
+            #expect(scenario.runtime == nil, "\(scenario.name)")
+            #expect(!scenario.canonicalJSON.contains(#""runtime""#), "\(scenario.name)")
+        }
+        let scenario = try ScenarioCatalog.resolve(scenarioName)
+        let runtime = try #require(scenario.runtime)
+        #expect(runtime.timerMs == 60_000 && runtime.debounceMs == 300 && runtime.syncNow > 0 && runtime.stop > 0 && runtime.pause > 0)
+        #expect(try JSONDecoder().decode(Scenario.self, from: Data(scenario.canonicalJSON.utf8)) == scenario)
+    }
+
+    @Test("a malformed runtime section is reported with the field and the problem", arguments: [
+        (#""runtime": {"timerMs": 0}"#, "runtime.timerMs", "out of range"),
+        (#""runtime": {"syncNow": 2}"#, "runtime.syncNow", "out of range"),
+        (#""runtime": {"syncNow": 0.5, "stop": 0.5}"#, "runtime", "add up to more than"),
+        (#""runtime": {"sleep": 1}"#, "runtime.sleep", "unknown field"),
+    ])
+    func malformed(runtime: String, field: String, problem: String) throws {
+        let json = #"{"schema": "posts", "stores": [{"name": "p", "kind": "synced", "entities": ["Post"]}], "devices": [{"name": "a"}], "steps": 5, "#
+            + runtime + "}"
+        do {
+            _ = try Scenario.parse(Data(json.utf8), file: "bad.json")
+            Issue.record("accepted a malformed runtime section")
+        } catch {
+            #expect(error.field == field)
+            #expect(error.problem.contains(problem), "\(error.problem)")
+        }
+    }
+
+    @Test("a run drives the runtimes: passes start by themselves, syncNow calls return, runtimes stop, start again and pause")
+    func runtimesAreDriven() throws {
+        let result = try Simulator.run(try ScenarioCatalog.resolve(scenarioName), seed: 2)
+        #expect(result.violation == nil, "\(result.violation?.description ?? "")")
+        let text = result.traceText
+        for event in [#""ev":"pass-start""#, #""kind":"automatic""#, #""ev":"sync-now-returned""#, #""action":"stop-runtime""#,
+                      #""ev":"runtime-start""#, #""action":"pause-runtime""#, #""state":"waiting-for-network""#] {
+            #expect(text.contains(event), "\(event)")
+        }
+        // After heal no syncNow is called: what converges there, the runtimes did by themselves.
+        let heal = try #require(result.trace.firstIndex { $0.contains(#""phase":"heal""#) })
+        #expect(!result.trace[heal...].contains { $0.contains(#""action":"sync-now""#) })
+    }
+}
