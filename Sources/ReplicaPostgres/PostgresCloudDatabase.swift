@@ -113,52 +113,72 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
 
     public func modifyRecords(_ records: [CloudRecord], in zone: String) async throws(CloudError) -> [RecordSaveResult] {
         // The server assigns change tags: a record's body is stored without one, its tag in a column of its own.
-        // As the other clouds: a record whose stamps the stored form cannot hold is refused on its own (it could never
-        // be read back); the rest of the batch is saved. An empty batch still checks that the zone exists.
+        // Bodies are written in the binary form (`CloudRecordBody`), straight into the `bytea[]` parameter. As the
+        // other clouds: a record whose stamps the stored form cannot hold is refused on its own (it could never be
+        // read back); the rest of the batch is saved. An empty batch still checks that the zone exists.
         var refused: [Int: RecordSaveResult] = [:]
-        var sent: [CloudRecord] = []
-        var bodies: [Data] = []
-        sent.reserveCapacity(records.count)
-        bodies.reserveCapacity(records.count)
+        var ids: [UUID] = [], tags: [String?] = [], alive: [Bool] = []
+        ids.reserveCapacity(records.count)
+        tags.reserveCapacity(records.count)
+        alive.reserveCapacity(records.count)
+        // The `bytea[]` of the bodies: its header (completed below, once the count is known), then each body as its
+        // length and bytes.
+        var bodies: [UInt8] = []
+        bodies.reserveCapacity(20 + records.count * 320)
+        bodies.append(contentsOf: repeatElement(0, count: 20))
+        var writer = CloudRecordBody.Writer()
         for (index, record) in records.enumerated() {
-            var stored = record
-            stored.changeTag = nil
-            guard record.unencodableFailure == nil, let body = try? CloudRecordJSON.encode(stored) else {
+            let lengthAt = bodies.count
+            bodies.append(contentsOf: repeatElement(0, count: 4))
+            do {
+                try writer.append(record, includingChangeTag: false, to: &bodies)
+            } catch {
+                bodies.removeSubrange(lengthAt...)
                 refused[index] = record.unencodableFailure
                     ?? .failed(recordID: record.recordID, error: .invalidRecord(reason: "record \(record.recordID.uuidString.lowercased()) cannot be encoded"))
                 continue
             }
-            sent.append(record)
-            bodies.append(body)
+            let length = UInt32(bodies.count - lengthAt - 4).bigEndian
+            bodies.withUnsafeMutableBytes { $0.storeBytes(of: length, toByteOffset: lengthAt, as: UInt32.self) }
+            ids.append(record.recordID)
+            tags.append(record.changeTag)
+            alive.append(record.isAlive)
         }
-        let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(sent.map(\.recordID)),
-                                         .textArray(sent.map(\.changeTag)), .boolArray(sent.map(\.isAlive)),
-                                         .byteaArray(bodies)]
+        var header: [UInt8] = []
+        PGParameter.arrayHeader(count: ids.count, hasNull: false, element: .bytea, into: &header)
+        bodies.replaceSubrange(0..<20, with: header)
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(ids), .textArray(tags), .boolArray(alive),
+                                         .encoded(.byteaArray, bodies)]
         let prepare = preparesStatements
-        let count = sent.count
-        let rows = try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> [(saved: Bool, tag: String, body: Data?)] in
+        let count = ids.count
+        let sentIDs = ids
+        // Conflicts carry the server's record: read in place from the result, on the connection's queue.
+        let answers = try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> [RecordSaveResult] in
             let result = try connection.query(SQL.modifyRecords, parameters, prepare: prepare)
             guard result.count == count else {
                 throw PGFailure(origin: .unexpectedResult, message: "modify_records returned \(result.count) results for \(count) records")
             }
-            return try (0..<result.count).map { row throws(PGFailure) in
+            var reader = CloudRecordBody.Reader()
+            var answers: [RecordSaveResult] = []
+            answers.reserveCapacity(count)
+            for row in 0..<count {
                 guard let saved = result.bool(row, 0), let tag = result.string(row, 1) else {
                     throw PGFailure(origin: .unexpectedResult, message: "modify_records returned a malformed result")
                 }
-                return (saved, tag, result.data(row, 2))
+                if saved {
+                    answers.append(.saved(recordID: sentIDs[row], changeTag: tag))
+                } else if let body = result.bytes(row, 2), var server = try? reader.read(body), server.recordID == sentIDs[row] {
+                    server.changeTag = tag
+                    answers.append(.conflict(serverRecord: server))
+                } else {
+                    answers.append(.failed(recordID: sentIDs[row], error: .invalidRecord(reason: Self.unreadable(sentIDs[row], zone: zone))))
+                }
             }
+            return answers
         } }
-        var answers = zip(sent, rows).makeIterator()
-        return records.indices.map { index in
-            if let failure = refused[index] { return failure }
-            let (record, row) = answers.next()!
-            if row.saved { return .saved(recordID: record.recordID, changeTag: row.tag) }
-            guard let body = row.body, var server = try? CloudRecordJSON.decode(body) else {
-                return .failed(recordID: record.recordID, error: .invalidRecord(reason: Self.unreadable(record.recordID, zone: zone)))
-            }
-            server.changeTag = row.tag
-            return .conflict(serverRecord: server)
-        }
+        guard !refused.isEmpty else { return answers }
+        var next = answers.makeIterator()
+        return records.indices.map { index in refused[index] ?? next.next()! }
     }
 
     public func fetchZoneChanges(_ zone: String, since token: ServerChangeToken?, limit: Int) async throws(CloudError) -> ZoneChangeBatch {
@@ -166,42 +186,38 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         let parameters: [PGParameter] = [.text(owner), .text(zone), token.map { .int8($0.epoch) } ?? .null(.int8),
                                          token.map { .int8($0.sequence) } ?? .null(.int8), .int4(limit)]
         let prepare = preparesStatements
-        typealias Row = (sequence: Int64, id: UUID, tag: String, body: Data)
-        let (epoch, zoneSequence, rows) = try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> (Int64, Int64, [Row]) in
+        // Bodies are decoded in place from the result, on the connection's queue (either stored form).
+        return try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> ZoneChangeBatch in
             let result = try connection.query(SQL.fetchChanges, parameters, prepare: prepare)
             guard result.count >= 1, let epoch = result.int64(0, 0), let zoneSequence = result.int64(0, 1) else {
                 throw PGFailure(origin: .unexpectedResult, message: "fetch_changes returned no zone header")
             }
-            var rows: [Row] = []
-            rows.reserveCapacity(result.count - 1)
-            for row in 1..<result.count {
+            let more = result.count - 1 > Int(limit)
+            let rows = min(result.count - 1, Int(limit))
+            var records: [CloudRecord] = []
+            var unreadable: [UnreadableCloudRecord] = []
+            records.reserveCapacity(rows)
+            var reader = CloudRecordBody.Reader()
+            var last = zoneSequence
+            for row in 1..<(rows + 1) {
                 guard let sequence = result.int64(row, 2), let id = result.uuid(row, 3), let tag = result.string(row, 4),
-                      let body = result.data(row, 5) else {
+                      let body = result.bytes(row, 5) else {
                     throw PGFailure(origin: .unexpectedResult, message: "fetch_changes returned a malformed record row")
                 }
-                rows.append((sequence, id, tag, body))
+                last = sequence
+                guard var record = try? reader.read(body), record.recordID == id else {
+                    // One record no device can read is that record's problem, reported with the page (as the other
+                    // clouds do): the rest of the zone stays readable.
+                    unreadable.append(UnreadableCloudRecord(recordID: id, recordType: CloudRecordBody.recordType(of: Data(body)),
+                                                            changeTag: tag, reason: Self.unreadable(id, zone: zone)))
+                    continue
+                }
+                record.changeTag = tag
+                records.append(record)
             }
-            return (epoch, zoneSequence, rows)
+            return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: epoch, sequence: more ? last : zoneSequence),
+                                   moreComing: more, unreadable: unreadable)
         } }
-        let more = rows.count > Int(limit)
-        let page = rows.prefix(Int(limit))
-        var records: [CloudRecord] = []
-        var unreadable: [UnreadableCloudRecord] = []
-        records.reserveCapacity(page.count)
-        for row in page {
-            guard var record = try? CloudRecordJSON.decode(row.body), record.recordID == row.id else {
-                // One record no device can read is that record's problem, reported with the page (as the other clouds
-                // do): the rest of the zone stays readable.
-                unreadable.append(UnreadableCloudRecord(recordID: row.id, recordType: Self.recordType(row.body), changeTag: row.tag,
-                                                        reason: Self.unreadable(row.id, zone: zone)))
-                continue
-            }
-            record.changeTag = row.tag
-            records.append(record)
-        }
-        let last = more ? page.last!.sequence : zoneSequence
-        return ZoneChangeBatch(records: records, token: ServerChangeToken(epoch: epoch, sequence: last), moreComing: more,
-                               unreadable: unreadable)
     }
 
     public func zoneMetadata(_ zone: String) async throws(CloudError) -> [String: Data] {
@@ -234,11 +250,6 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
     }
 
     /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
-    /// The record type an unreadable stored body still names, when it is a JSON object with a string `recordType`.
-    private static func recordType(_ body: Data) -> String? {
-        ((try? JSONSerialization.jsonObject(with: body)) as? [String: Any])?["recordType"] as? String
-    }
-
     private static func unreadable(_ id: UUID, zone: String) -> String {
         "stored record \(id.uuidString.lowercased()) of zone '\(zone)' is unreadable"
     }

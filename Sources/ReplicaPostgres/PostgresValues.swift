@@ -18,6 +18,8 @@ enum PGParameter {
     case uuidArray([UUID])
     case boolArray([Bool])
     case byteaArray([Data])
+    /// A value already in its binary form (e.g. a `bytea[]` whose elements were written in place).
+    case encoded(PGType, [UInt8])
 
     /// `.text(value)`, or a NULL text when `value` is nil.
     static func text(_ value: String?) -> PGParameter { value.map { .text($0) } ?? .null(.text) }
@@ -34,6 +36,7 @@ enum PGParameter {
         case .uuidArray: return .uuidArray
         case .boolArray: return .boolArray
         case .byteaArray: return .byteaArray
+        case let .encoded(type, _): return type
         }
     }
 
@@ -47,34 +50,49 @@ enum PGParameter {
         case let .text(value): buffer.append(contentsOf: value.utf8)
         case let .bytea(value): buffer.append(contentsOf: value)
         case let .textArray(values):
-            Self.encodeArray(values.map { $0.map { Array($0.utf8) } }, element: .text, into: &buffer)
+            Self.arrayHeader(count: values.count, hasNull: values.contains { $0 == nil }, element: .text, into: &buffer)
+            for value in values {
+                if let value {
+                    buffer.appendBigEndian(UInt32(value.utf8.count))
+                    buffer.append(contentsOf: value.utf8)
+                } else {
+                    buffer.appendBigEndian(UInt32(bitPattern: -1))
+                }
+            }
         case let .uuidArray(values):
-            Self.encodeArray(values.map { Optional($0.bytes) }, element: .uuid, into: &buffer)
+            Self.arrayHeader(count: values.count, hasNull: false, element: .uuid, into: &buffer)
+            for value in values {
+                buffer.appendBigEndian(UInt32(16))
+                Swift.withUnsafeBytes(of: value.uuid) { buffer.append(contentsOf: $0) }
+            }
         case let .boolArray(values):
-            Self.encodeArray(values.map { Optional([$0 ? 1 : 0]) }, element: .bool, into: &buffer)
+            Self.arrayHeader(count: values.count, hasNull: false, element: .bool, into: &buffer)
+            for value in values {
+                buffer.appendBigEndian(UInt32(1))
+                buffer.append(value ? 1 : 0)
+            }
         case let .byteaArray(values):
-            Self.encodeArray(values.map { Optional(Array($0)) }, element: .bytea, into: &buffer)
+            Self.arrayHeader(count: values.count, hasNull: false, element: .bytea, into: &buffer)
+            for value in values {
+                buffer.appendBigEndian(UInt32(value.count))
+                buffer.append(contentsOf: value)
+            }
+        case let .encoded(_, bytes):
+            buffer.append(contentsOf: bytes)
         }
         return true
     }
 
-    /// A one-dimensional array: dimensions, NULL flag, element type, (length, lower bound 1), then each element as
-    /// its length (-1 for NULL) and bytes. An empty array has no dimensions (`array_send`).
-    private static func encodeArray(_ elements: [[UInt8]?], element: PGType, into buffer: inout [UInt8]) {
-        buffer.appendBigEndian(UInt32(elements.isEmpty ? 0 : 1))
-        buffer.appendBigEndian(UInt32(elements.contains { $0 == nil } ? 1 : 0))
+    /// The start of a one-dimensional array of `count` elements (`array_send`): dimensions, NULL flag, element type,
+    /// then (length, lower bound 1) — an empty array has no dimensions. Each element follows as its length (-1 for
+    /// NULL) and bytes.
+    static func arrayHeader(count: Int, hasNull: Bool, element: PGType, into buffer: inout [UInt8]) {
+        buffer.appendBigEndian(UInt32(count == 0 ? 0 : 1))
+        buffer.appendBigEndian(UInt32(hasNull ? 1 : 0))
         buffer.appendBigEndian(element.rawValue)
-        if !elements.isEmpty {
-            buffer.appendBigEndian(UInt32(elements.count))
+        if count > 0 {
+            buffer.appendBigEndian(UInt32(count))
             buffer.appendBigEndian(UInt32(1))
-        }
-        for value in elements {
-            if let value {
-                buffer.appendBigEndian(UInt32(value.count))
-                buffer.append(contentsOf: value)
-            } else {
-                buffer.appendBigEndian(UInt32(bitPattern: -1))
-            }
         }
     }
 }
@@ -121,7 +139,8 @@ final class PGRows {
 
     func isNull(_ row: Int, _ column: Int) -> Bool { PQgetisnull(result, Int32(row), Int32(column)) != 0 }
 
-    private func bytes(_ row: Int, _ column: Int) -> UnsafeRawBufferPointer? {
+    /// The value's bytes in place (valid while this object lives); `nil` for NULL.
+    func bytes(_ row: Int, _ column: Int) -> UnsafeRawBufferPointer? {
         guard row < count, column < columns, !isNull(row, column), let value = PQgetvalue(result, Int32(row), Int32(column))
         else { return nil }
         return UnsafeRawBufferPointer(start: value, count: Int(PQgetlength(result, Int32(row), Int32(column))))

@@ -215,6 +215,8 @@ struct Options {
     var warmups = 1
     var only: Set<String>?
     var clock = ClockKind.cpu
+    /// Run only Replica's side (`true`) or only the raw side (`false`); `nil`: both.
+    var side: Bool?
 }
 
 func run(_ workload: Workload, options: Options, log: (String) -> Void) -> BenchResult {
@@ -230,6 +232,7 @@ func run(_ workload: Workload, options: Options, log: (String) -> Void) -> Bench
             var sides: [(isReplica: Bool, make: (RunSize) throws -> Trial)] = [(true, replicaSide)]
             if let raw = workload.raw { sides.append((false, raw)) }
             if rep % 2 == 1 { sides.reverse() }
+            if let only = options.side { sides.removeAll { $0.isReplica != only } }
             var line = "  \(workload.id) \(warm ? "warm-up" : "rep \(rep - options.warmups + 1)/\(repetitions)"):"
             for side in sides {
                 let trial = try side.make(size)

@@ -92,6 +92,32 @@ final class BenchServer: @unchecked Sendable {
 
     static func get() throws -> BenchServer { try shared.get() }
 
+    /// CPU seconds the throwaway cluster's processes have used so far: the postmaster's own and its reaped children's
+    /// (`utime + stime + cutime + cstime` in `/proc/PID/stat`) plus each live child's; `nil` for a server this process
+    /// did not start (or when `/proc` cannot be read). Differences of two readings are the server's share of a trial.
+    func serverCPUSeconds() -> Double? {
+        guard let cluster,
+              let pidFile = try? String(contentsOfFile: cluster.appendingPathComponent("cluster/data/postmaster.pid").path, encoding: .utf8),
+              let postmaster = pidFile.split(separator: "\n").first.flatMap({ Int($0) }) else { return nil }
+        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+        /// Fields after the command name (which may hold spaces, so it is skipped up to its closing parenthesis).
+        func stat(_ pid: Int) -> [Substring]? {
+            guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+                  let close = text.lastIndex(of: ")") else { return nil }
+            return text[text.index(after: close)...].split(separator: " ")
+        }
+        // After ")": state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
+        guard let own = stat(postmaster), own.count > 14 else { return nil }
+        var total = [11, 12, 13, 14].reduce(0.0) { $0 + (Double(own[$1]) ?? 0) }
+        let processes = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        for name in processes {
+            guard let pid = Int(name), pid != postmaster, let fields = stat(pid), fields.count > 12,
+                  Int(fields[1]) == postmaster else { continue }
+            total += (Double(fields[11]) ?? 0) + (Double(fields[12]) ?? 0)
+        }
+        return total / ticks
+    }
+
     nonisolated(unsafe) private static var owners = 0
 
     /// An owner no other trial uses.
@@ -134,14 +160,31 @@ func measureProcess(_ body: () throws -> Void) rethrows -> Sample {
 
 // MARK: - B13: upload 10k records and fetch them on a second device
 
-/// The records of B13: B9's remote batch (10 fields each), without change tags (new records).
+/// The records of B13: B9's remote batch (10 fields each), without change tags (new records). Made once per size, so
+/// that every repetition of either side does the same work outside its timed region (whole-process instruction
+/// counts, `--side`, take differences of runs).
 func uploadBatch(_ n: Int) -> [CloudRecord] {
-    batch(n).map { record in
+    if let made = uploadBatches[n] { return made }
+    let made = batch(n).map { record in
         var record = record
         record.changeTag = nil
         return record
     }
+    uploadBatches[n] = made
+    return made
 }
+
+nonisolated(unsafe) private var uploadBatches: [Int: [CloudRecord]] = [:]
+
+/// The binary bodies of ``uploadBatch(_:)`` as `PostgresCloudDatabase` sends them (no change tag), made once per size.
+func uploadBodies(_ n: Int) throws -> [Data] {
+    if let made = uploadBodyLists[n] { return made }
+    let made = try uploadBatch(n).map { try CloudRecordBody.encode($0, includingChangeTag: false) }
+    uploadBodyLists[n] = made
+    return made
+}
+
+nonisolated(unsafe) private var uploadBodyLists: [Int: [Data]] = [:]
 
 let b13BatchSize = 200
 let b13PageSize = 500
@@ -187,15 +230,15 @@ func postgresUploadFetchTrial(_ n: Int) throws -> Trial {
 }
 
 /// Raw libpq: the same two statements (`replica.modify_records`, `replica.fetch_changes`) with the same binary
-/// parameters, prepared once, on two connections. `json`: the raw side also encodes the records to JSON before
-/// uploading and decodes the fetched bodies (with `CloudRecordJSON.encode`/`decode`, as Replica does) — B13c,
-/// isolating what the client adds besides JSON; without it the bodies are encoded before timing and the fetched ones
-/// only copied out (B13).
-func rawUploadFetchTrial(_ n: Int, json: Bool) throws -> Trial {
+/// parameters — the same bytes: the bodies in the binary form `PostgresCloudDatabase` sends — prepared once, on two
+/// connections. `codes`: the raw side also encodes the records' bodies before uploading and decodes the fetched ones
+/// (with `CloudRecordBody.encode`/`decode`, as Replica does) — B13c, isolating what the client adds besides coding;
+/// without it the bodies are encoded before timing and the fetched ones only copied out (B13).
+func rawUploadFetchTrial(_ n: Int, codes: Bool) throws -> Trial {
     let server = try BenchServer.get()
     let records = uploadBatch(n)
-    let bodies = try records.map { try CloudRecordJSON.encode($0) }
-    let owner = BenchServer.freshOwner(json ? "b13c" : "b13raw")
+    let bodies = try uploadBodies(n)
+    let owner = BenchServer.freshOwner(codes ? "b13c" : "b13raw")
     let upload = try RawPG(server.url), download = try RawPG(server.url)
     for connection in [upload, download] {
         try connection.prepare("modify", "SELECT out_saved, out_change_tag, out_body FROM replica.modify_records($1, $2, $3, $4, $5, $6)",
@@ -214,7 +257,8 @@ func rawUploadFetchTrial(_ n: Int, json: Bool) throws -> Trial {
             var start = 0
             while start < records.count {
                 let end = min(start + b13BatchSize, records.count)
-                let chunk = json ? try records[start..<end].map { try CloudRecordJSON.encode($0) } : Array(bodies[start..<end])
+                let chunk = codes ? try records[start..<end].map { try CloudRecordBody.encode($0, includingChangeTag: false) }
+                    : Array(bodies[start..<end])
                 let params: [[UInt8]?] = [Array(owner.utf8), Array("bench".utf8),
                                           binaryArray(records[start..<end].map { withUnsafeBytes(of: $0.recordID.uuid) { Array($0) } }, oid: 2950),
                                           binaryArray(Array(repeating: nil, count: end - start), oid: 25),
@@ -243,8 +287,8 @@ func rawUploadFetchTrial(_ n: Int, json: Bool) throws -> Trial {
                     let id = UUID(uuid: UnsafeRawPointer(PQgetvalue(rows, row, 3)!).loadUnaligned(as: uuid_t.self))
                     _ = String(cString: PQgetvalue(rows, row, 4))
                     let body = Data(bytes: PQgetvalue(rows, row, 5)!, count: Int(PQgetlength(rows, row, 5)))
-                    if json {
-                        let record = try CloudRecordJSON.decode(body)
+                    if codes {
+                        let record = try CloudRecordBody.decode(body)
                         try require(record.recordID == id, "B13c: a body of another record")
                     }
                     count += 1
@@ -348,6 +392,8 @@ let b14Devices = 8
 nonisolated(unsafe) var b14Latency: (median: Double, p99: Double, samples: Int)?
 /// The client's CPU seconds (all threads) in B14's timed phase.
 nonisolated(unsafe) var b14CPU: Double?
+/// The server's CPU seconds in B14's timed phase (a throwaway cluster only).
+nonisolated(unsafe) var b14ServerCPU: Double?
 
 /// Eight devices of one user — eight stores, eight engines, each with its own cloud connection and a listener — each
 /// with `n / 8` records saved locally before timing. Timed: every device syncs concurrently (uploading its records,
@@ -386,6 +432,7 @@ func concurrentDevicesTrial(_ n: Int, latencySamples: Int) throws -> Trial {
             return try SyncEngine(container: device.container, storeName: "bench", options: options)
         }
         let work = UncheckedBox((engines, streams))
+        let server0 = server.serverCPUSeconds()
         let sample = try measureProcess {
             let counts = try blocking {
                 try await withThrowingTaskGroup(of: (Int, Int).self) { group in
@@ -410,6 +457,7 @@ func concurrentDevicesTrial(_ n: Int, latencySamples: Int) throws -> Trial {
             }
             finalCounts.withLock { $0 = counts }
         }
+        b14ServerCPU = server.serverCPUSeconds().flatMap { end in server0.map { end - $0 } }
         b14Latency = try feedLatency(server: server, owner: owner, samples: latencySamples)
         b14CPU = sample.cpu
         // A rate per elapsed second, whichever clock the run reports (the client's CPU time is in the note).
@@ -417,7 +465,7 @@ func concurrentDevicesTrial(_ n: Int, latencySamples: Int) throws -> Trial {
     }, note: {
         let latency = b14Latency.map { "feed latency commit→notified fetch median \(format($0.median * 1000, 2)) ms, p99 \(format($0.p99 * 1000, 2)) ms "
             + "(\($0.samples) samples)" } ?? "no latency measured"
-        return "\(b14Devices) devices, one zone; client CPU \(b14CPU.map { format($0, 2) } ?? "?") s; \(latency); \(server.summary)"
+        return "\(b14Devices) devices, one zone; client CPU \(b14CPU.map { format($0, 2) } ?? "?") s, server CPU \(b14ServerCPU.map { format($0, 2) } ?? "?") s; \(latency); \(server.summary)"
     })
 }
 

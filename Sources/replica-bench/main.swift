@@ -1,7 +1,7 @@
 // replica-bench: Replica against the raw sqlite3 / libsodium C API doing the same work (same SQL text, same PRAGMAs,
 // same transaction boundaries), in one process, as ratios. See README.md, "Performance".
 //
-//   replica-bench [--quick] [--json] [--only B1,B3] [--reps N] [--warmups N] [--clock cpu|wall]
+//   replica-bench [--quick] [--json] [--only B1,B3] [--reps N] [--warmups N] [--clock cpu|wall] [--side replica|raw]
 //
 // Each workload runs a warm-up and then N repetitions; within a repetition the two sides run back to back, the
 // order alternating between repetitions, each on fresh state prepared outside the timed region. Reported: the
@@ -16,13 +16,15 @@ exit(2)
 
 func usage() -> Never {
     print("""
-        usage: replica-bench [--quick] [--json] [--only B1,B3,...] [--reps N] [--warmups N] [--clock cpu|wall]
+        usage: replica-bench [--quick] [--json] [--only B1,B3,...] [--reps N] [--warmups N] [--clock cpu|wall] [--side replica|raw]
           --quick     reduced sizes (1/5) and fewer repetitions: under two minutes
           --json      one JSON object per workload per line (instead of the table)
           --only      run only these workload IDs
           --reps      repetitions after the warm-up (default 7, quick 5)
           --warmups   warm-up runs per workload (default 1)
           --clock     cpu (thread CPU time, default: robust on a shared machine) or wall
+          --side      run one side only (no ratio): whole-process instruction counts of workloads whose work runs on
+                      several threads (B13), as the difference of two callgrind runs with different --reps
         """)
     exit(1)
 }
@@ -58,6 +60,12 @@ while let argument = arguments.next() {
     case "--reps": options.repetitions = arguments.next().flatMap(Int.init) ?? { usage() }()
     case "--warmups": options.warmups = arguments.next().flatMap(Int.init) ?? { usage() }()
     case "--clock": options.clock = arguments.next().flatMap(ClockKind.init(rawValue:)) ?? { usage() }()
+    case "--side":
+        switch arguments.next() {
+        case "replica": options.side = true
+        case "raw": options.side = false
+        default: usage()
+        }
     case "-h", "--help": usage()
     default: usage()
     }
@@ -142,11 +150,11 @@ let workloads: [Workload] = [
     Workload(id: "B13", title: "PostgreSQL: upload 10k records (10 fields), fetch on a 2nd device", target: .ratio(1.3),
              count: { $0.scaled(10_000) },
              replica: { size in try postgresUploadFetchTrial(size.scaled(10_000)) },
-             raw: { size in try rawUploadFetchTrial(size.scaled(10_000), json: false) }, repetitions: (full: 5, quick: 3)),
-    Workload(id: "B13c", title: "B13 against raw libpq that also codes the JSON bodies", target: .comparison,
+             raw: { size in try rawUploadFetchTrial(size.scaled(10_000), codes: false) }, repetitions: (full: 5, quick: 3)),
+    Workload(id: "B13c", title: "B13 against raw libpq that also codes the record bodies", target: .comparison,
              count: { $0.scaled(10_000) },
              replica: { size in try postgresUploadFetchTrial(size.scaled(10_000)) },
-             raw: { size in try rawUploadFetchTrial(size.scaled(10_000), json: true) }, repetitions: (full: 5, quick: 3)),
+             raw: { size in try rawUploadFetchTrial(size.scaled(10_000), codes: true) }, repetitions: (full: 5, quick: 3)),
     Workload(id: "B14", title: "PostgreSQL: 8 devices sync 10k records concurrently", target: .perSecond(5_000, units: "records/s"),
              count: { $0.scaled(10_000) },
              replica: { size in try concurrentDevicesTrial(size.scaled(10_000), latencySamples: size.quick ? 50 : 200) }, raw: nil,

@@ -1,4 +1,5 @@
 import Foundation
+import Replica
 import ReplicaTesting
 import Testing
 
@@ -27,11 +28,34 @@ struct FuzzingTests {
 
     @Test("most JSON inputs stay readable JSON, so they reach past the parser")
     func jsonMutationsKeepStructure() {
-        let readable = (0..<200).filter { iteration in
+        let json = (0..<400).filter { !Fuzzer.binaryIteration(seed: 5, iteration: $0) }
+        let readable = json.filter { iteration in
             let input = Fuzzer.input(.cloudRecord, seed: 5, iteration: iteration)
             return (try? JSONSerialization.jsonObject(with: Data(input), options: [.fragmentsAllowed])) != nil
         }.count
-        #expect(readable > 100, "\(readable) of 200")
+        #expect(json.count > 150 && json.count < 250, "\(json.count) of 400 iterations fuzz JSON")
+        #expect(readable > json.count / 2, "\(readable) of \(json.count)")
+    }
+
+    @Test("half of the cloud-record inputs are binary bodies: some still decode, the rest are refused with a typed error")
+    func binaryBodiesAreFuzzed() {
+        let binary = (0..<400).filter { Fuzzer.binaryIteration(seed: 5, iteration: $0) }
+        #expect(binary.count > 150 && binary.count < 250, "\(binary.count) of 400 iterations fuzz the binary form")
+        var decoded = 0, refused = 0
+        for iteration in binary {
+            let input = Fuzzer.input(.cloudRecord, seed: 5, iteration: iteration)
+            do {
+                _ = try CloudRecordBody.decode(Data(input))
+                decoded += 1
+            } catch is CloudRecordBodyError {
+                refused += 1
+            } catch {
+                // A mutated first byte makes it JSON (then a DecodingError); anything else is a bug.
+                #expect(error is DecodingError, "iteration \(iteration): \(type(of: error))")
+            }
+        }
+        #expect(decoded > binary.count / 10, "\(decoded) of \(binary.count) mutated binary bodies decode")
+        #expect(refused > binary.count / 4, "\(refused) of \(binary.count) are refused as malformed")
     }
 
     /// Each target's loop runs in a child process: a trap fails this test instead of ending the test run.

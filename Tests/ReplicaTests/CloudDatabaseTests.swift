@@ -296,6 +296,30 @@ struct CloudDatabaseTests {
         #expect(try db.modifyRecords([Self.record(1)], in: "z").count == 1)
     }
 
+    @Test("an SQLite cloud file holding JSON records (written before binary bodies) is still read; saves store binary bodies")
+    func sqliteReadsJSONRecords() throws {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("replica-cloud-\(UUID().uuidString).sqlite")
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: url.path + suffix) } }
+        let db = try SQLiteCloudDatabase(url: url)
+        try db.createZone("z")
+        let tags = Self.tags(try db.modifyRecords([Self.record(1), Self.record(2)], in: "z"))
+        let other = try Connection(location: .file(url))
+        func storage(_ n: Int) throws -> SQLiteValue? {
+            try other.scalar("SELECT typeof(record) FROM cloud_record WHERE id = ?", [Self.record(n).recordID.sqliteValue])
+        }
+        #expect(try storage(1) == .text("blob") && storage(2) == .text("blob"))
+        // Record 1 as the file kept it before: JSON text, its change tag inside.
+        let json = String(decoding: try CloudRecordJSON.encode(Self.record(1, tag: tags[0])), as: UTF8.self)
+        try other.run("UPDATE cloud_record SET record = ? WHERE id = ?", [.text(json), Self.record(1).recordID.sqliteValue])
+        #expect(try storage(1) == .text("text"))
+        let page = try db.fetchZoneChanges("z", since: nil, limit: 10)
+        #expect(page.records == [Self.record(1, tag: tags[0]), Self.record(2, tag: tags[1])] && page.unreadable.isEmpty)
+        #expect(try db.records(in: "z").count == 2)
+        #expect(try db.modifyRecords([Self.record(1)], in: "z") == [.conflict(serverRecord: Self.record(1, tag: tags[0]))])
+        guard case .saved = try db.modifyRecords([Self.record(1, tag: tags[0])], in: "z")[0] else { Issue.record("not saved"); return }
+        #expect(try storage(1) == .text("blob"))
+    }
+
     @Test("a broken cloud file is a transient serviceUnavailable naming the problem, not zoneBusy; busy and full map to zoneBusy and quotaExceeded")
     func sqliteFailuresMapToCloudErrors() throws {
         let url = FileManager.default.temporaryDirectory.appendingPathComponent("replica-cloud-\(UUID().uuidString).sqlite")

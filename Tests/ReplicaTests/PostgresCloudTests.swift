@@ -181,6 +181,36 @@ struct PostgresCloudTests {
         #expect(after.unreadable.map(\.recordID) == [Self.record(3).recordID])
     }
 
+    @Test("bodies written as JSON (before the binary form) are still read, in pages and in conflicts; saves store binary bodies")
+    func legacyJSONBodiesAreRead() async throws {
+        let server = try PostgresTestServer.get()
+        let owner = "owner-\(UUID().uuidString.lowercased())"
+        let cloud = try server.cloud(owner: owner)
+        try await cloud.createZone("notes")
+        let tags = CloudDatabaseTests.tags(try await cloud.modifyRecords([Self.record(1), Self.record(2)], in: "notes"))
+        let admin = try server.rawConnection(role: "postgres")
+        func firstByte(_ n: Int) throws -> Int64? {
+            try admin.integer("SELECT pg_catalog.get_byte(body, 0)::bigint FROM replica.record WHERE owner = $1 AND id = $2::text::uuid",
+                              [.text(owner), .text(Self.record(n).recordID.uuidString.lowercased())])
+        }
+        #expect(try firstByte(1) == Int64(CloudRecordBody.marker) && firstByte(2) == Int64(CloudRecordBody.marker))
+        // Record 1 as an older client stored it: JSON without the change tag.
+        _ = try admin.query("UPDATE replica.record SET body = $1 WHERE owner = $2 AND id = $3::text::uuid",
+                            [.bytea(try CloudRecordJSON.encode(Self.record(1))), .text(owner), .text(Self.record(1).recordID.uuidString.lowercased())],
+                            prepare: false)
+        #expect(try firstByte(1) == Int64(UInt8(ascii: "{")))
+        let page = try await cloud.fetchZoneChanges("notes", since: nil, limit: 10)
+        #expect(page.unreadable.isEmpty)
+        #expect(page.records == [Self.record(1, tag: tags[0]), Self.record(2, tag: tags[1])])
+        // A stale save conflicts and carries the JSON-stored record; a save on its tag stores a binary body again.
+        let stale = try await cloud.modifyRecords([Self.record(1)], in: "notes")
+        #expect(stale == [.conflict(serverRecord: Self.record(1, tag: tags[0]))])
+        var edited = Self.record(1, tag: tags[0])
+        edited.fields["title"]!.value = .text("edited")
+        guard case .saved = try await cloud.modifyRecords([edited], in: "notes")[0] else { Issue.record("not saved"); return }
+        #expect(try firstByte(1) == Int64(CloudRecordBody.marker))
+    }
+
     @Test("a write that waits past the lock timeout on a busy zone is zoneBusy; retried later it saves")
     func lockTimeoutIsZoneBusy() async throws {
         let server = try PostgresTestServer.get()

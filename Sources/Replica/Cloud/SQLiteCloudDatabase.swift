@@ -7,7 +7,8 @@ import Synchronization
 ///
 /// Layout: `cloud_zone(name, epoch, sequence, oldest_valid)`, `cloud_epoch(name, epoch, deletion_reason)` (epochs
 /// and the reason of a zone's deletion outlive deleted zones; files made before reasons existed gain the column when
-/// opened), `cloud_record(zone, id, sequence, change_tag, record)` with the record as JSON, and
+/// opened), `cloud_record(zone, id, sequence, change_tag, record)` with the record's body in the binary form (a BLOB,
+/// ``CloudRecordBody``; files written before it hold JSON text, still read: the storage class tells them apart), and
 /// `cloud_zone_metadata(zone, key, value)`.
 public final class SQLiteCloudDatabase: CloudDatabase {
     /// Guards `db`: the connection is only touched while holding this lock.
@@ -149,6 +150,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         try write { db in
             guard var z = try Self.zone(zone, db) else { throw try Self.missing(zone, db) }
             var results: [RecordSaveResult] = []
+            var writer = CloudRecordBody.Writer()
             for record in records {
                 // A record whose stamps the text form cannot hold could never be read back: refused, not stored.
                 if let failure = record.unencodableFailure {
@@ -158,7 +160,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                 if let row = try db.rows("SELECT change_tag, record FROM cloud_record WHERE zone = ? AND id = ?",
                                          [.text(zone), record.recordID.sqliteValue]).first,
                    case let .text(tag) = row[0], tag != record.changeTag {
-                    guard case let .text(json) = row[1], let server = ReplicaJSON.decode(CloudRecord.self, json) else {
+                    guard let server = Self.storedRecord(row[1]) else {
                         results.append(.failed(recordID: record.recordID, error: .invalidRecord(
                             reason: Self.unreadable(record.recordID.sqliteValue, zone: zone))))
                         continue
@@ -174,7 +176,7 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                     ON CONFLICT (zone, id) DO UPDATE SET sequence = excluded.sequence, change_tag = excluded.change_tag,
                         record = excluded.record
                     """, [.text(zone), record.recordID.sqliteValue, .integer(z.sequence), .text(stored.changeTag!),
-                          .text(try ReplicaJSON.string(stored))])
+                          .blob(try writer.body(stored))])
                 results.append(.saved(recordID: record.recordID, changeTag: stored.changeTag!))
             }
             try db.run("UPDATE cloud_zone SET sequence = ? WHERE name = ?", [.integer(z.sequence), .text(zone)])
@@ -197,14 +199,17 @@ public final class SQLiteCloudDatabase: CloudDatabase {
             var records: [CloudRecord] = []
             var unreadable: [UnreadableCloudRecord] = []
             for row in page {
-                if case let .text(json) = row[1], let record = ReplicaJSON.decode(CloudRecord.self, json) {
+                if let record = Self.storedRecord(row[1]) {
                     records.append(record)
                     continue
                 }
                 // One record the file cannot read is that record's problem, reported with the page: the rest of the
                 // zone stays readable for every device.
-                let type: String? = if case let .text(name)? = try db.scalar(
-                    "SELECT json_extract(?1, '$.recordType') WHERE json_valid(?1)", [row[1]]) { name } else { nil }
+                let type: String? = switch row[1] {
+                case let .blob(body): CloudRecordBody.recordType(of: body)
+                case let .text(json): CloudRecordBody.recordType(of: Data(json.utf8))
+                default: nil
+                }
                 let tag: String? = if case let .text(t) = row[3] { t } else { nil }
                 unreadable.append(UnreadableCloudRecord(recordID: try? UUID(sqliteValue: row[2]), recordType: type, changeTag: tag,
                                                         reason: Self.unreadable(row[2], zone: zone)))
@@ -264,11 +269,21 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         }
     }
 
+    /// The record a `record` column holds: a binary body (BLOB) or, in files written before it, JSON text; `nil` when
+    /// it is neither (damaged).
+    private static func storedRecord(_ value: SQLiteValue) -> CloudRecord? {
+        switch value {
+        case let .blob(body): return try? CloudRecordBody.decode(body)
+        case let .text(json): return try? CloudRecordJSON.decode(Data(json.utf8))
+        default: return nil
+        }
+    }
+
     /// Every record of `zone`, in ID order.
     public func records(in zone: String) throws(CloudError) -> [CloudRecord] {
         try write { db in
             try db.rows("SELECT record FROM cloud_record WHERE zone = ? ORDER BY id", [.text(zone)]).compactMap { row in
-                if case let .text(json) = row[0] { return ReplicaJSON.decode(CloudRecord.self, json) } else { return nil }
+                Self.storedRecord(row[0])
             }
         }
     }

@@ -11,7 +11,8 @@ import Synchronization
 
 /// What a fuzz target reads.
 public enum FuzzTarget: String, CaseIterable, Sendable, Codable, CustomStringConvertible {
-    /// `CloudRecord` JSON, decoded and, when it decodes, merged into a synced store by a sync engine.
+    /// `CloudRecord` bodies — the binary form and JSON — decoded and, when they decode, merged into a synced store by
+    /// a sync engine.
     case cloudRecord = "cloud-record"
     /// Trace files (NDJSON): the header is read and checked, and its scenario and tape run for a few steps.
     case trace
@@ -71,11 +72,25 @@ public enum Fuzzer {
     }
 
     /// The input of iteration `iteration` of a run of `target` seeded with `seed`: a corpus entry, mutated.
+    ///
+    /// For `cloud-record`, half of the iterations (drawn from a generator of their own, so the other half are the
+    /// JSON inputs they always were) take the same corpus record in the binary body form (``CloudRecordBody``) and
+    /// mutate its bytes (bit flips, byte changes, boundary integers written over fixed-width and varint fields, spans
+    /// inserted, deleted, duplicated, truncation) instead of its JSON structure.
     public static func input(_ target: FuzzTarget, seed: UInt64, iteration: Int) -> [UInt8] {
         var random = FuzzRandom(seed: seed, iteration: iteration)
         let corpus = FuzzCorpus.entries(target)
-        let base = corpus[random.below(corpus.count)]
-        return Mutator.mutate(base, random: &random, allowJSON: target != .storeFile)
+        let pick = random.below(corpus.count)
+        if target == .cloudRecord, binaryIteration(seed: seed, iteration: iteration) {
+            return Mutator.mutate(FuzzCorpus.binaryCloudRecords[pick], random: &random, allowJSON: false, binary: true)
+        }
+        return Mutator.mutate(corpus[pick], random: &random, allowJSON: target != .storeFile)
+    }
+
+    /// Whether iteration `iteration` of a `cloud-record` run seeded with `seed` fuzzes the binary body form.
+    public static func binaryIteration(seed: UInt64, iteration: Int) -> Bool {
+        var form = FuzzRandom(seed: seed ^ 0xB0D1_B0D1_B0D1_B0D1, iteration: iteration)
+        return form.below(2) == 1
     }
 
     /// Runs one input of `target`.
@@ -162,6 +177,11 @@ enum FuzzCorpus {
         ]
         return records.map { Array((try? encoder.encode($0)) ?? Data()) }
     }()
+
+    /// The same records in the binary body form, in the same order.
+    static let binaryCloudRecords: [[UInt8]] = cloudRecords.map { json in
+        (try? CloudRecordBody.encode(JSONDecoder().decode(CloudRecord.self, from: Data(json)))).map { Array($0) } ?? []
+    }
 
     static let scenarioText = """
         {"schema": ["trips", "drafts"],
@@ -271,10 +291,11 @@ enum FuzzHarness {
         }
     }
 
-    /// Decodes a cloud record and merges it (alone, then beside the corpus' first record) into a store holding its
-    /// ID; then reads the status and ledger, edits every live record, and uploads.
+    /// Decodes a cloud record body (binary or JSON, as a cloud database reads it: ``CloudRecordBody/decode(_:)``) and
+    /// merges it (alone, then beside the corpus' first record) into a store holding its ID; then reads the status and
+    /// ledger, edits every live record, and uploads.
     static func cloudRecord(_ bytes: [UInt8]) throws {
-        let record = try JSONDecoder().decode(CloudRecord.self, from: Data(bytes))
+        let record = try CloudRecordBody.decode(Data(bytes))
         let store = try Store()
         try store.sync(delivering: [record])
         _ = try store.engine.status()

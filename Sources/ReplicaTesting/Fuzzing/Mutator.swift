@@ -50,8 +50,20 @@ enum Mutator {
 
     /// `input` after 1 to 4 mutations drawn from `random`. For JSON inputs, two in three runs keep the JSON readable
     /// (structure mutations and boundary integers only), so most inputs reach past the parser.
-    static func mutate(_ input: [UInt8], random: inout FuzzRandom, allowJSON: Bool) -> [UInt8] {
+    static func mutate(_ input: [UInt8], random: inout FuzzRandom, allowJSON: Bool, binary: Bool = false) -> [UInt8] {
         var bytes = input
+        if binary {
+            for _ in 0..<(1 + random.below(4)) {
+                if random.below(3) == 0 {
+                    bytes = boundaryBinary(bytes, random: &random)
+                } else {
+                    var mutation = Mutation.allCases[random.below(Mutation.allCases.count)]
+                    if mutation == .json || mutation == .boundaryInteger { mutation = .setByte }
+                    bytes = apply(mutation, to: bytes, random: &random)
+                }
+            }
+            return bytes
+        }
         if allowJSON && random.below(3) < 2 {
             for _ in 0..<(1 + random.below(3)) {
                 bytes = apply(random.below(3) == 0 ? .boundaryInteger : .json, to: bytes, random: &random)
@@ -103,6 +115,30 @@ enum Mutator {
             let start = random.below(bytes.count)
             let span = bytes[start..<min(bytes.count, start + 1 + random.below(64))]
             bytes.insert(contentsOf: span, at: random.below(bytes.count + 1))
+        }
+        return bytes
+    }
+
+    /// Integers at the edges of the ranges of binary formats' fields, written big-endian over 8 or 4 bytes or as a
+    /// varint at a random offset of `input`: 0, ±1, the 16-, 32-, 48- and 64-bit edges, lengths past the end.
+    static func boundaryBinary(_ input: [UInt8], random: inout FuzzRandom) -> [UInt8] {
+        guard !input.isEmpty else { return input }
+        var bytes = input
+        let values: [UInt64] = [0, 1, 2, 0x7F, 0x80, 0xFFFF, 0x1_0000, 0x7FFF_FFFF, 0xFFFF_FFFF, (1 << 48) - 1, 1 << 48,
+                                UInt64(Int64.max), UInt64(bitPattern: Int64.min), UInt64.max, UInt64(bytes.count), UInt64(bytes.count) + 1]
+        let value = values[random.below(values.count)]
+        let at = random.below(bytes.count)
+        switch random.below(3) {
+        case 0:
+            for index in 0..<8 where at + index < bytes.count { bytes[at + index] = UInt8(truncatingIfNeeded: value >> (56 - 8 * UInt64(index))) }
+        case 1:
+            for index in 0..<4 where at + index < bytes.count { bytes[at + index] = UInt8(truncatingIfNeeded: value >> (24 - 8 * UInt64(index))) }
+        default:
+            var varint: [UInt8] = []
+            var v = value
+            while v >= 0x80 { varint.append(UInt8(truncatingIfNeeded: v) | 0x80); v >>= 7 }
+            varint.append(UInt8(v))
+            bytes.replaceSubrange(at..<min(bytes.count, at + 1 + random.below(2)), with: varint)
         }
         return bytes
     }

@@ -53,7 +53,7 @@ public struct SoakOutcome: Sendable {
         var cloudRecords: [UUID: CloudRecord] = [:]
         var bodies: [Data] = []
         for stored in cloud.records {
-            guard let body = Data(base64Encoded: stored.body), var record = try? CloudRecordJSON.decode(body),
+            guard let body = Data(base64Encoded: stored.body), var record = try? CloudRecordBody.decode(body),
                   record.recordID == stored.id else {
                 throw SoakFormatError(description: "the cloud's record \(stored.id) does not decode")
             }
