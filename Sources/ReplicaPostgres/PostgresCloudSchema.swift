@@ -441,5 +441,6 @@ enum PostgresCloudSchema {
             """),
         lineageAndShards,
         zoneDeletionReasons,
+        assets,
     ]
 }

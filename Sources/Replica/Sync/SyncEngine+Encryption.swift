@@ -279,6 +279,8 @@ extension SyncEngine {
             if case let .setZoneMetadata(_, key, _, _) = operation, key == ZoneEncryptionMetadata.key, case .proposing = encryption.phase {
                 try receiveZoneMetadata(stored, encryption)
             }
+        case .assetUpload, .assetChunk:
+            break
         case .zoneDeleted:
             if case .deletingZone = encryption.phase {
                 // Reading the metadata of the deleted zone fails with zoneNotFound, and the engine's own zone reset

@@ -621,6 +621,8 @@ public final class SyncEngine {
             proposedSchema = nil
         case .zoneDeleted:
             deletedZoneItself = true
+        case .assetUpload, .assetChunk:
+            break
         }
         consecutiveFailures = 0
         lastError = nil

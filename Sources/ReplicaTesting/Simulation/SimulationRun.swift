@@ -955,6 +955,9 @@ extension SimulationRun {
             case let .changes(batch): return "\(batch.records.count) records\(batch.moreComing ? ", more coming" : "")"
             case .metadata: return "metadata"
             case .metadataValue: return "metadata set"
+            case let .assetUpload(state):
+                return state.isComplete ? "asset complete" : "asset \(state.receivedChunks.count) of \(state.asset.chunkCount) chunks"
+            case let .assetChunk(bytes): return "asset chunk of \(bytes.count) bytes"
             }
         case let .failure(.partialFailure(results)):
             return "partial failure: " + describe(results)
