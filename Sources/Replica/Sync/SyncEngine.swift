@@ -19,6 +19,9 @@ public struct SyncStatus: Hashable, Sendable {
     public var waitingForParent: Int
     /// Records whose encrypted fields could not be opened.
     public var undecryptableRecords: Int
+    /// Versions received from the cloud that reference an asset (the value of an `.externalStorage` attribute) this
+    /// device has not downloaded yet: kept, not merged until it is here (``LedgerState/waitingForAsset(_:reason:)``).
+    public var waitingForAsset = 0
     /// Versions received from the cloud that are stamped further ahead of this device's clock than
     /// ``SyncEngine/Options/maxClockDriftMilliseconds``: kept, not merged yet (R2).
     public var heldRecords = 0
@@ -42,6 +45,7 @@ public struct SyncStatus: Hashable, Sendable {
     /// Nothing to send, nothing to read, nothing failing.
     public var isUpToDate: Bool {
         pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && heldRecords == 0
+            && waitingForAsset == 0
             && corruptRecords == 0 && !needsFetch
             && lastError == nil && blockedBy == nil && encryptionError == nil && zoneDeletion == nil
     }
@@ -144,6 +148,8 @@ public final class SyncEngine {
     /// transaction changed. Off otherwise (nothing accumulates).
     var recordsImports = false
     var importLog: [StoreChanges] = []
+    /// Asset uploads owed and what the engine learned of the zone's assets (`SyncEngine+Assets.swift`).
+    let assetTransfers = AssetTransfers()
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameters:
@@ -248,6 +254,12 @@ public final class SyncEngine {
             operation = encryptionOperation
         } else if needsFetch, !(fetchFailing && uploadBeforeFetch), let fetch = try fetchOperation() {
             operation = fetch
+        } else if let download = try nextAssetDownloadOperation() {
+            // Records waiting for an asset get it before anything is uploaded.
+            operation = download
+        } else if let upload = try nextAssetUploadOperation() {
+            // The assets of the batch of records read last go first.
+            operation = upload
         } else {
             // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
             // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
@@ -265,11 +277,20 @@ public final class SyncEngine {
                 guard needsFetch, let fetch = try fetchOperation() else { return nil }
                 operation = fetch
             } else {
-                for entry in outbox {
-                    versions[entry.record.recordID] = entry.version
-                    uploaded[entry.record.recordID] = ConflictRecording.newestOwnStamp(entry.record, replica: store.identity)
+                // External-storage values go as asset references; the assets the zone may lack go first.
+                let outgoing = try prepareOutgoingAssets(outbox)
+                if let upload = try nextAssetUploadOperation() {
+                    operation = upload
+                } else if outgoing.isEmpty {
+                    // Every record of the batch was refused (its value cannot be uploaded): read the outbox again.
+                    return try nextRequest()
+                } else {
+                    for entry in outgoing {
+                        versions[entry.record.recordID] = entry.version
+                        uploaded[entry.record.recordID] = ConflictRecording.newestOwnStamp(entry.record, replica: store.identity)
+                    }
+                    operation = .modifyRecords(try sealOutgoing(outgoing.map(\.record)), zone: zone)
                 }
-                operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
             }
         }
         let request = SyncRequest(id: nextID, operation: operation)
@@ -303,6 +324,11 @@ public final class SyncEngine {
         inFlight = nil
         switch result {
         case let .success(outcome):
+            if try handleAssetResult(outcome, for: request.operation) {
+                consecutiveFailures = 0
+                lastError = nil
+                return
+            }
             try apply(try prepareIncoming(outcome, for: request.operation), versions: versions, uploaded: uploaded)
             try didApplyIncoming()
         case let .failure(.partialFailure(results)):
@@ -384,6 +410,7 @@ public final class SyncEngine {
                    count(*) FILTER (WHERE (waiting_for IS NOT NULL OR \(LinkReplication.waitsForLinkSQL)) AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable'),
                    (SELECT count(*) FROM replica_sync_held),
+                   (SELECT count(*) FROM replica_sync_asset_wait),
                    count(*) FILTER (WHERE state = 'corrupt' OR typeof(entity) != 'text' OR entity = ''
                                     OR (typeof(causal_length) != 'integer' OR causal_length NOT BETWEEN 1 AND \(ReplicationBounds.maxCausalLength))
                                        AND NOT (causal_length = 0 AND state = 'undecryptable'))
@@ -391,7 +418,7 @@ public final class SyncEngine {
             """).first ?? []
         func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
         var status = SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
-                                undecryptableRecords: count(3), heldRecords: count(4), corruptRecords: count(5),
+                                undecryptableRecords: count(3), waitingForAsset: count(5), heldRecords: count(4), corruptRecords: count(6),
                                 blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
         status.zoneDeletion = pendingDeletion
         reportEncryption(into: &status)
@@ -438,6 +465,12 @@ public final class SyncEngine {
         }
         try overlay("SELECT id, record_type, record, reason, retry_at FROM replica_sync_held WHERE \(condition) ORDER BY id, record_type") { row in
             if case let .text(reason) = row[3], case let .integer(retryAt) = row[4] { .aheadOfClock(reason: reason, retryAt: retryAt) } else { nil }
+        }
+        try overlay("SELECT id, record_type, record, reason, assets FROM replica_sync_asset_wait WHERE \(condition) ORDER BY id, record_type") { row in
+            guard case let .text(list) = row[4], let first = list.split(separator: "\n").first.flatMap({ CloudAssetReference(fieldValue: String($0)) })
+            else { return nil }
+            let reason: String? = if case let .text(text) = row[3] { text } else { nil }
+            return .waitingForAsset(first, reason: reason)
         }
         return entries.sorted { $0.id.id.bytes.lexicographicallyPrecedes($1.id.id.bytes) || ($0.id.id == $1.id.id && $0.id < $1.id) }
     }
@@ -607,10 +640,12 @@ public final class SyncEngine {
         case .zoneCreated:
             zoneReady = true
             deletedZoneItself = false
+            assetCycleEnded(zoneCreated: true)
         case let .changes(batch):
             try importBatch(batch)
             needsFetch = batch.moreComing
             fetchFailing = false
+            if !batch.moreComing { assetCycleEnded(zoneCreated: false) }
         case let .modified(results):
             try applySaveResults(results, versions: versions, uploaded: uploaded)
             return
@@ -755,14 +790,30 @@ public final class SyncEngine {
     /// Merges remote records (inside the caller's transaction), then resolves references (delete rules of deleted
     /// parents, waiting children), stamps the local changes that caused, and records one history transaction
     /// authored by sync.
-    private func mergeRecords(_ records: [CloudRecord]) throws {
+    func mergeRecords(_ records: [CloudRecord]) throws {
         // Held versions whose time has come are merged first (R2; they may be held again).
         let retried = try SyncLedger.takeDueHeldRecords(wall: now, db)
         // Records of types this schema declares that were kept as unknown (by an older version, R9) are merged too.
         let adopted = container.environment.canaries.contains(.unknownTypesNeverAdopted) ? (records: [CloudRecord](), requeue: [CloudRecord]())
             : try SyncLedger.takeAdoptableUnknownRecords(store: store, db)
-        let records = retried.isEmpty && adopted.records.isEmpty ? records : retried + adopted.records + records
-        guard !records.isEmpty else { return }
+        // Versions that waited for their assets, now here (R19).
+        let waited = try takeReadyWaitingRecords()
+        let all = retried.isEmpty && adopted.records.isEmpty && waited.records.isEmpty ? records
+            : retried + adopted.records + waited.records + records
+        // A version referencing an asset this device lacks waits for it instead of merging (R19).
+        var arrived = Set<String>()
+        let resolved = try all.compactMap { try resolvingAssets($0, arrived: &arrived) }
+        try mergeResolved(resolved, retried: retried, adopted: adopted)
+        if !waited.requeue.isEmpty { try requeueAfterWaiting(waited.requeue) }
+        if !arrived.isEmpty { try dropStagedChunks(arrived) }
+    }
+
+    /// The merge of ``mergeRecords(_:)`` once the versions that wait for assets are set aside.
+    private func mergeResolved(_ records: [CloudRecord], retried: [CloudRecord], adopted: (records: [CloudRecord], requeue: [CloudRecord])) throws {
+        guard !records.isEmpty else {
+            if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
+            return
+        }
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
         var changes = StoreChanges()
         var tombstoned: [PersistentIdentifier] = []
@@ -891,6 +942,7 @@ public final class SyncEngine {
     }
 
     private func fail(_ error: CloudError, request: SyncRequest) throws {
+        if try failAsset(error, request: request) { return }
         lastError = error
         switch error {
         case .changeTokenExpired:
