@@ -208,7 +208,12 @@ final class AssetStore: Sendable {
     /// Chunk `index` of the asset's file (``CloudAssetReference/chunkRange(_:)``), read with `pread`.
     /// - Throws: ``ExternalStorageError/Problem`` when the file is missing, shorter, or cannot be read.
     func readChunk(_ asset: CloudAssetReference, index: Int) throws(ExternalStorageError.Problem) -> Data {
-        let range = asset.chunkRange(index)
+        try read(asset, range: asset.chunkRange(index))
+    }
+
+    /// Bytes `range` of the asset's file, read with `pread`.
+    /// - Throws: ``ExternalStorageError/Problem`` when the file is missing, shorter, or cannot be read.
+    func read(_ asset: CloudAssetReference, range: Range<Int64>) throws(ExternalStorageError.Problem) -> Data {
         let count = Int(range.upperBound - range.lowerBound)
         let fd = open(path(ofHash: asset.hash), O_RDONLY)
         guard fd >= 0 else { throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno) }
@@ -282,6 +287,59 @@ final class AssetStore: Sendable {
             throw ExternalStorageError.Problem.fileOperationFailed(operation: "renaming the file into place", code: code)
         }
         try syncDirectory(directory.path)
+    }
+
+    /// Writes a file from bytes whose hash is not known beforehand (an opened sealed asset): `produce` hands the
+    /// bytes to its argument in order; the file is named by their SHA-256 once complete (durably, as ``write(_:reference:)``
+    /// does: `.tmp`, `fsync`, `rename`, `fsync` of the directory). A file of that name and size that is there already
+    /// is kept. Called inside a write transaction.
+    /// - Returns: the written asset's reference.
+    /// - Throws: a failed file operation, or what `produce` throws (nothing is left behind).
+    func writeNew(_ produce: (_ sink: (Data) throws -> Void) throws -> Void) throws -> CloudAssetReference {
+        try makeDirectory()
+        let temporary = directory.appendingPathComponent("opening.tmp").path
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        guard fd >= 0 else { throw ExternalStorageError.Problem.fileOperationFailed(operation: "creating the file", code: errno) }
+        var hasher = SHA256Hasher()
+        var size: Int64 = 0
+        do {
+            try produce { data in
+                hasher.update(data)
+                var failure: ExternalStorageError.Problem?
+                data.withUnsafeBytes { buffer in
+                    var offset = 0
+                    while offset < buffer.count {
+                        let count = posixWrite(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                        if count < 0 {
+                            if errno == EINTR { continue }
+                            failure = .fileOperationFailed(operation: "writing the file", code: errno)
+                            return
+                        }
+                        offset += count
+                    }
+                }
+                if let failure { throw failure }
+                size += Int64(data.count)
+            }
+            guard fsync(fd) == 0 else { throw ExternalStorageError.Problem.fileOperationFailed(operation: "syncing the file", code: errno) }
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw error
+        }
+        close(fd)
+        let asset = CloudAssetReference(hash: hasher.finalizeHex(), size: size)!
+        if hasFile(asset) {
+            unlink(temporary)
+            return asset
+        }
+        guard rename(temporary, path(ofHash: asset.hash)) == 0 else {
+            let code = errno
+            unlink(temporary)
+            throw ExternalStorageError.Problem.fileOperationFailed(operation: "renaming the file into place", code: code)
+        }
+        try syncDirectory(directory.path)
+        return asset
     }
 
     /// Whether the regular file at `path` can be read whole and its bytes hash to `hash` (read in 1 MB chunks).
@@ -392,7 +450,7 @@ final class AssetStore: Sendable {
                                 [.text(prefix)], cache: false)
         // A synced store's bookkeeping: tombstones the ledger keeps to upload, and versions waiting for their assets
         // (an asset downloaded for a record that still waits for another one stays).
-        for (table, column) in [("replica_sync_record", "tombstone"), ("replica_sync_asset_wait", "record")]
+        for (table, column) in [("replica_sync_record", "tombstone"), ("replica_sync_asset_wait", "record"), ("replica_sync_sealed_asset", "plain_ref")]
         where try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table)]) != nil {
             texts += try db.rows("SELECT \(column) FROM \(table) WHERE \(column) LIKE '%' || ? || '%'", [.text(prefix)], cache: false)
         }

@@ -12,8 +12,10 @@ import Foundation
 //   `replica_sync_asset_chunk`, written to the store's asset file (hash checked), and then it is merged. Until then it
 //   counts in `SyncStatus.waitingForAsset` and its ledger entry says `waitingForAsset`. A value never arrives inline.
 // - Values that an older writer sent inline (BLOBs) merge as they are, and are uploaded as assets when sent again.
-// - Attributes also marked `.allowsCloudEncryption` keep travelling inline, sealed with their record, until sealed
-//   assets exist.
+// - Attributes also marked `.allowsCloudEncryption` travel as sealed assets (`AssetSealing`): the field holds a
+//   `SealedAssetReference` (hash and size of the sealed bytes), the cloud never the plaintext or its hash. A
+//   downloaded sealed asset is opened into the store's file (named by the plaintext's hash, which only devices learn)
+//   before its record merges; one that does not open marks its record undecryptable (kept, reported).
 
 /// What a sync engine knows of its asset transfers. Internal; confined to its engine.
 final class AssetTransfers {
@@ -23,6 +25,25 @@ final class AssetTransfers {
         case file
         /// Bytes a row holds (an in-memory store, or a value written inline before synced stores kept files).
         case bytes(Data)
+        /// The sealed form of a plaintext asset, made message by message as the chunks go.
+        case sealed(Sealing)
+    }
+
+    /// A plaintext asset and how it is sealed for one record's field (``AssetSealing``).
+    final class Sealing {
+        let plain: CloudAssetReference
+        let plainSource: Source
+        let keyVersion: UInt32
+        let associatedData: [UInt8]
+        /// The stream, positioned at the next message to seal; rebuilt when a chunk before it is asked for.
+        var stream: AssetSealStream?
+
+        init(plain: CloudAssetReference, plainSource: Source, keyVersion: UInt32, associatedData: [UInt8]) {
+            self.plain = plain
+            self.plainSource = plainSource
+            self.keyVersion = keyVersion
+            self.associatedData = associatedData
+        }
     }
 
     /// An asset the zone may lack, with the outbox records that reference it.
@@ -43,6 +64,9 @@ final class AssetTransfers {
     var complete: [String: Int64] = [:]
     /// Downloads the cloud could not serve in this sync cycle (asked again once a fetch of the zone completes).
     var unavailable: Set<String> = []
+    /// The sealed references computed this session, by record, field, stamp, plaintext hash and key version (sealing
+    /// is deterministic, so a reference stays right; recomputing one reads and seals the whole plaintext).
+    var sealedReferences: [String: SealedAssetReference] = [:]
 
     static let completeFor: Int64 = 10 * 60_000
 }
@@ -65,11 +89,78 @@ extension SyncEngine {
         return (assets, inline)
     }
 
-    /// The asset references in the external-storage fields of `record` (known entities only), in field-name order.
-    func assetReferences(in record: CloudRecord) -> [CloudAssetReference] {
+    /// The asset references in the external-storage fields of `record` (known entities only), in field-name order,
+    /// as their field texts (plain or sealed references).
+    func assetReferenceTexts(in record: CloudRecord) -> [String] {
         guard let index = store.entityIndex[record.recordType] else { return [] }
         return store.entities[index].attributes.filter(\.isExternalData).map(\.name).sorted().compactMap { name in
-            if case let .text(text)? = record.fields[name]?.value { CloudAssetReference(fieldValue: text) } else { nil }
+            guard case let .text(text)? = record.fields[name]?.value,
+                  CloudAssetReference(fieldValue: text) != nil || SealedAssetReference(fieldValue: text) != nil else { return nil }
+            return text
+        }
+    }
+
+    // MARK: Sealed assets
+
+    /// The plaintext bytes `range` of an asset to upload.
+    private func plainBytes(_ asset: CloudAssetReference, _ source: AssetTransfers.Source, _ range: Range<Int64>) throws(ExternalStorageError.Problem) -> Data {
+        switch source {
+        case .file:
+            guard let files = store.assets else { throw .missingFile }
+            return try files.read(asset, range: range)
+        case let .bytes(data):
+            return data.subdata(in: Int(range.lowerBound)..<Int(range.upperBound))
+        case .sealed:
+            throw .malformedReference
+        }
+    }
+
+    /// The sealed reference of `plain` for field `name` of `record` (the field's stamp bound in): from this session's
+    /// cache, or computed by sealing the whole plaintext once (read in chunks; the plaintext's hash is checked on the
+    /// way, so a damaged file is found here). O(size), one chunk in memory.
+    private func sealedReference(_ plain: CloudAssetReference, source: AssetTransfers.Source, record: CloudRecord, field name: String,
+                                 cipher: FieldCipher, keyVersion: UInt32) throws -> (SealedAssetReference, AssetTransfers.Sealing) {
+        let stamp = record.fields[name]!.stamp
+        let associatedData = AssetSealing.associatedData(zone: zone, recordType: record.recordType, recordID: record.recordID, field: name,
+                                                         stamp: stamp, keyVersion: keyVersion)
+        let sealing = AssetTransfers.Sealing(plain: plain, plainSource: source, keyVersion: keyVersion, associatedData: associatedData)
+        let key = "\(record.recordID.uuidString)|\(name)|\(stamp)|\(plain.hash)|\(keyVersion)"
+        if let cached = assetTransfers.sealedReferences[key] { return (cached, sealing) }
+        let messages = AssetSealing.messageCount(plainSize: plain.size)
+        let stream = try makeSealStream(sealing, cipher: cipher)
+        var sealedHash = SHA256Hasher(), plainHash = SHA256Hasher()
+        var size: Int64 = 0
+        for index in 0..<messages {
+            let bytes = try plainBytes(plain, source, AssetSealing.plainRange(index, plainSize: plain.size))
+            plainHash.update(bytes)
+            let chunk = stream.seal(bytes)
+            sealedHash.update(chunk)
+            size += Int64(chunk.count)
+        }
+        guard plainHash.finalizeHex() == plain.hash else { throw ExternalStorageError.Problem.hashMismatch }
+        let reference = SealedAssetReference(keyVersion: keyVersion, sealed: CloudAssetReference(hash: sealedHash.finalizeHex(), size: size)!)
+        assetTransfers.sealedReferences[key] = reference
+        return (reference, sealing)
+    }
+
+    /// A new seal stream for `sealing`, at message 0.
+    private func makeSealStream(_ sealing: AssetTransfers.Sealing, cipher: FieldCipher) throws -> AssetSealStream {
+        try cipher.withAssetKeys(version: sealing.keyVersion) { streamKey, headerKey in
+            AssetSealStream(streamKey: streamKey,
+                            header: AssetSealing.header(headerKey: headerKey, associatedData: sealing.associatedData, plainHash: sealing.plain.hash),
+                            associatedData: sealing.associatedData, messages: AssetSealing.messageCount(plainSize: sealing.plain.size))
+        }
+    }
+
+    /// Chunk `index` of a sealed asset being uploaded (the stream moves forward, or starts over for an earlier chunk).
+    private func sealedChunk(_ sealing: AssetTransfers.Sealing, index: Int) throws -> Data {
+        guard let cipher = encryption?.keyring.cipher else { throw FieldEncryptionError.noKey(zone: zone) }
+        if sealing.stream == nil || sealing.stream!.next > index { sealing.stream = try makeSealStream(sealing, cipher: cipher) }
+        let stream = sealing.stream!
+        while true {
+            let message = stream.next
+            let chunk = stream.seal(try plainBytes(sealing.plain, sealing.plainSource, AssetSealing.plainRange(message, plainSize: sealing.plain.size)))
+            if message == index { return chunk }
         }
     }
 
@@ -115,21 +206,46 @@ extension SyncEngine {
             func failure(_ name: String, _ what: ExternalStorageError.Problem) -> String {
                 ExternalStorageError(store: storeName, entity: record.recordType, recordID: record.recordID, attribute: name, problem: what).description
             }
-            // Encrypted attributes: the bytes, sealed with the record (no sealed assets yet).
-            for name in inlineNames.sorted() {
-                guard case let .text(text)? = record.fields[name]?.value else { continue }
-                guard CloudAssetReference(fieldValue: text) != nil, let files = store.assets else {
-                    problem = failure(name, .malformedReference)
-                    break
+            var mine: [(AssetTransfers.Upload, String)] = []
+            // Encrypted attributes: sealed assets, whose reference names only the sealed bytes.
+            sealed: for name in inlineNames.sorted() {
+                guard let value = record.fields[name]?.value else { continue }
+                let plain: CloudAssetReference
+                let source: AssetTransfers.Source
+                switch value {
+                case let .text(text):
+                    // (A sealed reference kept from the cloud — a tombstone's preserved value — goes back as it is.)
+                    if SealedAssetReference(fieldValue: text) != nil { continue }
+                    guard let reference = CloudAssetReference(fieldValue: text), store.assets != nil else {
+                        problem = failure(name, .malformedReference)
+                        break sealed
+                    }
+                    plain = reference
+                    source = .file
+                case let .blob(data):
+                    plain = CloudAssetReference(of: data)
+                    source = .bytes(data)
+                default:
+                    continue
                 }
-                do throws(ExternalStorageError.Problem) {
-                    record.fields[name]!.value = .blob(try files.read(text))
-                } catch {
+                guard let cipher = encryption?.keyring.cipher, let keyVersion = cipher.currentKeyVersion else {
+                    throw FieldEncryptionError.noKey(zone: zone)
+                }
+                do {
+                    let (reference, sealing) = try sealedReference(plain, source: source, record: record, field: name, cipher: cipher, keyVersion: keyVersion)
+                    record.fields[name]!.value = .text(reference.fieldValue)
+                    record.fields[name]!.isEncrypted = true
+                    if !isComplete(reference.sealed.hash) {
+                        var upload = AssetTransfers.Upload(asset: reference.sealed, source: .sealed(sealing),
+                                                           records: [(record.recordID, version, record.recordType, name)])
+                        upload.checked = true  // the plaintext was hashed while sealing
+                        mine.append((upload, name))
+                    }
+                } catch let error as ExternalStorageError.Problem {
                     problem = failure(name, error)
-                    break
+                    break sealed
                 }
             }
-            var mine: [(AssetTransfers.Upload, String)] = []
             if problem == nil {
                 fields: for name in assetNames.sorted() {
                     guard let value = record.fields[name]?.value else { continue }
@@ -218,6 +334,17 @@ extension SyncEngine {
             case let .bytes(data):
                 let range = upload.asset.chunkRange(index)
                 bytes = data.subdata(in: Int(range.lowerBound)..<Int(range.upperBound))
+            case let .sealed(sealing):
+                do {
+                    bytes = try sealedChunk(sealing, index: index)
+                } catch let error as ExternalStorageError.Problem {
+                    for record in upload.records {
+                        try rejectOutgoing(record.id, version: record.version, reason: ExternalStorageError(
+                            store: storeName, entity: record.entity, recordID: record.id, attribute: record.field, problem: error).description)
+                    }
+                    assetTransfers.uploads.removeFirst()
+                    continue
+                }
             }
             return .uploadAssetChunk(upload.asset, index: index, bytes: bytes, zone: zone)
         }
@@ -239,10 +366,36 @@ extension SyncEngine {
 
     private static let anyWaitingSQL = StatementKey("SELECT EXISTS (SELECT 1 FROM replica_sync_asset_wait)")
 
-    /// The assets a waiting record needs (its stored list).
-    private static func neededAssets(_ value: SQLiteValue) -> [CloudAssetReference] {
+    /// An asset a waiting record needs: what to download, and — for a sealed asset — its sealed reference.
+    struct NeededAsset {
+        var download: CloudAssetReference
+        var sealed: SealedAssetReference?
+    }
+
+    /// The assets a waiting record needs (its stored list of field texts).
+    private static func neededAssets(_ value: SQLiteValue) -> [NeededAsset] {
         guard case let .text(list) = value else { return [] }
-        return list.split(separator: "\n").compactMap { CloudAssetReference(fieldValue: String($0)) }
+        return list.split(separator: "\n").compactMap { part in
+            let text = String(part)
+            if let sealed = SealedAssetReference(fieldValue: text) { return NeededAsset(download: sealed.sealed, sealed: sealed) }
+            return CloudAssetReference(fieldValue: text).map { NeededAsset(download: $0, sealed: nil) }
+        }
+    }
+
+    /// The plaintext asset a downloaded sealed asset was opened into, while a waiting record needs it.
+    private func openedAsset(_ sealedHash: String) throws -> CloudAssetReference? {
+        guard case let .text(text)? = try db.scalar("SELECT plain_ref FROM replica_sync_sealed_asset WHERE sealed_hash = ?", [.text(sealedHash)]) else {
+            return nil
+        }
+        return CloudAssetReference(fieldValue: text)
+    }
+
+    /// Whether a needed asset is here: its bytes (``hasAsset(_:)``), or for a sealed one, the plaintext it was opened
+    /// into.
+    private func isHere(_ needed: NeededAsset) throws -> Bool {
+        guard needed.sealed != nil else { return try hasAsset(needed.download) }
+        guard let plain = try openedAsset(needed.download.hash) else { return false }
+        return try hasAsset(plain)
     }
 
     /// How many chunks of `asset` are staged (they are staged in order).
@@ -278,8 +431,10 @@ extension SyncEngine {
         try mergeWaitingRecordsIfReady()
         var seen = Set<String>()
         for row in try db.rows("SELECT assets FROM replica_sync_asset_wait ORDER BY id, record_type", cache: false) {
-            for asset in Self.neededAssets(row[0]) where seen.insert(asset.hash).inserted && !assetTransfers.unavailable.contains(asset.hash) {
-                guard try !hasAsset(asset) else { continue }
+            for needed in Self.neededAssets(row[0])
+            where seen.insert(needed.download.hash).inserted && !assetTransfers.unavailable.contains(needed.download.hash) {
+                guard try !isHere(needed) else { continue }
+                let asset = needed.download
                 let next = try stagedChunks(asset)
                 if next >= asset.chunkCount {
                     // Every chunk arrived before a restart: finish it now.
@@ -311,6 +466,7 @@ extension SyncEngine {
     /// the records waiting for it. Bytes that do not hash to the name are dropped and reported (the record keeps
     /// waiting; the cloud is asked again in the next sync cycle).
     private func finishDownload(_ asset: CloudAssetReference) throws {
+        if try finishSealedDownload(asset) { return }
         do {
             if let files = store.assets {
                 try db.transaction(.immediate) {
@@ -335,6 +491,104 @@ extension SyncEngine {
         try mergeWaitingRecordsIfReady()
     }
 
+    /// Opens a downloaded sealed asset, when `asset` is one a waiting record needs: message by message with the
+    /// associated data of that record's field and write (``AssetSealing``), into the store's file named by the
+    /// plaintext's hash (a store file) or into staged plaintext chunks (an in-memory store), remembered in
+    /// `replica_sync_sealed_asset` until the record merges. One transaction; the sealed chunks are dropped. A sealed
+    /// asset that does not open — tampered, moved to another record or field, replayed under another write, or sealed
+    /// with a key this device lacks — marks the records waiting for it undecryptable (kept, reported, their local
+    /// values untouched), as an unopenable field does (E5). Returns `false` when `asset` is not sealed.
+    private func finishSealedDownload(_ asset: CloudAssetReference) throws -> Bool {
+        // The waiting versions whose fields reference it, sealed.
+        var owners: [(record: CloudRecord, field: String, sealed: SealedAssetReference)] = []
+        for row in try db.rows("SELECT record FROM replica_sync_asset_wait WHERE instr(assets, ?) > 0 ORDER BY id, record_type", [.text(asset.hash)], cache: false) {
+            guard case let .text(json) = row[0], let record = SyncLedger.decode(CloudRecord.self, json) else { continue }
+            for (name, field) in record.fields.sorted(by: { $0.key < $1.key }) {
+                if case let .text(text) = field.value, let sealed = SealedAssetReference(fieldValue: text), sealed.sealed == asset {
+                    owners.append((record, name, sealed))
+                }
+            }
+        }
+        guard !owners.isEmpty else { return false }
+        // Owners whose associated data differ cannot all open it (a moved reference): each group is tried on its own.
+        var groups: [(associatedData: [UInt8], keyVersion: UInt32, owners: [(record: CloudRecord, field: String, sealed: SealedAssetReference)])] = []
+        for owner in owners {
+            let associatedData = AssetSealing.associatedData(zone: zone, recordType: owner.record.recordType, recordID: owner.record.recordID,
+                                                             field: owner.field, stamp: owner.record.fields[owner.field]!.stamp,
+                                                             keyVersion: owner.sealed.keyVersion)
+            if let index = groups.firstIndex(where: { $0.associatedData == associatedData }) {
+                groups[index].owners.append(owner)
+            } else {
+                groups.append((associatedData, owner.sealed.keyVersion, [owner]))
+            }
+        }
+        var failed: [(CloudRecord, FieldEncryptionError)] = []
+        var opened = false
+        for group in groups {
+            var failure: FieldEncryptionError.DecryptionFailure?
+            if !opened {
+                failure = try openSealedAsset(asset, associatedData: group.associatedData, keyVersion: group.keyVersion)
+                opened = failure == nil
+            } else {
+                failure = .authenticationFailed  // only one write's associated data opens a sealed asset
+            }
+            guard let failure else { continue }
+            if failure == .unknownKeyVersion { encryption?.metadataFresh = false }
+            for owner in group.owners {
+                failed.append((owner.record, .undecryptable(entity: owner.record.recordType, field: owner.field, recordID: owner.record.recordID,
+                                                            keyVersion: owner.sealed.keyVersion, failure: failure)))
+            }
+        }
+        try db.transaction(.immediate) {
+            try db.run("DELETE FROM replica_sync_asset_chunk WHERE hash = ?", [.text(asset.hash)])
+            for (record, _) in failed {
+                try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [record.recordID.sqliteValue, .text(record.recordType)])
+            }
+            if !failed.isEmpty { try markUndecryptable(failed) }
+        }
+        try mergeWaitingRecordsIfReady()
+        return true
+    }
+
+    /// Opens the staged sealed asset `asset` with `associatedData` into the store's file (or staged plaintext chunks,
+    /// in memory) and remembers what it opened into; `nil` when it opened, else why not. One transaction.
+    private func openSealedAsset(_ asset: CloudAssetReference, associatedData: [UInt8], keyVersion: UInt32) throws -> FieldEncryptionError.DecryptionFailure? {
+        guard let cipher = encryption?.keyring.cipher, cipher.keyVersions.contains(keyVersion) else { return .unknownKeyVersion }
+        struct NotOpened: Error {}
+        let produce = { (sink: (Data) throws -> Void) throws in
+            try cipher.withAssetKeys(version: keyVersion) { streamKey, _ in
+                guard let stream = AssetOpenStream(streamKey: streamKey, first: try self.stagedChunk(asset, 0), associatedData: associatedData,
+                                                   messages: asset.chunkCount) else { throw NotOpened() }
+                for index in 0..<asset.chunkCount {
+                    guard let plain = stream.open(try self.stagedChunk(asset, index)) else { throw NotOpened() }
+                    try sink(plain)
+                }
+            }
+        }
+        do {
+            try db.transaction(.immediate) {
+                let plain: CloudAssetReference
+                if let files = store.assets {
+                    plain = try files.writeNew(produce)
+                } else {
+                    var bytes = Data()
+                    try produce { bytes.append($0) }
+                    plain = CloudAssetReference(of: bytes)
+                    for index in 0..<plain.chunkCount {
+                        let range = plain.chunkRange(index)
+                        try db.run("INSERT INTO replica_sync_asset_chunk (hash, idx, data) VALUES (?, ?, ?) ON CONFLICT (hash, idx) DO UPDATE SET data = excluded.data",
+                                   [.text(plain.hash), .integer(Int64(index)), .blob(bytes.subdata(in: Int(range.lowerBound)..<Int(range.upperBound)))])
+                    }
+                }
+                try db.run("INSERT INTO replica_sync_sealed_asset (sealed_hash, plain_ref) VALUES (?, ?) ON CONFLICT (sealed_hash) DO UPDATE SET plain_ref = excluded.plain_ref",
+                           [.text(asset.hash), .text(plain.fieldValue)])
+            }
+        } catch is NotOpened {
+            return .authenticationFailed
+        }
+        return nil
+    }
+
     /// A download that cannot complete now: staged chunks dropped, the waiting records' reason set, the error in the
     /// status; asked again in the next sync cycle.
     private func downloadFailed(_ asset: CloudAssetReference, _ error: CloudError) throws {
@@ -350,7 +604,7 @@ extension SyncEngine {
     private func mergeWaitingRecordsIfReady() throws {
         var ready = false
         for row in try db.rows("SELECT assets FROM replica_sync_asset_wait ORDER BY id, record_type", cache: false) {
-            if try Self.neededAssets(row[0]).allSatisfy(hasAsset) {
+            if try Self.neededAssets(row[0]).allSatisfy(isHere) {
                 ready = true
                 break
             }
@@ -367,7 +621,7 @@ extension SyncEngine {
         guard try db.scalar(Self.anyWaitingSQL) == .integer(1) else { return ([], []) }
         var records: [CloudRecord] = [], requeue: [UUID] = []
         for row in try db.rows("SELECT id, record_type, record, assets FROM replica_sync_asset_wait ORDER BY id, record_type", cache: false) {
-            guard try Self.neededAssets(row[3]).allSatisfy(hasAsset), case let .text(json) = row[2],
+            guard try Self.neededAssets(row[3]).allSatisfy(isHere), case let .text(json) = row[2],
                   var record = SyncLedger.decode(CloudRecord.self, json) else { continue }
             try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [row[0], row[1]])
             if case let .text(tag)? = try db.scalar("SELECT change_tag FROM replica_sync_record WHERE id = ?", [row[0]]), tag != record.changeTag {
@@ -410,12 +664,31 @@ extension SyncEngine {
         var local: SyncLedger.RecordState?? = nil
         let statements = store.statements[entityIndex]
         for name in names {
-            guard let field = record.fields[name], case let .text(text) = field.value, let asset = CloudAssetReference(fieldValue: text) else { continue }
-            if let files = store.assets, files.hasFile(asset) { continue }
+            guard let field = record.fields[name], case let .text(text) = field.value else { continue }
+            let asset: CloudAssetReference
+            let sealed = SealedAssetReference(fieldValue: text)
+            if let sealed {
+                // A sealed asset: the plaintext it was opened into, once it was.
+                if let plain = try openedAsset(sealed.sealed.hash) {
+                    asset = plain
+                    record.fields[name]!.value = .text(plain.fieldValue)
+                } else {
+                    asset = sealed.sealed
+                }
+            } else {
+                guard let plain = CloudAssetReference(fieldValue: text) else { continue }
+                asset = plain
+            }
+            let opened = sealed == nil || asset != sealed!.sealed
+            if opened, let files = store.assets, files.hasFile(asset) { continue }
             if local == nil { local = .some(try SyncLedger.load(remote.recordID, store: store, db, entity: remote.recordType)) }
             if let state = local!, state.isAlive, let stamp = state.stamps[name], stamp >= field.stamp,
                let row = try db.rows("SELECT \(quoted(name)) FROM \(statements.table) WHERE \"id\" = ?", [remote.recordID.sqliteValue]).first {
                 record.fields[name]!.value = row[0]
+                continue
+            }
+            guard opened else {
+                missing.append(asset)
                 continue
             }
             if store.assets == nil, try hasAsset(asset) {
@@ -444,7 +717,7 @@ extension SyncEngine {
            let existing = SyncLedger.decode(CloudRecord.self, json) {
             record = SyncLedger.mergeOpaque(existing, remote)
         }
-        let needed = assetReferences(in: record).map(\.fieldValue).joined(separator: "\n")
+        let needed = assetReferenceTexts(in: record).joined(separator: "\n")
         try db.run("""
             INSERT INTO replica_sync_asset_wait (id, record_type, record, change_tag, assets) VALUES (?, ?, ?, ?, ?)
             ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, change_tag = excluded.change_tag, assets = excluded.assets
@@ -456,6 +729,8 @@ extension SyncEngine {
     /// Drops the staged chunks of assets that arrived in an in-memory store (their bytes are in the rows now) and of
     /// assets no waiting record needs any more.
     func dropStagedChunks(_ arrived: Set<String>) throws {
+        // Opened sealed assets no waiting record needs any more (their plaintext is in rows or files now).
+        try db.run("DELETE FROM replica_sync_sealed_asset WHERE NOT EXISTS (SELECT 1 FROM replica_sync_asset_wait w WHERE instr(w.assets, sealed_hash) > 0)")
         for hash in arrived.sorted() {
             let stillNeeded = try db.scalar("SELECT EXISTS (SELECT 1 FROM replica_sync_asset_wait WHERE instr(assets, ?) > 0)", [.text(hash)]) == .integer(1)
             if !stillNeeded { try db.run("DELETE FROM replica_sync_asset_chunk WHERE hash = ?", [.text(hash)]) }

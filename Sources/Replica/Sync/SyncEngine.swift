@@ -805,7 +805,7 @@ public final class SyncEngine {
         let resolved = try all.compactMap { try resolvingAssets($0, arrived: &arrived) }
         try mergeResolved(resolved, retried: retried, adopted: adopted)
         if !waited.requeue.isEmpty { try requeueAfterWaiting(waited.requeue) }
-        if !arrived.isEmpty { try dropStagedChunks(arrived) }
+        if !arrived.isEmpty || !waited.records.isEmpty { try dropStagedChunks(arrived) }
     }
 
     /// The merge of ``mergeRecords(_:)`` once the versions that wait for assets are set aside.

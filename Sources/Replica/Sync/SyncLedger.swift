@@ -73,6 +73,9 @@ enum SyncLedger {
             assets TEXT NOT NULL,
             reason TEXT,
             PRIMARY KEY (id, record_type));
+        CREATE TABLE IF NOT EXISTS replica_sync_sealed_asset (
+            sealed_hash TEXT PRIMARY KEY NOT NULL,
+            plain_ref TEXT NOT NULL);
         CREATE TABLE IF NOT EXISTS replica_sync_asset_chunk (
             hash TEXT NOT NULL,
             idx INTEGER NOT NULL,

@@ -112,6 +112,14 @@ extension SimulationRun {
         }
     }
 
+    /// Whether a device's value agrees with the cloud's: equal, or the cloud holds the asset reference of the
+    /// device's bytes (an `.externalStorage` value travels as an asset, R19).
+    static func agrees(_ device: SQLiteValue, _ cloud: SQLiteValue) -> Bool {
+        if device == cloud { return true }
+        guard case let .blob(bytes) = device, case let .text(text) = cloud, let asset = CloudAssetReference(fieldValue: text) else { return false }
+        return CloudAssetReference(of: bytes) == asset
+    }
+
     /// A value for messages: never the value of an encrypted attribute.
     func show(_ value: SQLiteValue, encrypted: Bool) -> String {
         if encrypted && !value.isNull { return "«sealed»" }
@@ -262,7 +270,7 @@ extension SimulationRun {
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)) is alive in the cloud (causal length \(record.causalLength)) but not on the device")
                             }
                             let expected = materialize(record, as: info)
-                            for (index, name) in fieldNames.enumerated() where row[index] != expected[index] {
+                            for (index, name) in fieldNames.enumerated() where !Self.agrees(row[index], expected[index]) {
                                 if record.fields[name]?.isEncrypted == true { continue }
                                 let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)).\(name) is \(show(row[index], encrypted: encrypted)) "
