@@ -114,11 +114,7 @@ extension SimulationRun {
 
     /// Whether a device's value agrees with the cloud's: equal, or the cloud holds the asset reference of the
     /// device's bytes (an `.externalStorage` value travels as an asset, R19).
-    static func agrees(_ device: SQLiteValue, _ cloud: SQLiteValue) -> Bool {
-        if device == cloud { return true }
-        guard case let .blob(bytes) = device, case let .text(text) = cloud, let asset = CloudAssetReference(fieldValue: text) else { return false }
-        return CloudAssetReference(of: bytes) == asset
-    }
+    static func agrees(_ device: SQLiteValue, _ cloud: SQLiteValue) -> Bool { valuesAgree(device, cloud) }
 
     /// A value for messages: never the value of an encrypted attribute.
     func show(_ value: SQLiteValue, encrypted: Bool) -> String {
@@ -473,7 +469,7 @@ extension SimulationRun {
                             throw InvariantViolation(.referenceModel, "\(label()) should hold the write by \(winner.ack.device) at step \(winner.ack.step) "
                                 + "(stamp \(winner.stamp)) but holds \(stored.map { "the write stamped \($0.stamp)" } ?? "no write")")
                         }
-                        if !stored.isEncrypted && stored.value != winner.value {
+                        if !stored.isEncrypted && !Self.agrees(winner.value, stored.value) {
                             throw InvariantViolation(.referenceModel, "\(label()) holds \(show(stored.value, encrypted: attribute.isEncrypted)) under the stamp "
                                 + "of a write of \(show(winner.value, encrypted: attribute.isEncrypted))")
                         }
