@@ -80,6 +80,12 @@ public final class PostgresCloudAdministration {
         public var tombstones: Int64
         /// When the oldest kept tombstone was written (server clock), if any.
         public var oldestTombstone: Date?
+        /// Complete assets kept (schema step 6).
+        public var assets: Int64 = 0
+        /// Their bytes.
+        public var assetBytes: Int64 = 0
+        /// Assets whose upload has not finished (chunks received, not all).
+        public var unfinishedAssets: Int64 = 0
     }
 
     /// The outcome of ``status()``.
@@ -100,6 +106,10 @@ public final class PostgresCloudAdministration {
         public var tombstonesDropped: Int64
         /// The zone's oldest valid token sequence now.
         public var oldestValidSequence: Int64
+        /// Assets dropped: unreferenced by every record and untouched since the cutoff (unfinished uploads included).
+        public var assetsDropped: Int64 = 0
+        /// Bytes of the complete assets dropped.
+        public var assetBytesDropped: Int64 = 0
     }
 
     let connection: PGConnection
@@ -253,7 +263,10 @@ public final class PostgresCloudAdministration {
             SELECT z.owner, z.name, z.epoch, z.sequence, z.oldest_valid,
                    pg_catalog.count(r.id) FILTER (WHERE r.alive),
                    pg_catalog.count(r.id) FILTER (WHERE NOT r.alive),
-                   pg_catalog.date_part('epoch', pg_catalog.min(r.changed_at) FILTER (WHERE NOT r.alive))::float8
+                   pg_catalog.date_part('epoch', pg_catalog.min(r.changed_at) FILTER (WHERE NOT r.alive))::float8,
+                   (SELECT pg_catalog.count(*) FROM replica.asset a WHERE a.zone_id = z.id AND a.complete),
+                   (SELECT COALESCE(pg_catalog.sum(a.size), 0)::bigint FROM replica.asset a WHERE a.zone_id = z.id AND a.complete),
+                   (SELECT pg_catalog.count(*) FROM replica.asset a WHERE a.zone_id = z.id AND NOT a.complete)
             FROM replica.zone z LEFT JOIN replica.record r ON r.zone_id = z.id
             GROUP BY z.id ORDER BY z.owner, z.name
             """)
@@ -266,9 +279,31 @@ public final class PostgresCloudAdministration {
             }
             zones.append(ZoneStatus(owner: owner, name: name, epoch: epoch, sequence: sequence, oldestValidSequence: oldest,
                                     records: alive, tombstones: tombstones,
-                                    oldestTombstone: rows.double(row, 7).map { Date(timeIntervalSince1970: $0) }))
+                                    oldestTombstone: rows.double(row, 7).map { Date(timeIntervalSince1970: $0) },
+                                    assets: rows.int64(row, 8) ?? 0, assetBytes: rows.int64(row, 9) ?? 0,
+                                    unfinishedAssets: rows.int64(row, 10) ?? 0))
         }
         return Status(schemaVersion: PostgresCloudSchema.currentVersion, zones: zones)
+    }
+
+    /// The largest asset the server accepts, in bytes (`replica.server.max_asset_size`, schema step 6).
+    public func maximumAssetSize() throws(Failure) -> Int64 {
+        try requireCurrentSchema()
+        guard let value = try run("SELECT max_asset_size FROM replica.server").int64(0, 0) else {
+            throw .server(sqlState: "XX000", message: "asset-limit: no server row")
+        }
+        return value
+    }
+
+    /// Sets the largest asset the server accepts, in bytes. Uploads already complete stay; larger new ones are refused
+    /// with `CloudError.assetTooLarge(size:limit:)` (a device keeps such a record, marked rejected).
+    /// - Parameter bytes: the limit (≥ 0).
+    /// - Throws: ``Failure/invalidArgument(_:)`` for a negative limit; ``Failure/server(sqlState:message:)``
+    ///   (42501 when the role is not an administrator).
+    public func setMaximumAssetSize(_ bytes: Int64) throws(Failure) {
+        guard bytes >= 0 else { throw .invalidArgument("the asset limit must be a number of bytes ≥ 0") }
+        try requireCurrentSchema()
+        _ = try run("UPDATE replica.server SET max_asset_size = $1", [.int8(bytes)])
     }
 
     /// Drops the tombstones written more than `days` ago (server clock) from every zone, one zone per transaction,
@@ -276,8 +311,13 @@ public final class PostgresCloudAdministration {
     /// than that (it may not have seen a dropped tombstone) gets `changeTokenExpired` and resyncs in full. Tokens of
     /// reads that started after the prune stay valid (the zone's prune generation, part of the epoch, tells them
     /// apart).
+    ///
+    /// Then, in the same pass, each zone's assets that no record (alive or tombstone) references and that no device
+    /// uploaded or prepared for upload in the kept window — and never within the last hour, whatever `days` says, so
+    /// an asset uploaded just before the record that will reference it stays — are dropped, unfinished uploads
+    /// included. A record references an asset when the asset's hash appears in its stored body.
     /// - Parameter days: the history to keep, in days (≥ 0; fractions allowed).
-    /// - Returns: the zones that dropped tombstones.
+    /// - Returns: the zones that dropped tombstones or assets.
     public func prune(keepingDays days: Double) throws(Failure) -> [PrunedZone] {
         guard days >= 0, days.isFinite else { throw .invalidArgument("--keep needs a number of days ≥ 0") }
         try requireCurrentSchema()
@@ -290,8 +330,13 @@ public final class PostgresCloudAdministration {
         for row in 0..<zones.count {
             guard let id = zones.int64(row, 0), let owner = zones.string(row, 1), let name = zones.string(row, 2) else { continue }
             let result = try run("SELECT out_pruned, out_oldest_valid FROM replica.prune_zone($1, $2)", [.int8(id), .float8(before)])
-            guard let dropped = result.int64(0, 0), dropped > 0, let oldest = result.int64(0, 1) else { continue }
-            pruned.append(PrunedZone(owner: owner, name: name, tombstonesDropped: dropped, oldestValidSequence: oldest))
+            let assets = try run("SELECT out_assets, out_bytes FROM replica.prune_assets($1, $2)",
+                                 [.int8(id), .float8(min(before, serverNow - 3_600))])
+            let dropped = result.int64(0, 0) ?? 0
+            let assetsDropped = assets.int64(0, 0) ?? 0
+            guard dropped > 0 || assetsDropped > 0 else { continue }
+            pruned.append(PrunedZone(owner: owner, name: name, tombstonesDropped: dropped, oldestValidSequence: result.int64(0, 1) ?? 0,
+                                     assetsDropped: assetsDropped, assetBytesDropped: assets.int64(0, 1) ?? 0))
         }
         return pruned
     }

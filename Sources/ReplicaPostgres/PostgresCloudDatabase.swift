@@ -249,6 +249,61 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         } }
     }
 
+    // MARK: Assets
+
+    /// The upload state an asset function's row describes (`out_complete`, `out_chunks` as comma-separated indices).
+    private static func uploadState(_ asset: CloudAssetReference, _ result: PGRows) throws(PGFailure) -> CloudAssetUploadState {
+        guard result.count == 1, let complete = result.bool(0, 0) else {
+            throw PGFailure(origin: .unexpectedResult, message: "an asset function returned no state")
+        }
+        if complete { return CloudAssetUploadState(asset: asset, receivedChunks: Array(0..<asset.chunkCount), isComplete: true) }
+        let list = result.string(0, 1) ?? ""
+        var chunks: [Int] = []
+        for part in list.split(separator: ",") {
+            guard let index = Int(part) else { throw PGFailure(origin: .unexpectedResult, message: "an asset function returned malformed chunks") }
+            chunks.append(index)
+        }
+        return CloudAssetUploadState(asset: asset, receivedChunks: chunks, isComplete: false)
+    }
+
+    /// `replica.prepare_asset_upload`: what the zone holds of `asset` (schema step 6).
+    public func prepareAssetUpload(_ asset: CloudAssetReference, in zone: String) async throws(CloudError) -> CloudAssetUploadState {
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .text(asset.hash), .int8(asset.size)]
+        let prepare = preparesStatements
+        return try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) in
+            try Self.uploadState(asset, try connection.query(SQL.prepareAssetUpload, parameters, prepare: prepare))
+        } }
+    }
+
+    /// `replica.upload_asset_chunk`: stores chunk `index`; the last one completes the asset, checked (schema step 6).
+    public func uploadAssetChunk(_ asset: CloudAssetReference, index: Int, bytes: Data, in zone: String) async throws(CloudError) -> CloudAssetUploadState {
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .text(asset.hash), .int8(asset.size),
+                                         .int4(Int32(clamping: index)), .bytea(bytes)]
+        let prepare = preparesStatements
+        let outcome = try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> (CloudAssetUploadState, Bool) in
+            let result = try connection.query(SQL.uploadAssetChunk, parameters, prepare: prepare)
+            guard let mismatch = result.bool(0, 2) else {
+                throw PGFailure(origin: .unexpectedResult, message: "upload_asset_chunk returned no state")
+            }
+            return (try Self.uploadState(asset, result), mismatch)
+        } }
+        if outcome.1 { throw .assetHashMismatch(hash: asset.hash) }
+        return outcome.0
+    }
+
+    /// `replica.download_asset_chunk`: chunk `index` of the complete asset (schema step 6).
+    public func downloadAssetChunk(_ asset: CloudAssetReference, index: Int, in zone: String) async throws(CloudError) -> Data {
+        let parameters: [PGParameter] = [.text(owner), .text(zone), .text(asset.hash), .int8(asset.size), .int4(Int32(clamping: index))]
+        let prepare = preparesStatements
+        return try await explainingMissingZone(zone) { () async throws(CloudError) in try await pool.run { connection throws(PGFailure) -> Data in
+            let result = try connection.query(SQL.downloadAssetChunk, parameters, prepare: prepare)
+            guard result.count == 1, let data = result.data(0, 0) else {
+                throw PGFailure(origin: .unexpectedResult, message: "download_asset_chunk returned no bytes")
+            }
+            return data
+        } }
+    }
+
     /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
     private static func unreadable(_ id: UUID, zone: String) -> String {
         "stored record \(id.uuidString.lowercased()) of zone '\(zone)' is unreadable"
@@ -267,6 +322,9 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         static let zoneMetadata = "SELECT out_key, out_value FROM replica.zone_metadata($1, $2)"
         static let setZoneMetadata = "SELECT replica.set_zone_metadata($1, $2, $3, $4, $5)"
         static let listen = "SELECT replica.listen($1)"
+        static let prepareAssetUpload = "SELECT out_complete, out_chunks FROM replica.prepare_asset_upload($1, $2, $3, $4)"
+        static let uploadAssetChunk = "SELECT out_complete, out_chunks, out_mismatch FROM replica.upload_asset_chunk($1, $2, $3, $4, $5, $6)"
+        static let downloadAssetChunk = "SELECT replica.download_asset_chunk($1, $2, $3, $4, $5)"
         static let zoneNames = "SELECT replica.zone_names($1)"
     }
 }

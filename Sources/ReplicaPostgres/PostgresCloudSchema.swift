@@ -442,5 +442,6 @@ enum PostgresCloudSchema {
         lineageAndShards,
         zoneDeletionReasons,
         requestCost,
+        assets,
     ]
 }

@@ -11,6 +11,7 @@ import Replica
 /// | 53100 disk full | ``CloudError/quotaExceeded`` |
 /// | RZ001 (the schema's "zone not found") | ``CloudError/zoneNotFound``, or ``CloudError/zoneDeleted(reason:)`` when `replica.zone_deletion_reason` names why (asked by ``PostgresCloudDatabase`` after the failure) |
 /// | RZ002 (the schema's "change token expired") | ``CloudError/changeTokenExpired`` |
+/// | RZ010 / RZ011 / RZ012 / RZ013 (the schema's asset errors) | ``CloudError/assetTooLarge(size:limit:)`` / ``CloudError/assetNotFound(hash:)`` / ``CloudError/assetHashMismatch(hash:)`` / ``CloudError/invalidAsset(reason:)`` |
 /// | class 22 (data exception), 54000 (program limit: a record too large) | ``CloudError/invalidRecord(reason:)`` |
 /// | 42P01, 42883, 3F000 (no such table, function or schema) | ``CloudError/serviceUnavailable(reason:)`` saying to run `replica-cloud init` |
 /// | anything else (57P03 starting up, 53300 too many connections, 57014 statement timeout, …) | ``CloudError/serviceUnavailable(reason:)`` with the SQLSTATE |
@@ -38,6 +39,13 @@ enum PostgresErrorMapping {
         switch state {
         case "RZ001": return .zoneNotFound
         case "RZ002": return .changeTokenExpired
+        case "RZ010":
+            // "asset of <size> bytes exceeds the limit of <limit> bytes"
+            let numbers = failure.message.split(whereSeparator: { !$0.isNumber }).compactMap { Int64($0) }
+            return .assetTooLarge(size: numbers.first ?? -1, limit: numbers.dropFirst().first ?? -1)
+        case "RZ011": return .assetNotFound(hash: hexWord(in: failure.message))
+        case "RZ012": return .assetHashMismatch(hash: hexWord(in: failure.message))
+        case "RZ013": return .invalidAsset(reason: "\(failure.message) (SQLSTATE \(state))")
         case "40001", "40P01", "55P03": return .zoneBusy(retryAfterMilliseconds: busyRetryMilliseconds)
         case "28P01", "28000", "42501", "3D000": return .permissionFailure(reason: "\(role): \(failure.message) (SQLSTATE \(state))")
         case "53100": return .quotaExceeded
@@ -53,6 +61,11 @@ enum PostgresErrorMapping {
             }
             return .serviceUnavailable(reason: "PostgreSQL error SQLSTATE \(state): \(failure.message)")
         }
+    }
+
+    /// The 64-hex-digit word (an asset's hash) of a message of the schema's asset functions; empty when none.
+    static func hexWord(in message: String) -> String {
+        message.split(separator: " ").map(String.init).first { $0.count == 64 && $0.allSatisfy { $0.isHexDigit } } ?? ""
     }
 
     /// A failed connection attempt. libpq gives no SQLSTATE for it, only the message: a message from the server

@@ -2,8 +2,10 @@
 //
 //   replica-cloud init [URL] [--shard N]   install the schema (tables, indexes, policies, roles), or upgrade it
 //   replica-cloud add-user NAME [--app|--admin]   make a login role; password from $REPLICA_CLOUD_PASSWORD or stdin
-//   replica-cloud status                   zones, records, tombstones, oldest token kept
-//   replica-cloud prune --keep DAYS        drop tombstones older than DAYS; older tokens then expire
+//   replica-cloud status                   zones, records, tombstones, oldest token kept, assets
+//   replica-cloud prune --keep DAYS        drop tombstones older than DAYS; older tokens then expire; drop
+//                                          unreferenced assets untouched for DAYS (and at least an hour)
+//   replica-cloud asset-limit [BYTES]      show, or set, the largest asset the server accepts
 //   replica-cloud failover                 expire every token (after a loss of acknowledged writes the server's
 //                                          lineage does not show)
 //   replica-cloud shard N CONNECTION       the directory: how to reach shard N
@@ -23,8 +25,10 @@ let usage = """
                                   make login role NAME (a user owning its zones; --app: a backend acting for users;
                                   --admin: sees every zone). The password comes from $REPLICA_CLOUD_PASSWORD, or
                                   the first line of standard input (asked for, unechoed, on a terminal).
-      status                      every zone: owner, records, tombstones, sequence, oldest valid token
-      prune --keep DAYS           drop tombstones older than DAYS (devices with older tokens resync in full)
+      status                      every zone: owner, records, tombstones, sequence, oldest valid token, assets
+      prune --keep DAYS           drop tombstones older than DAYS (devices with older tokens resync in full), and
+                                  assets no record references that no one uploaded for DAYS (nor in the last hour)
+      asset-limit [BYTES]         show, or set, the largest asset (in bytes) the server accepts
       failover                    every zone gets new epochs: every device re-reads its zones and re-uploads what only
                                   it holds. Needed only after a loss the server's lineage does not show (a logical dump
                                   restored into the same cluster, a crash with synchronous_commit off); a promoted
@@ -167,12 +171,12 @@ case "status":
         let status = try admin.status()
         print("replica-cloud: schema version \(status.schemaVersion), \(status.zones.count) zone(s)")
         if !status.zones.isEmpty {
-            print("owner\tzone\trecords\ttombstones\tsequence\toldest valid token\toldest tombstone")
+            print("owner\tzone\trecords\ttombstones\tsequence\toldest valid token\toldest tombstone\tassets\tasset bytes\tunfinished assets")
             let formatter = ISO8601DateFormatter()
             for zone in status.zones {
                 let oldest = zone.oldestTombstone.map { formatter.string(from: $0) } ?? "-"
                 print("\(zone.owner)\t\(zone.name)\t\(zone.records)\t\(zone.tombstones)\t\(zone.sequence)\t"
-                      + "\(zone.oldestValidSequence)\t\(oldest)")
+                      + "\(zone.oldestValidSequence)\t\(oldest)\t\(zone.assets)\t\(zone.assetBytes)\t\(zone.unfinishedAssets)")
             }
         }
     }
@@ -183,11 +187,31 @@ case "prune":
     run { () throws(PostgresCloudAdministration.Failure) in
         let pruned = try admin.prune(keepingDays: keepDays)
         for zone in pruned {
-            print("replica-cloud: \(zone.owner)/\(zone.name): dropped \(zone.tombstonesDropped) tombstone(s); "
-                  + "tokens before sequence \(zone.oldestValidSequence) now expire")
+            if zone.tombstonesDropped > 0 {
+                print("replica-cloud: \(zone.owner)/\(zone.name): dropped \(zone.tombstonesDropped) tombstone(s); "
+                      + "tokens before sequence \(zone.oldestValidSequence) now expire")
+            }
+            if zone.assetsDropped > 0 {
+                print("replica-cloud: \(zone.owner)/\(zone.name): dropped \(zone.assetsDropped) unreferenced asset(s), "
+                      + "\(zone.assetBytesDropped) byte(s)")
+            }
         }
         let days = keepDays == keepDays.rounded() && keepDays < 1e15 ? String(Int(keepDays)) : String(keepDays)
         print("replica-cloud: pruned \(pruned.count) zone(s), keeping \(days) day(s) of tombstones")
+    }
+case "asset-limit":
+    guard positional.count <= 1 else { usageError("asset-limit takes at most one number of BYTES") }
+    let admin = administration(url)
+    if let given = positional.first {
+        guard let bytes = Int64(given), bytes >= 0 else { usageError("asset-limit needs a number of bytes ≥ 0") }
+        run { () throws(PostgresCloudAdministration.Failure) in
+            try admin.setMaximumAssetSize(bytes)
+            print("replica-cloud: the largest asset accepted is now \(bytes) bytes")
+        }
+    } else {
+        run { () throws(PostgresCloudAdministration.Failure) in
+            print("replica-cloud: the largest asset accepted is \(try admin.maximumAssetSize()) bytes")
+        }
     }
 case "failover":
     guard positional.isEmpty else { usageError("failover takes no arguments") }

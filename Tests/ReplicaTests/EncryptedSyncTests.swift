@@ -54,6 +54,10 @@ extension SQLiteCloudDatabase: ImmediateCloud {
             case let .fetchZoneMetadata(zone): return .success(.metadata(try zoneMetadata(zone)))
             case let .setZoneMetadata(zone, key, value, expected):
                 return .success(.metadataValue(try setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)))
+            case let .prepareAssetUpload(asset, zone): return .success(.assetUpload(try prepareAssetUpload(asset, in: zone)))
+            case let .uploadAssetChunk(asset, index, bytes, zone):
+                return .success(.assetUpload(try uploadAssetChunk(asset, index: index, bytes: bytes, in: zone)))
+            case let .downloadAssetChunk(asset, index, zone): return .success(.assetChunk(try downloadAssetChunk(asset, index: index, in: zone)))
             }
         } catch {
             return .failure(error)

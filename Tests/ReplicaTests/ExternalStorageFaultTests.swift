@@ -127,24 +127,21 @@ struct ExternalStorageFaultTests {
         }
     }
 
-    @Test("R1: turning sync on with a missing or damaged file fails naming the record, changes nothing, and the store opens local-only",
+    @Test("R1: turning sync on keeps the files (values sync as assets); a missing or damaged file fails only its record's reads",
           arguments: [true, false])
     func syncOnWithBadFile(missing: Bool) throws {
         let seeded = try seedTwo()
         try damage(seeded.badImage, missing: missing)
-        do {
-            _ = try container(synced: true)
-            Issue.record("the synced open succeeded")
-        } catch {
-            let text = "\(error)"
-            #expect(text.contains("Scan.image of record \(seeded.bad.uuidString.lowercased())"), "\(text)")
-            #expect(text.contains("nothing was changed"), "\(text)")
-        }
-        #expect(try !hasSyncLedger(), "the failed synced open left sync bookkeeping behind")
-        let context = ModelContext(try container())
+        let context = ModelContext(try container(synced: true))
+        #expect(try hasSyncLedger())
         #expect(try context.model(Scan.self, id: seeded.good)?.image == seeded.goodImage)
+        let problem: ExternalStorageError.Problem = missing ? .missingFile : .hashMismatch
+        #expect(throws: ReplicaError.externalStorage(ExternalStorageError(store: "scans", entity: "Scan", recordID: seeded.bad,
+                                                                          attribute: "image", problem: problem))) {
+            try context.model(Scan.self, id: seeded.bad)
+        }
         // Recovery: the damaged value is overwritten (with other bytes: the same bytes hash to the reference the row
-        // holds, and such an update writes nothing); sync can then be turned on.
+        // holds, and such an update writes nothing).
         var descriptor = FetchDescriptor<Scan>(predicate: #Predicate { $0.title == "bad" })
         descriptor.propertiesToFetch = [\Scan.title]
         var bad = try #require(try context.fetch(descriptor).first)
@@ -152,11 +149,10 @@ struct ExternalStorageFaultTests {
         bad.image = replacement
         context.update(bad)
         try context.save()
-        let synced = ModelContext(try container(synced: true))
-        #expect(try synced.fetch(FetchDescriptor<Scan>()).map(\.image).sorted { $0!.count < $1!.count } == [seeded.goodImage, replacement])
+        #expect(try context.fetch(FetchDescriptor<Scan>()).map(\.image).sorted { $0!.count < $1!.count } == [seeded.goodImage, replacement])
     }
 
-    @Test("R1: a store a failed synced open left with sync bookkeeping and references opens local-only; only the bad record fails")
+    @Test("R1: a store with sync bookkeeping and references opens local-only; only the record whose file is missing fails")
     func bookkeepingLeftBehind() throws {
         let seeded = try seedTwo()
         try damage(seeded.badImage, missing: true)
@@ -173,7 +169,7 @@ struct ExternalStorageFaultTests {
         var descriptor = FetchDescriptor<Scan>()
         descriptor.propertiesToFetch = [\Scan.title]
         #expect(try context.fetch(descriptor).map(\.title).sorted() == ["bad", "good"])
-        // The readable value went back into its row; deleting the other record makes the store whole again.
+        // Deleting the record whose file is gone makes the store whole again.
         _ = try context.delete(model: Scan.self, where: #Predicate { $0.title == "bad" })
         try context.save()
         #expect(try ModelContext(try container(synced: true)).fetch(FetchDescriptor<Scan>()).map(\.image) == [seeded.goodImage])

@@ -150,29 +150,35 @@ struct ExternalStorageTests {
         #expect(leftovers.isEmpty)
     }
 
-    @Test("a synced store keeps external-storage values inline (assets do not sync yet)")
-    func syncedStoreInline() throws {
+    @Test("a synced store keeps external-storage values in files too (they sync as assets)")
+    func syncedStoreFiles() throws {
         let context = ModelContext(try container(synced: true))
         let image = bytes(10_000, seed: 5)
         let id = context.insert(Scan(title: "s", image: image)).id
         try context.save()
-        #expect(try rawImage(id) == ("blob", .blob(image)))
-        #expect(assetFiles().isEmpty)
+        #expect(try rawImage(id) == ("text", .text(CloudAssetReference(of: image).fieldValue)))
+        #expect(assetFiles() == [sha256(image)])
+        #expect(try context.model(Scan.self, id: id)?.image == image)
     }
 
-    @Test("a local store that kept files puts the values back into its rows when it is opened synced")
+    @Test("a local store that kept files keeps them when it is opened synced; a value written inline earlier stays readable")
     func localThenSynced() throws {
-        let image = bytes(20_000, seed: 6)
-        let id: UUID
+        let image = bytes(20_000, seed: 6), inline = bytes(3_000, seed: 7)
+        let id: UUID, old: UUID
         do {
             let context = ModelContext(try container())
             id = context.insert(Scan(title: "l", image: image)).id
+            old = context.insert(Scan(title: "o")).id
             try context.save()
         }
+        // A value a synced store wrote into its row before synced stores kept files.
+        try rawConnection(storeURL).run("UPDATE \"Scan\" SET image = ? WHERE id = ?", [.blob(inline), old.sqliteValue])
         #expect(try rawImage(id).type == "text")
         let context = ModelContext(try container(synced: true))
-        #expect(try rawImage(id) == ("blob", .blob(image)))
+        #expect(try rawImage(id).type == "text")
         #expect(try context.model(Scan.self, id: id)?.image == image)
+        #expect(try context.model(Scan.self, id: old)?.image == inline)
+        #expect(assetFiles() == [sha256(image)])
     }
 
     @Test("a missing or damaged file is a typed error naming store, entity, record and attribute")

@@ -125,8 +125,8 @@ struct PostgresFailoverTests {
         try await cloud.createZone("z")
         _ = try await cloud.modifyRecords([CloudDatabaseTests.record(1)], in: "z")
         let token = try await cloud.fetchZoneChanges("z", since: nil, limit: 10).token
-        #expect(try admin.install().stepsRun == ["3: the server's lineage in every epoch; the shard directory", "4: zone deletion reasons",
-                                                 "5: lineage() and epoch_mix() planned once per session"])
+        #expect(try admin.install().stepsRun.prefix(3) == ["3: the server's lineage in every epoch; the shard directory", "4: zone deletion reasons",
+                                                           "5: lineage() and epoch_mix() planned once per session"])
         let later = try await cloud.fetchZoneChanges("z", since: token, limit: 10)
         #expect(later.token == token)
         // On the lineage the database was made on, the mix is 0: clients see the stored epochs.

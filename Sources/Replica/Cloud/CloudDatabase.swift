@@ -57,6 +57,60 @@ public protocol CloudDatabase: Sendable {
     /// moved. ``SQLiteCloudDatabase``: `PRAGMA data_version` (other connections' commits) plus this instance's own
     /// writes; ``InMemoryCloudDatabase``: its count of writes.
     func changeCounter() -> Int64?
+
+    /// What the zone holds of `asset`, for an upload that may resume: the chunks it has (all of them, and
+    /// ``CloudAssetUploadState/isComplete``, when the zone holds the asset already — deduplication: nothing is to be
+    /// sent). Using a complete asset this way keeps it from being collected as unreferenced for a while
+    /// (`replica-cloud prune`), so the record that references it can follow.
+    /// - Parameters:
+    ///   - asset: the asset's hash and size.
+    ///   - zone: the zone.
+    /// - Returns: the chunks held. O(chunks).
+    /// - Throws: ``CloudError/assetTooLarge(size:limit:)`` when the asset exceeds the cloud's limit per asset,
+    ///   ``CloudError/assetHashMismatch(hash:)`` for an empty asset whose hash is not that of no bytes, `zoneNotFound`
+    ///   (or `zoneDeleted`), or a whole-request error. The default implementation (a cloud that keeps no assets)
+    ///   throws ``CloudError/invalidAsset(reason:)``.
+    func prepareAssetUpload(_ asset: CloudAssetReference, in zone: String) async throws(CloudError) -> CloudAssetUploadState
+
+    /// Stores chunk `index` of `asset` (``CloudAssetReference/chunkRange(_:)`` bytes; ``CloudAssetReference/chunkSize``
+    /// except for the last). Idempotent: a chunk sent again replaces the same bytes, and a complete asset ignores it.
+    /// When the zone then holds every chunk, it checks that they hash to the asset's name and marks the asset
+    /// complete; if they do not, it drops them all.
+    /// - Parameters:
+    ///   - asset: the asset's hash and size.
+    ///   - index: the chunk's index (0-based).
+    ///   - bytes: the chunk's bytes.
+    ///   - zone: the zone.
+    /// - Returns: what the zone holds of the asset now.
+    /// - Throws: ``CloudError/invalidAsset(reason:)`` for an index outside the asset or a chunk of the wrong length,
+    ///   ``CloudError/assetTooLarge(size:limit:)``, ``CloudError/assetHashMismatch(hash:)`` when the completed
+    ///   chunks do not hash to the name, `zoneNotFound` (or `zoneDeleted`), or a whole-request error.
+    func uploadAssetChunk(_ asset: CloudAssetReference, index: Int, bytes: Data, in zone: String) async throws(CloudError) -> CloudAssetUploadState
+
+    /// Chunk `index` of the complete asset `asset`.
+    /// - Parameters:
+    ///   - asset: the asset's hash and size.
+    ///   - index: the chunk's index (0-based).
+    ///   - zone: the zone.
+    /// - Returns: the chunk's bytes (the downloader checks the whole asset's hash once it has every chunk).
+    /// - Throws: ``CloudError/assetNotFound(hash:)`` when the zone holds no complete asset of that hash and size,
+    ///   ``CloudError/invalidAsset(reason:)`` for an index outside the asset, `zoneNotFound` (or `zoneDeleted`), or
+    ///   a whole-request error.
+    func downloadAssetChunk(_ asset: CloudAssetReference, index: Int, in zone: String) async throws(CloudError) -> Data
+}
+
+extension CloudDatabase {
+    public func prepareAssetUpload(_ asset: CloudAssetReference, in zone: String) async throws(CloudError) -> CloudAssetUploadState {
+        throw .invalidAsset(reason: "this cloud database (\(type(of: self))) keeps no assets")
+    }
+
+    public func uploadAssetChunk(_ asset: CloudAssetReference, index: Int, bytes: Data, in zone: String) async throws(CloudError) -> CloudAssetUploadState {
+        throw .invalidAsset(reason: "this cloud database (\(type(of: self))) keeps no assets")
+    }
+
+    public func downloadAssetChunk(_ asset: CloudAssetReference, index: Int, in zone: String) async throws(CloudError) -> Data {
+        throw .invalidAsset(reason: "this cloud database (\(type(of: self))) keeps no assets")
+    }
 }
 
 extension CloudDatabase {
@@ -76,6 +130,12 @@ public enum CloudOperation: Hashable, Sendable {
     case fetchZoneChanges(zone: String, since: ServerChangeToken?, limit: Int)
     case fetchZoneMetadata(zone: String)
     case setZoneMetadata(zone: String, key: String, value: Data, ifCurrent: Data?)
+    /// ``CloudDatabase/prepareAssetUpload(_:in:)``.
+    case prepareAssetUpload(CloudAssetReference, zone: String)
+    /// ``CloudDatabase/uploadAssetChunk(_:index:bytes:in:)``.
+    case uploadAssetChunk(CloudAssetReference, index: Int, bytes: Data, zone: String)
+    /// ``CloudDatabase/downloadAssetChunk(_:index:in:)``.
+    case downloadAssetChunk(CloudAssetReference, index: Int, zone: String)
 
     /// A short name for traces and logs (never record contents).
     public var name: String {
@@ -87,6 +147,9 @@ public enum CloudOperation: Hashable, Sendable {
         case .fetchZoneChanges: return "fetchZoneChanges"
         case .fetchZoneMetadata: return "fetchZoneMetadata"
         case .setZoneMetadata: return "setZoneMetadata"
+        case .prepareAssetUpload: return "prepareAssetUpload"
+        case .uploadAssetChunk: return "uploadAssetChunk"
+        case .downloadAssetChunk: return "downloadAssetChunk"
         }
     }
 }
@@ -99,6 +162,10 @@ public enum CloudOperationResult: Hashable, Sendable {
     case changes(ZoneChangeBatch)
     case metadata([String: Data])
     case metadataValue(Data)
+    /// What the zone holds of an asset (prepare or chunk upload).
+    case assetUpload(CloudAssetUploadState)
+    /// A downloaded chunk.
+    case assetChunk(Data)
 }
 
 extension CloudDatabase {
@@ -123,6 +190,12 @@ extension CloudDatabase {
                 return .success(.metadata(try await zoneMetadata(zone)))
             case let .setZoneMetadata(zone, key, value, expected):
                 return .success(.metadataValue(try await setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)))
+            case let .prepareAssetUpload(asset, zone):
+                return .success(.assetUpload(try await prepareAssetUpload(asset, in: zone)))
+            case let .uploadAssetChunk(asset, index, bytes, zone):
+                return .success(.assetUpload(try await uploadAssetChunk(asset, index: index, bytes: bytes, in: zone)))
+            case let .downloadAssetChunk(asset, index, zone):
+                return .success(.assetChunk(try await downloadAssetChunk(asset, index: index, in: zone)))
             }
         } catch {
             return .failure(error)

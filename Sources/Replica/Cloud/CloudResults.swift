@@ -134,6 +134,20 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
     /// server's reason, never a password or connection string. Reported by ``CloudDatabase`` implementations that
     /// talk to a server (`PostgresCloudDatabase`).
     case permissionFailure(reason: String)
+    /// The asset is larger than the cloud accepts for one asset (`limit` bytes; CloudKit's `limitExceeded` for an
+    /// asset). Not transient: a record whose value is too large is kept, marked rejected with this reason.
+    case assetTooLarge(size: Int64, limit: Int64)
+    /// The zone holds no complete asset with this hash (never uploaded, not finished, collected as unreferenced, or
+    /// its zone was deleted; CloudKit's `assetNotAvailable`). A device waiting for it keeps the record that
+    /// references it aside and asks again later.
+    case assetNotFound(hash: String)
+    /// The chunks of an upload do not hash to the asset's name (the bytes were damaged or are not the asset's;
+    /// CloudKit's `assetFileModified`): the cloud dropped them. Also what a device reports for downloaded bytes that
+    /// do not hash to the name.
+    case assetHashMismatch(hash: String)
+    /// An asset request the cloud cannot take (a chunk outside the asset, a chunk of the wrong length, a malformed
+    /// hash, or a cloud that keeps no assets); `reason` says which, never bytes.
+    case invalidAsset(reason: String)
 
     /// `true` for errors that clear by themselves: retry the same work later.
     public var isTransient: Bool {
@@ -178,6 +192,10 @@ public enum CloudError: Error, Hashable, Sendable, Codable, CustomStringConverti
         case let .invalidRecord(reason): return "invalid record: \(reason)"
         case let .serviceUnavailable(reason): return "service unavailable: \(reason)"
         case let .permissionFailure(reason): return "permission failure: \(reason)"
+        case let .assetTooLarge(size, limit): return "asset too large (\(size) bytes; the limit is \(limit))"
+        case let .assetNotFound(hash): return "asset \(hash.prefix(12))… not found"
+        case let .assetHashMismatch(hash): return "asset \(hash.prefix(12))…: the bytes do not hash to its name"
+        case let .invalidAsset(reason): return "invalid asset request: \(reason)"
         }
     }
 }

@@ -8,7 +8,21 @@ import Synchronization
 public final class InMemoryCloudDatabase: CloudDatabase {
     /// Which operations an injected fault applies to.
     public enum OperationKind: Sendable, Hashable {
-        case modify, fetch, any
+        /// Record saves, zone deletion and metadata writes.
+        case modify
+        /// Fetches of changes and metadata.
+        case fetch
+        /// Asset uploads and downloads (``CloudDatabase/prepareAssetUpload(_:in:)`` and the chunk operations).
+        case asset
+        /// Any operation.
+        case any
+    }
+
+    /// One asset of a zone: its chunks as received, complete once they hashed to its name.
+    struct StoredAsset {
+        var size: Int64
+        var chunks: [Int: Data] = [:]
+        var complete = false
     }
 
     struct StoredRecord {
@@ -27,6 +41,8 @@ public final class InMemoryCloudDatabase: CloudDatabase {
         /// Record IDs by sequence (each record appears once, at its newest sequence).
         var bySequence: [Int64: UUID] = [:]
         var metadata: [String: Data] = [:]
+        /// Assets by hash.
+        var assets: [String: StoredAsset] = [:]
     }
 
     struct State {
@@ -40,8 +56,15 @@ public final class InMemoryCloudDatabase: CloudDatabase {
     }
 
     private let state = Mutex(State())
+    /// The largest asset this cloud accepts, in bytes.
+    public let maximumAssetSize: Int64
 
-    public init() {}
+    /// An empty cloud.
+    /// - Parameter maximumAssetSize: the largest asset it accepts, in bytes (default
+    ///   ``CloudAssetReference/defaultMaximumSize``, 256 MiB).
+    public init(maximumAssetSize: Int64 = CloudAssetReference.defaultMaximumSize) {
+        self.maximumAssetSize = maximumAssetSize
+    }
 
     // MARK: Fault injection
 
@@ -97,7 +120,43 @@ public final class InMemoryCloudDatabase: CloudDatabase {
         for record in records(in: zone) { bytes.append((try? encoder.encode(record)) ?? Data()) }
         let metadata = state.withLock { $0.zones[zone]?.metadata ?? [:] }
         for key in metadata.keys.sorted() { bytes.append(Data(key.utf8)); bytes.append(metadata[key]!) }
+        let assets = state.withLock { $0.zones[zone]?.assets ?? [:] }
+        for hash in assets.keys.sorted() {
+            bytes.append(Data(hash.utf8))
+            let chunks = assets[hash]!.chunks
+            for index in chunks.keys.sorted() { bytes.append(chunks[index]!) }
+        }
         return bytes
+    }
+
+    /// The assets of `zone` (complete or not), by hash order, for tests and invariants.
+    public func assets(in zone: String) -> [CloudAssetUploadState] {
+        state.withLock { state in
+            guard let assets = state.zones[zone]?.assets else { return [] }
+            return assets.keys.sorted().compactMap { hash in
+                let stored = assets[hash]!
+                return CloudAssetReference(hash: hash, size: stored.size).map {
+                    CloudAssetUploadState(asset: $0, receivedChunks: stored.chunks.keys.sorted(), isComplete: stored.complete)
+                }
+            }
+        }
+    }
+
+    /// Replaces the bytes of chunk `index` of a stored asset of `zone` (tests of tampering in the cloud). Returns
+    /// `false` when there is no such chunk.
+    @discardableResult
+    public func tamperWithAsset(_ hash: String, chunk index: Int, in zone: String, _ change: (inout Data) -> Void) -> Bool {
+        state.withLock { state in
+            guard var bytes = state.zones[zone]?.assets[hash]?.chunks[index] else { return false }
+            change(&bytes)
+            state.zones[zone]!.assets[hash]!.chunks[index] = bytes
+            return true
+        }
+    }
+
+    /// Removes an asset of `zone` (tests of an asset the cloud lost or collected).
+    public func removeAsset(_ hash: String, in zone: String) {
+        state.withLock { $0.zones[zone]?.assets[hash] = nil }
     }
 
     /// A number that changes with every zone's epoch and sequence (each save moves its zone's sequence), for the
@@ -141,6 +200,12 @@ public final class InMemoryCloudDatabase: CloudDatabase {
                 return .success(.metadata(try zoneMetadata(zone)))
             case let .setZoneMetadata(zone, key, value, expected):
                 return .success(.metadataValue(try setZoneMetadata(zone, key: key, value: value, ifCurrent: expected)))
+            case let .prepareAssetUpload(asset, zone):
+                return .success(.assetUpload(try prepareAssetUpload(asset, in: zone)))
+            case let .uploadAssetChunk(asset, index, bytes, zone):
+                return .success(.assetUpload(try uploadAssetChunk(asset, index: index, bytes: bytes, in: zone)))
+            case let .downloadAssetChunk(asset, index, zone):
+                return .success(.assetChunk(try downloadAssetChunk(asset, index: index, in: zone)))
             }
         } catch {
             return .failure(error)
@@ -234,6 +299,79 @@ public final class InMemoryCloudDatabase: CloudDatabase {
             if z.metadata[key] == expected { z.metadata[key] = value }
             state.zones[zone] = z
             return z.metadata[key] ?? Data()
+        }
+    }
+
+    // MARK: Assets
+
+    private static func uploadState(_ asset: CloudAssetReference, _ stored: StoredAsset) -> CloudAssetUploadState {
+        CloudAssetUploadState(asset: asset, receivedChunks: stored.complete ? Array(0..<asset.chunkCount) : stored.chunks.keys.sorted(),
+                              isComplete: stored.complete)
+    }
+
+    /// The asset's entry in `zone`, made (empty) when missing or when an unfinished one of another size is there;
+    /// an empty asset is complete at once.
+    private static func entry(_ asset: CloudAssetReference, _ zone: inout Zone) throws(CloudError) -> StoredAsset {
+        if let stored = zone.assets[asset.hash] {
+            if stored.size == asset.size { return stored }
+            // Bytes of two sizes cannot have one hash: a finished asset keeps its size; an unfinished one restarts.
+            if stored.complete { throw .assetHashMismatch(hash: asset.hash) }
+        }
+        var stored = StoredAsset(size: asset.size)
+        if asset.size == 0 {
+            guard asset.hash == CloudAssetRules.emptyHash else { throw .assetHashMismatch(hash: asset.hash) }
+            stored.complete = true
+        }
+        zone.assets[asset.hash] = stored
+        return stored
+    }
+
+    public func prepareAssetUpload(_ asset: CloudAssetReference, in zone: String) throws(CloudError) -> CloudAssetUploadState {
+        try state.withLock { (state) throws(CloudError) -> CloudAssetUploadState in
+            if let error = Self.takeInjected(&state, .asset) { throw error }
+            guard var z = state.zones[zone] else { throw Self.missing(zone, state) }
+            try CloudAssetRules.check(asset, limit: maximumAssetSize)
+            let stored = try Self.entry(asset, &z)
+            state.zones[zone] = z
+            return Self.uploadState(asset, stored)
+        }
+    }
+
+    public func uploadAssetChunk(_ asset: CloudAssetReference, index: Int, bytes: Data, in zone: String) throws(CloudError) -> CloudAssetUploadState {
+        try state.withLock { (state) throws(CloudError) -> CloudAssetUploadState in
+            if let error = Self.takeInjected(&state, .asset) { throw error }
+            guard var z = state.zones[zone] else { throw Self.missing(zone, state) }
+            try CloudAssetRules.check(asset, limit: maximumAssetSize)
+            try CloudAssetRules.check(asset, index: index, length: bytes.count)
+            var stored = try Self.entry(asset, &z)
+            if !stored.complete {
+                stored.chunks[index] = bytes
+                if stored.chunks.count == asset.chunkCount {
+                    var hasher = SHA256Hasher()
+                    for i in 0..<asset.chunkCount { hasher.update(stored.chunks[i]!) }
+                    guard hasher.finalizeHex() == asset.hash else {
+                        z.assets[asset.hash] = nil
+                        state.zones[zone] = z
+                        throw .assetHashMismatch(hash: asset.hash)
+                    }
+                    stored.complete = true
+                }
+                z.assets[asset.hash] = stored
+                state.zones[zone] = z
+            }
+            return Self.uploadState(asset, stored)
+        }
+    }
+
+    public func downloadAssetChunk(_ asset: CloudAssetReference, index: Int, in zone: String) throws(CloudError) -> Data {
+        try state.withLock { (state) throws(CloudError) -> Data in
+            if let error = Self.takeInjected(&state, .asset) { throw error }
+            guard let z = state.zones[zone] else { throw Self.missing(zone, state) }
+            guard let stored = z.assets[asset.hash], stored.complete, stored.size == asset.size else {
+                throw .assetNotFound(hash: asset.hash)
+            }
+            try CloudAssetRules.checkIndex(asset, index)
+            return stored.chunks[index] ?? Data()
         }
     }
 }

@@ -8,8 +8,9 @@ import Synchronization
 /// Layout: `cloud_zone(name, epoch, sequence, oldest_valid)`, `cloud_epoch(name, epoch, deletion_reason)` (epochs
 /// and the reason of a zone's deletion outlive deleted zones; files made before reasons existed gain the column when
 /// opened), `cloud_record(zone, id, sequence, change_tag, record)` with the record's body in the binary form (a BLOB,
-/// ``CloudRecordBody``; files written before it hold JSON text, still read: the storage class tells them apart), and
-/// `cloud_zone_metadata(zone, key, value)`.
+/// ``CloudRecordBody``; files written before it hold JSON text, still read: the storage class tells them apart),
+/// `cloud_zone_metadata(zone, key, value)`, and assets: `cloud_asset(zone, hash, size, complete)` with their chunks
+/// in `cloud_asset_chunk(zone, hash, idx, data)` (files made before assets existed gain both tables when opened).
 public final class SQLiteCloudDatabase: CloudDatabase {
     /// Guards `db`: the connection is only touched while holding this lock.
     private let lock = Mutex(())
@@ -17,15 +18,21 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     /// The database file.
     public let url: URL
     private let environment: ReplicaEnvironment
+    /// The largest asset this cloud accepts, in bytes.
+    public let maximumAssetSize: Int64
 
     /// Opens (creating if needed) the cloud database file at `url`.
-    /// - Parameter environment: the source of randomness for zone epochs (``ReplicaEnvironment/live`` by default):
-    ///   a zone created in a new or re-created file never accepts a change token issued by another file.
+    /// - Parameters:
+    ///   - environment: the source of randomness for zone epochs (``ReplicaEnvironment/live`` by default): a zone
+    ///     created in a new or re-created file never accepts a change token issued by another file.
+    ///   - maximumAssetSize: the largest asset it accepts, in bytes (default
+    ///     ``CloudAssetReference/defaultMaximumSize``, 256 MiB).
     /// - Throws: ``SQLiteError`` when the file cannot be opened or is not a database, or the file system's error when
     ///   its directory cannot be created.
-    public init(url: URL, environment: ReplicaEnvironment = .live) throws {
+    public init(url: URL, environment: ReplicaEnvironment = .live, maximumAssetSize: Int64 = CloudAssetReference.defaultMaximumSize) throws {
         self.url = url
         self.environment = environment
+        self.maximumAssetSize = maximumAssetSize
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         self.db = try Self.open(url)
     }
@@ -43,6 +50,10 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                 CREATE INDEX IF NOT EXISTS cloud_record_sequence ON cloud_record (zone, sequence);
                 CREATE TABLE IF NOT EXISTS cloud_zone_metadata (zone TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
                     PRIMARY KEY (zone, key));
+                CREATE TABLE IF NOT EXISTS cloud_asset (zone TEXT NOT NULL, hash TEXT NOT NULL, size INTEGER NOT NULL,
+                    complete INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (zone, hash));
+                CREATE TABLE IF NOT EXISTS cloud_asset_chunk (zone TEXT NOT NULL, hash TEXT NOT NULL, idx INTEGER NOT NULL,
+                    data BLOB NOT NULL, PRIMARY KEY (zone, hash, idx));
                 """)
             // Files made before zone deletion reasons existed: the column is added (NULL: no reason known).
             if try db.scalar("SELECT count(*) FROM pragma_table_info('cloud_epoch') WHERE name = 'deletion_reason'") == .integer(0) {
@@ -142,6 +153,8 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     private static func remove(_ zone: String, reason: ZoneDeletionReason?, _ db: Connection) throws {
         try db.run("DELETE FROM cloud_record WHERE zone = ?", [.text(zone)])
         try db.run("DELETE FROM cloud_zone_metadata WHERE zone = ?", [.text(zone)])
+        try db.run("DELETE FROM cloud_asset_chunk WHERE zone = ?", [.text(zone)])
+        try db.run("DELETE FROM cloud_asset WHERE zone = ?", [.text(zone)])
         try db.run("DELETE FROM cloud_zone WHERE name = ?", [.text(zone)])
         try db.run("UPDATE cloud_epoch SET deletion_reason = ? WHERE name = ?", [reason.map { .text($0.rawValue) } ?? .null, .text(zone)])
     }
@@ -284,6 +297,102 @@ public final class SQLiteCloudDatabase: CloudDatabase {
         try write { db in
             try db.rows("SELECT record FROM cloud_record WHERE zone = ? ORDER BY id", [.text(zone)]).compactMap { row in
                 Self.storedRecord(row[0])
+            }
+        }
+    }
+
+    // MARK: Assets
+
+    /// What `zone` holds of `asset`: its entry (made, empty, when missing, or when an unfinished one of another size is
+    /// there; an empty asset is complete at once) and the chunks received. Inside a write transaction.
+    private static func entry(_ asset: CloudAssetReference, zone: String, _ db: Connection) throws -> CloudAssetUploadState {
+        if let row = try db.rows("SELECT size, complete FROM cloud_asset WHERE zone = ? AND hash = ?", [.text(zone), .text(asset.hash)]).first,
+           case let .integer(size) = row[0], case let .integer(complete) = row[1] {
+            if size == asset.size {
+                if complete == 1 { return CloudAssetUploadState(asset: asset, receivedChunks: Array(0..<asset.chunkCount), isComplete: true) }
+                let received = try db.rows("SELECT idx FROM cloud_asset_chunk WHERE zone = ? AND hash = ? ORDER BY idx",
+                                           [.text(zone), .text(asset.hash)]).compactMap { row -> Int? in
+                    if case let .integer(index) = row[0] { Int(index) } else { nil }
+                }
+                return CloudAssetUploadState(asset: asset, receivedChunks: received, isComplete: false)
+            }
+            // Bytes of two sizes cannot have one hash: a finished asset keeps its size; an unfinished one restarts.
+            if complete == 1 { throw CloudError.assetHashMismatch(hash: asset.hash) }
+            try db.run("DELETE FROM cloud_asset_chunk WHERE zone = ? AND hash = ?", [.text(zone), .text(asset.hash)])
+        }
+        let complete = asset.size == 0
+        if complete, asset.hash != CloudAssetRules.emptyHash { throw CloudError.assetHashMismatch(hash: asset.hash) }
+        try db.run("""
+            INSERT INTO cloud_asset (zone, hash, size, complete) VALUES (?, ?, ?, ?)
+            ON CONFLICT (zone, hash) DO UPDATE SET size = excluded.size, complete = excluded.complete
+            """, [.text(zone), .text(asset.hash), .integer(asset.size), .integer(complete ? 1 : 0)])
+        return CloudAssetUploadState(asset: asset, receivedChunks: [], isComplete: complete)
+    }
+
+    public func prepareAssetUpload(_ asset: CloudAssetReference, in zone: String) throws(CloudError) -> CloudAssetUploadState {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw try Self.missing(zone, db) }
+            try CloudAssetRules.check(asset, limit: maximumAssetSize)
+            return try Self.entry(asset, zone: zone, db)
+        }
+    }
+
+    public func uploadAssetChunk(_ asset: CloudAssetReference, index: Int, bytes: Data, in zone: String) throws(CloudError) -> CloudAssetUploadState {
+        // A hash mismatch drops the chunks and commits that (the error is returned, not thrown, from the transaction).
+        let outcome: Result<CloudAssetUploadState, CloudError> = try write { db in
+            guard try Self.zone(zone, db) != nil else { throw try Self.missing(zone, db) }
+            try CloudAssetRules.check(asset, limit: maximumAssetSize)
+            try CloudAssetRules.check(asset, index: index, length: bytes.count)
+            var state = try Self.entry(asset, zone: zone, db)
+            guard !state.isComplete else { return .success(state) }
+            try db.run("""
+                INSERT INTO cloud_asset_chunk (zone, hash, idx, data) VALUES (?, ?, ?, ?)
+                ON CONFLICT (zone, hash, idx) DO UPDATE SET data = excluded.data
+                """, [.text(zone), .text(asset.hash), .integer(Int64(index)), .blob(bytes)])
+            if !state.receivedChunks.contains(index) { state.receivedChunks = (state.receivedChunks + [index]).sorted() }
+            guard state.receivedChunks.count == asset.chunkCount else { return .success(state) }
+            // Every chunk is here: they must hash to the name (read one at a time).
+            var hasher = SHA256Hasher()
+            for chunk in 0..<asset.chunkCount {
+                guard case let .blob(data)? = try db.scalar("SELECT data FROM cloud_asset_chunk WHERE zone = ? AND hash = ? AND idx = ?",
+                                                            [.text(zone), .text(asset.hash), .integer(Int64(chunk))]) else { continue }
+                hasher.update(data)
+            }
+            guard hasher.finalizeHex() == asset.hash else {
+                try db.run("DELETE FROM cloud_asset_chunk WHERE zone = ? AND hash = ?", [.text(zone), .text(asset.hash)])
+                try db.run("DELETE FROM cloud_asset WHERE zone = ? AND hash = ?", [.text(zone), .text(asset.hash)])
+                return .failure(.assetHashMismatch(hash: asset.hash))
+            }
+            try db.run("UPDATE cloud_asset SET complete = 1 WHERE zone = ? AND hash = ?", [.text(zone), .text(asset.hash)])
+            state.isComplete = true
+            return .success(state)
+        }
+        return try outcome.get()
+    }
+
+    public func downloadAssetChunk(_ asset: CloudAssetReference, index: Int, in zone: String) throws(CloudError) -> Data {
+        try write { db in
+            guard try Self.zone(zone, db) != nil else { throw try Self.missing(zone, db) }
+            guard try db.scalar("SELECT 1 FROM cloud_asset WHERE zone = ? AND hash = ? AND size = ? AND complete = 1",
+                                [.text(zone), .text(asset.hash), .integer(asset.size)]) != nil else {
+                throw CloudError.assetNotFound(hash: asset.hash)
+            }
+            try CloudAssetRules.checkIndex(asset, index)
+            guard case let .blob(data)? = try db.scalar("SELECT data FROM cloud_asset_chunk WHERE zone = ? AND hash = ? AND idx = ?",
+                                                        [.text(zone), .text(asset.hash), .integer(Int64(index))]) else {
+                throw CloudError.serviceUnavailable(reason: "cloud database file: chunk \(index) of \(asset) is missing")
+            }
+            return data
+        }
+    }
+
+    /// The assets of `zone` (complete or not), in hash order, for tests and status.
+    public func assets(in zone: String) throws(CloudError) -> [CloudAssetUploadState] {
+        try write { db in
+            try db.rows("SELECT hash, size FROM cloud_asset WHERE zone = ? ORDER BY hash", [.text(zone)]).compactMap { row in
+                guard case let .text(hash) = row[0], case let .integer(size) = row[1],
+                      let asset = CloudAssetReference(hash: hash, size: size) else { return nil }
+                return try Self.entry(asset, zone: zone, db)
             }
         }
     }

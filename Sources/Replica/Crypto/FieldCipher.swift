@@ -153,6 +153,22 @@ public final class FieldCipher: CustomStringConvertible {
         currentSlot = versions.indices.max { versions[$0] < versions[$1] } ?? -1
     }
 
+    /// Runs `body` with the sealed-asset keys of key `version` (``AssetSealing``: the stream key, then the header key,
+    /// 32 bytes each, derived from the field key), held in guarded memory for the call only.
+    /// - Throws: ``FieldEncryptionError/noKey(zone:)`` when `version` is not loaded; what `body` throws.
+    func withAssetKeys<T>(version: UInt32, _ body: (_ streamKey: UnsafeRawBufferPointer, _ headerKey: UnsafeRawBufferPointer) throws -> T) throws -> T {
+        guard let slot = versions.firstIndex(of: version) else { throw FieldEncryptionError.noKey(zone: zone) }
+        let derived = try GuardedBuffer(count: 2 * AssetSealing.keyLength)
+        slots.withReadOnlyBytes { all in
+            let key = UnsafeRawBufferPointer(rebasing: all[slot * Self.keyLength ..< (slot + 1) * Self.keyLength])
+            derived.withWritableBytes { AssetSealing.deriveKeys(fieldKey: key, into: $0) }
+        }
+        return try derived.withReadOnlyBytes { keys in
+            try body(UnsafeRawBufferPointer(rebasing: keys[0..<AssetSealing.keyLength]),
+                     UnsafeRawBufferPointer(rebasing: keys[AssetSealing.keyLength ..< 2 * AssetSealing.keyLength]))
+        }
+    }
+
     /// Forgets every key (the guarded region is wiped).
     public func removeAllKeys() {
         slots.wipe()

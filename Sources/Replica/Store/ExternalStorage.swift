@@ -191,6 +191,157 @@ final class AssetStore: Sendable {
         return true
     }
 
+    // MARK: Assets in sync
+
+    /// Whether the asset's file is there: a regular file of the asset's size (its hash was checked when it was
+    /// written). O(1).
+    func hasFile(_ asset: CloudAssetReference) -> Bool {
+        var info = stat()
+        return lstat(path(ofHash: asset.hash), &info) == 0 && info.st_mode & S_IFMT == S_IFREG && Int64(info.st_size) == asset.size
+    }
+
+    /// Whether the asset's file is there and its bytes hash to its name (read in 1 MB chunks). O(size).
+    func verifiesFile(_ asset: CloudAssetReference) -> Bool {
+        hasFile(asset) && fileHashes(path(ofHash: asset.hash), to: asset.hash)
+    }
+
+    /// Chunk `index` of the asset's file (``CloudAssetReference/chunkRange(_:)``), read with `pread`.
+    /// - Throws: ``ExternalStorageError/Problem`` when the file is missing, shorter, or cannot be read.
+    func readChunk(_ asset: CloudAssetReference, index: Int) throws(ExternalStorageError.Problem) -> Data {
+        try read(asset, range: asset.chunkRange(index))
+    }
+
+    /// Bytes `range` of the asset's file, read with `pread`.
+    /// - Throws: ``ExternalStorageError/Problem`` when the file is missing, shorter, or cannot be read.
+    func read(_ asset: CloudAssetReference, range: Range<Int64>) throws(ExternalStorageError.Problem) -> Data {
+        let count = Int(range.upperBound - range.lowerBound)
+        let fd = open(path(ofHash: asset.hash), O_RDONLY)
+        guard fd >= 0 else { throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno) }
+        defer { close(fd) }
+        var data = Data(count: count)
+        var failure: ExternalStorageError.Problem?
+        data.withUnsafeMutableBytes { buffer in
+            var offset = 0
+            while offset < count {
+                let read = pread(fd, buffer.baseAddress! + offset, count - offset, off_t(range.lowerBound) + off_t(offset))
+                if read < 0 && errno == EINTR { continue }
+                guard read > 0 else {
+                    failure = read == 0 ? .sizeMismatch(expected: Int(asset.size), found: Int(range.lowerBound) + offset)
+                        : .fileOperationFailed(operation: "reading the file", code: errno)
+                    return
+                }
+                offset += read
+            }
+        }
+        if let failure { throw failure }
+        return data
+    }
+
+    /// Writes the asset's file from its chunks (`chunk(i)` for each index, in order), durably, as ``write(_:reference:)``
+    /// does — `<hash>.tmp`, `fsync`, `rename`, `fsync` of the directory — checking on the way that the bytes hash to
+    /// the name and have the asset's size. Memory: one chunk at a time. Called inside a write transaction.
+    /// - Throws: ``ExternalStorageError/Problem/hashMismatch`` or `sizeMismatch` (nothing is left behind), or a failed
+    ///   file operation; whatever `chunk` throws.
+    func write(_ asset: CloudAssetReference, chunks chunk: (Int) throws -> Data) throws {
+        let final = path(ofHash: asset.hash)
+        var info = stat()
+        if lstat(final, &info) == 0, info.st_mode & S_IFMT != S_IFREG { throw ExternalStorageError.Problem.notRegularFile }
+        try makeDirectory()
+        let temporary = final + ".tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        guard fd >= 0 else { throw ExternalStorageError.Problem.fileOperationFailed(operation: "creating the file", code: errno) }
+        var hasher = SHA256Hasher()
+        var written: Int64 = 0
+        do {
+            for index in 0..<asset.chunkCount {
+                let data = try chunk(index)
+                hasher.update(data)
+                var failure: ExternalStorageError.Problem?
+                data.withUnsafeBytes { buffer in
+                    var offset = 0
+                    while offset < buffer.count {
+                        let count = posixWrite(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                        if count < 0 {
+                            if errno == EINTR { continue }
+                            failure = .fileOperationFailed(operation: "writing the file", code: errno)
+                            return
+                        }
+                        offset += count
+                    }
+                }
+                if let failure { throw failure }
+                written += Int64(data.count)
+            }
+            guard written == asset.size else { throw ExternalStorageError.Problem.sizeMismatch(expected: Int(asset.size), found: Int(written)) }
+            guard hasher.finalizeHex() == asset.hash else { throw ExternalStorageError.Problem.hashMismatch }
+            guard fsync(fd) == 0 else { throw ExternalStorageError.Problem.fileOperationFailed(operation: "syncing the file", code: errno) }
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw error
+        }
+        close(fd)
+        guard rename(temporary, final) == 0 else {
+            let code = errno
+            unlink(temporary)
+            throw ExternalStorageError.Problem.fileOperationFailed(operation: "renaming the file into place", code: code)
+        }
+        try syncDirectory(directory.path)
+    }
+
+    /// Writes a file from bytes whose hash is not known beforehand (an opened sealed asset): `produce` hands the
+    /// bytes to its argument in order; the file is named by their SHA-256 once complete (durably, as ``write(_:reference:)``
+    /// does: `.tmp`, `fsync`, `rename`, `fsync` of the directory). A file of that name and size that is there already
+    /// is kept. Called inside a write transaction.
+    /// - Returns: the written asset's reference.
+    /// - Throws: a failed file operation, or what `produce` throws (nothing is left behind).
+    func writeNew(_ produce: (_ sink: (Data) throws -> Void) throws -> Void) throws -> CloudAssetReference {
+        try makeDirectory()
+        let temporary = directory.appendingPathComponent("opening.tmp").path
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        guard fd >= 0 else { throw ExternalStorageError.Problem.fileOperationFailed(operation: "creating the file", code: errno) }
+        var hasher = SHA256Hasher()
+        var size: Int64 = 0
+        do {
+            try produce { data in
+                hasher.update(data)
+                var failure: ExternalStorageError.Problem?
+                data.withUnsafeBytes { buffer in
+                    var offset = 0
+                    while offset < buffer.count {
+                        let count = posixWrite(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                        if count < 0 {
+                            if errno == EINTR { continue }
+                            failure = .fileOperationFailed(operation: "writing the file", code: errno)
+                            return
+                        }
+                        offset += count
+                    }
+                }
+                if let failure { throw failure }
+                size += Int64(data.count)
+            }
+            guard fsync(fd) == 0 else { throw ExternalStorageError.Problem.fileOperationFailed(operation: "syncing the file", code: errno) }
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw error
+        }
+        close(fd)
+        let asset = CloudAssetReference(hash: hasher.finalizeHex(), size: size)!
+        if hasFile(asset) {
+            unlink(temporary)
+            return asset
+        }
+        guard rename(temporary, path(ofHash: asset.hash)) == 0 else {
+            let code = errno
+            unlink(temporary)
+            throw ExternalStorageError.Problem.fileOperationFailed(operation: "renaming the file into place", code: code)
+        }
+        try syncDirectory(directory.path)
+        return asset
+    }
+
     /// Whether the regular file at `path` can be read whole and its bytes hash to `hash` (read in 1 MB chunks).
     private func fileHashes(_ path: String, to hash: String) -> Bool {
         let fd = open(path, O_RDONLY)
@@ -295,9 +446,15 @@ final class AssetStore: Sendable {
                 }
             }
         }
-        let tombstones = try db.rows("SELECT tombstone FROM replica_history_change WHERE tombstone LIKE '%' || ? || '%'",
-                                     [.text(prefix)], cache: false)
-        for row in tombstones {
+        var texts = try db.rows("SELECT tombstone FROM replica_history_change WHERE tombstone LIKE '%' || ? || '%'",
+                                [.text(prefix)], cache: false)
+        // A synced store's bookkeeping: tombstones the ledger keeps to upload, and versions waiting for their assets
+        // (an asset downloaded for a record that still waits for another one stays).
+        for (table, column) in [("replica_sync_record", "tombstone"), ("replica_sync_asset_wait", "record"), ("replica_sync_sealed_asset", "plain_ref")]
+        where try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table)]) != nil {
+            texts += try db.rows("SELECT \(column) FROM \(table) WHERE \(column) LIKE '%' || ? || '%'", [.text(prefix)], cache: false)
+        }
+        for row in texts {
             guard case let .text(json) = row[0] else { continue }
             var rest = Substring(json)
             while let range = rest.range(of: prefix) {

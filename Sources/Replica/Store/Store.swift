@@ -48,19 +48,16 @@ final class Store: Sendable {
     /// Gives up the store's file lock as a crash of this process would (the kernel drops it), keeping the connections
     /// (see ``ModelContainer/releaseStoreLocksAsAfterCrash()``).
     func releaseFileLockAsAfterCrash() { fileLock?.unlock() }
-    /// The files of ``Schema/Attribute/Options/externalStorage`` attributes (see ``AssetStore``): for a store file
-    /// without sync bookkeeping; `nil` for in-memory stores (which keep the bytes in their rows, in memory) and for
-    /// stores that track sync (which keep them inline until assets sync, issue 24 item 3).
+    /// The files of ``Schema/Attribute/Options/externalStorage`` attributes (see ``AssetStore``): for every store file,
+    /// synced or not (a synced store's values travel as assets, see `SyncEngine+Assets.swift`); `nil` for in-memory
+    /// stores, which keep the bytes in their rows, in memory.
     let assets: AssetStore?
     /// Per entity (``entities`` order): the field indices of its external-storage data attributes when ``assets``
     /// is set, else empty.
     let externalFields: [[Int]]
-    /// The files queries read external-storage references from: ``assets``, or — for a store that tracks sync but
-    /// whose rows still hold references whose files could not be read back into them (see
-    /// `inlineExternalValues`) — the store's asset directory, read-only, so its other records stay readable and those
-    /// references fail with an ``ExternalStorageError`` naming the record. `nil` when no row can hold a reference.
+    /// The files queries read external-storage references from: ``assets`` (`nil` when no row can hold a reference).
     let readAssets: AssetStore?
-    /// Per entity: the field indices queries read through ``readAssets`` (``externalFields`` when it is ``assets``).
+    /// Per entity: the field indices queries read through ``readAssets`` (``externalFields``).
     let readExternalFields: [[Int]]
     /// The reason of ``ReplicaError/storeInUse(configuration:reason:)`` when another process or container is migrating
     /// the store (it holds the store's lock exclusively): nothing is wrong with either side; open it again once that
@@ -148,8 +145,6 @@ final class Store: Sendable {
             let assetStore = fileURL.map {
                 AssetStore(storeURL: $0, storeName: name, verifiesReuse: true)
             }
-            // Whether rows of a store that tracks sync still hold references to files (see `inlineExternalValues`).
-            var leftoverReferences = false
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
                 // database of one that went away (see `StoreLayout.takeRetired()`).
@@ -174,11 +169,11 @@ final class Store: Sendable {
                     }
                     exclusive = true
                 }
-                (identity, isNew, tracksSync, leftoverReferences) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
+                (identity, isNew, tracksSync) = try Self.prepare(connection, layout: layout, schemaReady: cloned,
                                                                  sharedFile: !configuration.isStoredInMemoryOnly,
                                                                  appGroup: configuration.groupContainer != .none,
                                                                  recordVersion: recordsVersion ? schemaVersion : nil,
-                                                                 migrationSource: migrationSource, assets: assetStore,
+                                                                 migrationSource: migrationSource,
                                                                  takeExclusive: takeExclusive, environment: environment)
                 if exclusive, let fileLock {
                     do {
@@ -191,12 +186,12 @@ final class Store: Sendable {
                 identity = try Self.readIdentity(connection, entities: entities, synced: configuration.isSynced)
                 tracksSync = false
             }
-            assets = tracksSync ? nil : assetStore
+            assets = assetStore
             let declaredExternal = entities.map { entity in
                 entity.attributes.indices.filter { entity.attributes[$0].options.contains(.externalStorage) && entity.attributes[$0].type == .data }
             }
             externalFields = assets == nil ? entities.map { _ in [] } : declaredExternal
-            readAssets = assets ?? (leftoverReferences ? assetStore : nil)
+            readAssets = assets
             readExternalFields = readAssets == nil ? entities.map { _ in [] } : declaredExternal
             // Files a save wrote before it crashed (or rolled back) are referenced by no committed row, nor are those
             // of a column a migration stage dropped: removed now, whether or not this schema declares external
@@ -225,44 +220,6 @@ final class Store: Sendable {
         } catch let error as StoreInUse {
             throw ReplicaError.storeInUse(configuration: name, reason: error.reason)
         }
-    }
-
-    /// Puts the bytes of every external-storage value that a row references back into the row, for a store that
-    /// tracks sync (sync reads rows; assets do not sync yet). Runs inside `prepare`'s write transaction, so turning
-    /// sync on — creating the sync bookkeeping and inlining — is one step. Files stay for the history tombstones
-    /// that may name them.
-    ///
-    /// A file that cannot be read (missing, damaged, not a regular file): when the open turns sync on (`strict`) it
-    /// throws, naming the record and attribute, and the transaction — the bookkeeping it created included — rolls
-    /// back, so the store is as before and opens local-only. Otherwise (a local-only open of a file that has
-    /// sync bookkeeping, e.g. left by an open that failed so before this was one step) every readable value is
-    /// inlined and the unreadable references stay: returns `true`, and queries read them through the asset
-    /// directory, failing for those records only.
-    private static func inlineExternalValues(_ db: Connection, entities: [Schema.Entity], assets: AssetStore, strict: Bool) throws -> Bool {
-        var leftover = false
-        for entity in entities {
-            let table = quoted(entity.name)
-            for attribute in entity.attributes where attribute.options.contains(.externalStorage) && attribute.type == .data {
-                let column = quoted(attribute.name)
-                for row in try db.rows("SELECT \"id\", \(column) FROM \(table) WHERE typeof(\(column)) = 'text' ORDER BY \"id\"", cache: false) {
-                    guard case let .text(reference) = row[1] else { continue }
-                    let data: Data
-                    do throws(ExternalStorageError.Problem) {
-                        data = try assets.read(reference)
-                    } catch {
-                        guard strict else {
-                            leftover = true
-                            continue
-                        }
-                        let failure = ExternalStorageError(store: assets.storeName, entity: entity.name, recordID: try? UUID(sqliteValue: row[0]),
-                                                           attribute: attribute.name, problem: error)
-                        throw StoreLayoutError(reason: "turning sync on puts every external-storage value back into its row, but \(failure); nothing was changed — open the store local-only, fetch that record without the attribute (propertiesToFetch) and set the value again or delete the record, then turn sync on")
-                    }
-                    try db.run("UPDATE \(table) SET \(column) = ? WHERE \"id\" = ?", [.blob(data), row[0]])
-                }
-            }
-        }
-        return leftover
     }
 
     /// The schema version recorded in the store (`replica_metadata['schema_version']`, by a migration plan or by the
@@ -406,8 +363,8 @@ final class Store: Sendable {
     /// app-group store (`appGroup`), which processes of several app versions share at once, tables whose columns lack
     /// their SQL defaults are rebuilt (a copy of each such table, once).
     private static func prepare(_ db: Connection, layout: StoreLayout, schemaReady: Bool, sharedFile: Bool, appGroup: Bool,
-                                recordVersion: Schema.Version?, migrationSource: Schema?, assets: AssetStore?, takeExclusive: () throws -> Void,
-                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool, leftoverReferences: Bool) {
+                                recordVersion: Schema.Version?, migrationSource: Schema?, takeExclusive: () throws -> Void,
+                                environment: ReplicaEnvironment) throws -> (identity: UUID, isNew: Bool, tracksSync: Bool) {
         let entities = layout.entities, synced = layout.synced
         return try db.transaction(.immediate) {
             if try schemaReady || db.scalar("SELECT count(*) FROM sqlite_master") == .integer(0) {
@@ -433,7 +390,7 @@ final class Store: Sendable {
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('schema_version', ?)",
                                     [.text(recordVersion.description)], cache: false)
                 }
-                return (identity, true, synced, false)
+                return (identity, true, synced)
             }
             // A local-only configuration of a file that has sync bookkeeping keeps it (see `tracksSync`).
             let tracked = try synced || db.scalar(Self.hasLedgerSQL) == .integer(1)
@@ -524,16 +481,13 @@ final class Store: Sendable {
                 }
             }
             if synced { try applyCurrentDefaults(db, entities: entities) }
-            // A store file that kept external-storage values in files and tracks sync now (or still): the values go
-            // back into the rows in this transaction (see `inlineExternalValues`).
-            let leftover = try tracked && assets.map { try inlineExternalValues(db, entities: entities, assets: $0, strict: synced) } ?? false
             if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
                let identity = try? UUID(sqliteValue: existing) {
-                return (identity, false, tracked, leftover)
+                return (identity, false, tracked)
             }
             let identity = environment.makeIdentifier()
             try db.run("INSERT INTO replica_metadata (key, value) VALUES ('identity', ?)", [identity.sqliteValue])
-            return (identity, false, tracked, leftover)
+            return (identity, false, tracked)
         }
     }
 

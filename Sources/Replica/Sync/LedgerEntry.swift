@@ -20,9 +20,14 @@ public enum LedgerState: Hashable, Sendable {
     /// without losing local values or edits; it is kept out of the outbox until a fresh cloud copy of the record is
     /// merged or a full read of the zone finds none (see `Specs/replication-protocol.md`, R14).
     case corrupt(BookkeepingCorruption)
+    /// A version of the record from the cloud references an asset — the value of an `.externalStorage` attribute —
+    /// that this device has not downloaded yet (the first one missing is named): it is kept, not merged, and merged
+    /// once every asset it needs is here; `reason` says why the last download failed, if one did (the cloud does not
+    /// have it, or its bytes did not hash to its name). Counted in ``SyncStatus/waitingForAsset``.
+    case waitingForAsset(CloudAssetReference, reason: String?)
 
     /// The state without its associated values.
-    public enum Kind: Hashable, Sendable { case pending, synced, waitingForParent, rejected, undecryptable, aheadOfClock, corrupt }
+    public enum Kind: Hashable, Sendable { case pending, synced, waitingForParent, rejected, undecryptable, aheadOfClock, corrupt, waitingForAsset }
 
     public var kind: Kind {
         switch self {
@@ -33,6 +38,7 @@ public enum LedgerState: Hashable, Sendable {
         case .undecryptable: return .undecryptable
         case .aheadOfClock: return .aheadOfClock
         case .corrupt: return .corrupt
+        case .waitingForAsset: return .waitingForAsset
         }
     }
 }

@@ -261,7 +261,10 @@ extension SyncEngine {
     func sealOutgoing(_ records: consuming [CloudRecord]) throws -> [CloudRecord] {
         guard let encryption else { return records }
         if container.environment.canaries.contains(.plaintextUploaded) { return records }
+        // Sealed-asset references are sealed already (the asset is; the reference names only sealed bytes): set aside.
+        let aside = Self.takeSealedAssetFields(&records)
         try encryption.keyring.cipher.seal(&records)
+        Self.restore(aside, into: &records)
         return records
     }
 
@@ -279,6 +282,8 @@ extension SyncEngine {
             if case let .setZoneMetadata(_, key, _, _) = operation, key == ZoneEncryptionMetadata.key, case .proposing = encryption.phase {
                 try receiveZoneMetadata(stored, encryption)
             }
+        case .assetUpload, .assetChunk:
+            break
         case .zoneDeleted:
             if case .deletingZone = encryption.phase {
                 // Reading the metadata of the deleted zone fails with zoneNotFound, and the engine's own zone reset
@@ -406,9 +411,70 @@ extension SyncEngine {
     }
 
     /// Opens `records`; marks the ones that fail as undecryptable (and clears the mark of ones that open now).
+    /// Removes the fields that hold a sealed-asset reference (``SealedAssetReference``, flagged encrypted) from
+    /// `records`, returning them by record index, so the field cipher neither seals nor opens them.
+    static func takeSealedAssetFields(_ records: inout [CloudRecord]) -> [Int: [String: CloudField]] {
+        var aside: [Int: [String: CloudField]] = [:]
+        for index in records.indices {
+            for (name, field) in records[index].fields where field.isEncrypted {
+                guard case let .text(text) = field.value, SealedAssetReference(fieldValue: text) != nil else { continue }
+                aside[index, default: [:]][name] = field
+            }
+            for name in (aside[index] ?? [:]).keys { records[index].fields[name] = nil }
+        }
+        return aside
+    }
+
+    /// Puts fields taken by ``takeSealedAssetFields(_:)`` back.
+    static func restore(_ aside: [Int: [String: CloudField]], into records: inout [CloudRecord]) {
+        for (index, fields) in aside { for (name, field) in fields { records[index].fields[name] = field } }
+    }
+
+    /// Marks records whose incoming version could not be opened `undecryptable` in the ledger (their local values
+    /// untouched; a placeholder for one never merged here), keeping the version's change tag (see
+    /// ``reuploadUndecryptableRecords()``). Inside the caller's transaction.
+    func markUndecryptable(_ failed: [(CloudRecord, FieldEncryptionError)]) throws {
+        for (record, error) in failed {
+            let reason = error.description
+            // The server version seen (unread) is remembered, so `reuploadUndecryptableRecords()` can replace it.
+            try db.run("UPDATE replica_sync_record SET state = 'undecryptable', reason = ?, change_tag = coalesce(?, change_tag) WHERE id = ?",
+                       [.text(reason), record.changeTag.map(SQLiteValue.text) ?? .null, record.recordID.sqliteValue])
+            if db.changes == 0 {
+                // Never merged here: a placeholder (causal length 0, nothing to upload) carries the ledger state.
+                try db.run("""
+                    INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, pending, state, reason)
+                    VALUES (?, ?, 0, ?, '{}', 0, 'undecryptable', ?)
+                    """, [record.recordID.sqliteValue, .text(record.recordType), .text(record.created.description), .text(reason)])
+            }
+            // The zone does have this record: during a full resync it counts as seen, so it is not taken for one
+            // the zone lost (see P4).
+            try db.run("""
+                UPDATE replica_sync_record SET seen = (SELECT value FROM replica_metadata WHERE key = 'resync_generation')
+                WHERE id = ? AND EXISTS (SELECT 1 FROM replica_metadata WHERE key = 'resync_active')
+                """, [record.recordID.sqliteValue])
+        }
+        if let last = failed.last?.1 { encryption?.lastRecordError = last }
+    }
+
     private func openIncoming(_ records: [CloudRecord], _ encryption: FieldEncryptionController) throws -> [CloudRecord] {
         let cipher = encryption.keyring.cipher
         guard records.contains(where: cipher.needsCipher) else { return records }
+        // Sealed-asset references are opened with their asset (`SyncEngine+Assets.swift`), not by the field cipher.
+        var records = records
+        let aside = Self.takeSealedAssetFields(&records)
+        let opened = try openIncomingFields(records, encryption)
+        guard !aside.isEmpty else { return opened }
+        var byID: [UUID: [String: CloudField]] = [:]
+        for (index, fields) in aside { byID[records[index].recordID, default: [:]].merge(fields) { a, _ in a } }
+        return opened.map { record in
+            var record = record
+            for (name, field) in byID[record.recordID] ?? [:] { record.fields[name] = field }
+            return record
+        }
+    }
+
+    private func openIncomingFields(_ records: [CloudRecord], _ encryption: FieldEncryptionController) throws -> [CloudRecord] {
+        let cipher = encryption.keyring.cipher
         let current = cipher.currentKeyVersion
         let (opened, oldest, failures) = cipher.openBatch(records)
         if encryption.reencrypting, let current {
@@ -443,27 +509,8 @@ extension SyncEngine {
                     WHERE id = ? AND state = 'undecryptable'
                     """, [record.recordID.sqliteValue])
             }
-            for (record, error) in failed {
-                let reason = error.description
-                // The server version seen (unread) is remembered, so `reuploadUndecryptableRecords()` can replace it.
-                try db.run("UPDATE replica_sync_record SET state = 'undecryptable', reason = ?, change_tag = coalesce(?, change_tag) WHERE id = ?",
-                           [.text(reason), record.changeTag.map(SQLiteValue.text) ?? .null, record.recordID.sqliteValue])
-                if db.changes == 0 {
-                    // Never merged here: a placeholder (causal length 0, nothing to upload) carries the ledger state.
-                    try db.run("""
-                        INSERT INTO replica_sync_record (id, entity, causal_length, created, stamps, pending, state, reason)
-                        VALUES (?, ?, 0, ?, '{}', 0, 'undecryptable', ?)
-                        """, [record.recordID.sqliteValue, .text(record.recordType), .text(record.created.description), .text(reason)])
-                }
-                // The zone does have this record: during a full resync it counts as seen, so it is not taken for one
-                // the zone lost (see P4).
-                try db.run("""
-                    UPDATE replica_sync_record SET seen = (SELECT value FROM replica_metadata WHERE key = 'resync_generation')
-                    WHERE id = ? AND EXISTS (SELECT 1 FROM replica_metadata WHERE key = 'resync_active')
-                    """, [record.recordID.sqliteValue])
-            }
+            try markUndecryptable(failed)
         }
-        if let last = failed.last?.1 { encryption.lastRecordError = last }
         return opened
     }
 }

@@ -40,6 +40,12 @@ extension SyncEngine {
         try overlay("SELECT id, record_type, record, reason, retry_at FROM replica_sync_held WHERE \(condition) ORDER BY id, record_type") { row in
             if case let .text(reason) = row[3], case let .integer(retryAt) = row[4] { .aheadOfClock(reason: reason, retryAt: retryAt) } else { nil }
         }
+        try overlay("SELECT id, record_type, record, reason, assets FROM replica_sync_asset_wait WHERE \(condition) ORDER BY id, record_type") { row in
+            guard case let .text(list) = row[4], let first = list.split(separator: "\n").first.flatMap({ CloudAssetReference(fieldValue: String($0)) })
+            else { return nil }
+            let reason: String? = if case let .text(text) = row[3] { text } else { nil }
+            return .waitingForAsset(first, reason: reason)
+        }
         return entries.sorted { $0.id.id.bytes.lexicographicallyPrecedes($1.id.id.bytes) || ($0.id.id == $1.id.id && $0.id < $1.id) }
     }
 

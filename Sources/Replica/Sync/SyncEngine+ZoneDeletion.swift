@@ -104,7 +104,7 @@ extension SyncEngine {
             }
             var tables = ["replica_sync_record", "replica_sync_unknown_record", "replica_sync_rejected", "replica_sync_held",
                           "replica_sync_ended_redirect", "replica_sync_uploaded"]
-            for table in ["replica_sync_link_waiting", "replica_sync_link_dormant"] {
+            for table in ["replica_sync_link_waiting", "replica_sync_link_dormant", "replica_sync_asset_wait", "replica_sync_asset_chunk", "replica_sync_sealed_asset"] {
                 if try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table)]) != nil { tables.append(table) }
             }
             for table in tables { try db.run("DELETE FROM \(table)") }

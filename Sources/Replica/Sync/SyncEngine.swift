@@ -70,6 +70,8 @@ public final class SyncEngine {
     /// transaction changed. Off otherwise (nothing accumulates).
     var recordsImports = false
     var importLog: [StoreChanges] = []
+    /// Asset uploads owed and what the engine learned of the zone's assets (`SyncEngine+Assets.swift`).
+    let assetTransfers = AssetTransfers()
 
     /// Creates the engine of synced store `storeName`.
     /// - Parameters:
@@ -174,6 +176,12 @@ public final class SyncEngine {
             operation = encryptionOperation
         } else if needsFetch, !(fetchFailing && uploadBeforeFetch), let fetch = try fetchOperation() {
             operation = fetch
+        } else if let download = try nextAssetDownloadOperation() {
+            // Records waiting for an asset get it before anything is uploaded.
+            operation = download
+        } else if let upload = try nextAssetUploadOperation() {
+            // The assets of the batch of records read last go first.
+            operation = upload
         } else {
             // Uploads normally wait until the zone is read. When the zone cannot be read (the cloud answers the fetch
             // with invalidRecord), they go out between the retries anyway: saves are guarded by change tags and
@@ -191,11 +199,20 @@ public final class SyncEngine {
                 guard needsFetch, let fetch = try fetchOperation() else { return nil }
                 operation = fetch
             } else {
-                for entry in outbox {
-                    versions[entry.record.recordID] = entry.version
-                    uploaded[entry.record.recordID] = ConflictRecording.newestOwnStamp(entry.record, replica: store.identity)
+                // External-storage values go as asset references; the assets the zone may lack go first.
+                let outgoing = try prepareOutgoingAssets(outbox)
+                if let upload = try nextAssetUploadOperation() {
+                    operation = upload
+                } else if outgoing.isEmpty {
+                    // Every record of the batch was refused (its value cannot be uploaded): read the outbox again.
+                    return try nextRequest()
+                } else {
+                    for entry in outgoing {
+                        versions[entry.record.recordID] = entry.version
+                        uploaded[entry.record.recordID] = ConflictRecording.newestOwnStamp(entry.record, replica: store.identity)
+                    }
+                    operation = .modifyRecords(try sealOutgoing(outgoing.map(\.record)), zone: zone)
                 }
-                operation = .modifyRecords(try sealOutgoing(outbox.map(\.record)), zone: zone)
             }
         }
         let request = SyncRequest(id: nextID, operation: operation)
@@ -229,6 +246,11 @@ public final class SyncEngine {
         inFlight = nil
         switch result {
         case let .success(outcome):
+            if try handleAssetResult(outcome, for: request.operation) {
+                consecutiveFailures = 0
+                lastError = nil
+                return
+            }
             try apply(try prepareIncoming(outcome, for: request.operation), versions: versions, uploaded: uploaded)
             try didApplyIncoming()
         case let .failure(.partialFailure(results)):
@@ -329,6 +351,7 @@ public final class SyncEngine {
                    count(*) FILTER (WHERE (waiting_for IS NOT NULL OR \(LinkReplication.waitsForLinkSQL)) AND causal_length % 2 = 1),
                    count(*) FILTER (WHERE state = 'undecryptable'),
                    (SELECT count(*) FROM replica_sync_held),
+                   (SELECT count(*) FROM replica_sync_asset_wait),
                    count(*) FILTER (WHERE state = 'corrupt' OR typeof(entity) != 'text' OR entity = ''
                                     OR (typeof(causal_length) != 'integer' OR causal_length NOT BETWEEN 1 AND \(ReplicationBounds.maxCausalLength))
                                        AND NOT (causal_length = 0 AND state = 'undecryptable'))
@@ -336,7 +359,7 @@ public final class SyncEngine {
             """).first ?? []
         func count(_ index: Int) -> Int { if index < row.count, case let .integer(n) = row[index] { Int(n) } else { 0 } }
         var status = SyncStatus(pendingRecords: count(0), rejectedRecords: count(1), waitingForParent: count(2),
-                                undecryptableRecords: count(3), heldRecords: count(4), corruptRecords: count(5),
+                                undecryptableRecords: count(3), waitingForAsset: count(5), heldRecords: count(4), corruptRecords: count(6),
                                 blockedBy: blocked, needsFetch: needsFetch, lastError: lastError)
         status.zoneDeletion = pendingDeletion
         reportEncryption(into: &status)
@@ -463,10 +486,12 @@ public final class SyncEngine {
         case .zoneCreated:
             zoneReady = true
             deletedZoneItself = false
+            assetCycleEnded(zoneCreated: true)
         case let .changes(batch):
             try importBatch(batch)
             needsFetch = batch.moreComing
             fetchFailing = false
+            if !batch.moreComing { assetCycleEnded(zoneCreated: false) }
         case let .modified(results):
             try applySaveResults(results, versions: versions, uploaded: uploaded)
             return
@@ -477,6 +502,8 @@ public final class SyncEngine {
             proposedSchema = nil
         case .zoneDeleted:
             deletedZoneItself = true
+        case .assetUpload, .assetChunk:
+            break
         }
         consecutiveFailures = 0
         lastError = nil
@@ -609,14 +636,30 @@ public final class SyncEngine {
     /// Merges remote records (inside the caller's transaction), then resolves references (delete rules of deleted
     /// parents, waiting children), stamps the local changes that caused, and records one history transaction
     /// authored by sync.
-    private func mergeRecords(_ records: [CloudRecord]) throws {
+    func mergeRecords(_ records: [CloudRecord]) throws {
         // Held versions whose time has come are merged first (R2; they may be held again).
         let retried = try SyncLedger.takeDueHeldRecords(wall: now, db)
         // Records of types this schema declares that were kept as unknown (by an older version, R9) are merged too.
         let adopted = container.environment.canaries.contains(.unknownTypesNeverAdopted) ? (records: [CloudRecord](), requeue: [CloudRecord]())
             : try SyncLedger.takeAdoptableUnknownRecords(store: store, db)
-        let records = retried.isEmpty && adopted.records.isEmpty ? records : retried + adopted.records + records
-        guard !records.isEmpty else { return }
+        // Versions that waited for their assets, now here (R19).
+        let waited = try takeReadyWaitingRecords()
+        let all = retried.isEmpty && adopted.records.isEmpty && waited.records.isEmpty ? records
+            : retried + adopted.records + waited.records + records
+        // A version referencing an asset this device lacks waits for it instead of merging (R19).
+        var arrived = Set<String>()
+        let resolved = try all.compactMap { try resolvingAssets($0, arrived: &arrived) }
+        try mergeResolved(resolved, retried: retried, adopted: adopted)
+        if !waited.requeue.isEmpty { try requeueAfterWaiting(waited.requeue) }
+        if !arrived.isEmpty || !waited.records.isEmpty { try dropStagedChunks(arrived) }
+    }
+
+    /// The merge of ``mergeRecords(_:)`` once the versions that wait for assets are set aside.
+    private func mergeResolved(_ records: [CloudRecord], retried: [CloudRecord], adopted: (records: [CloudRecord], requeue: [CloudRecord])) throws {
+        guard !records.isEmpty else {
+            if !retried.isEmpty || !adopted.requeue.isEmpty { try SyncLedger.requeueRetried(retried + adopted.requeue, db) }
+            return
+        }
         var hlc = try SyncLedger.loadHLC(db, replica: store.identity)
         var changes = StoreChanges()
         var tombstoned: [PersistentIdentifier] = []
@@ -745,6 +788,7 @@ public final class SyncEngine {
     }
 
     private func fail(_ error: CloudError, request: SyncRequest) throws {
+        if try failAsset(error, request: request) { return }
         lastError = error
         switch error {
         case .changeTokenExpired:

@@ -16,6 +16,13 @@ extension SyncLedger {
     /// Whether `remote`, a record of the entity of `statements`, passes every check of ``rejectionReason(_:store:db:)``
     /// that needs no database (then only its ownership check remains). Decides the common case without sorting field
     /// names or formatting reasons; when it returns `false`, ``rejectionReason(_:store:db:)`` finds the reason.
+    /// Whether `value` is an asset reference in a field of an external-storage data attribute (R19): such a field
+    /// holds the reference (TEXT) rather than the bytes.
+    static func isAssetReference(_ value: SQLiteValue, of attribute: Schema.Attribute) -> Bool {
+        guard attribute.isExternalData, case let .text(text) = value else { return false }
+        return CloudAssetReference(fieldValue: text) != nil
+    }
+
     static func fits(_ remote: CloudRecord, _ remoteFields: [CloudField?], _ statements: EntityStatements) -> Bool {
         guard (1...maxCausalLength).contains(remote.causalLength), remote.recordID != .unassigned else { return false }
         func fits(_ stamp: FieldStamp) -> Bool {
@@ -30,7 +37,7 @@ extension SyncLedger {
             known += 1
             if let attribute = statements.attributes[index] {
                 if case let .real(v) = field.value, v.isNaN { return false }
-                if !SchemaValidator.value(field.value, fits: attribute) { return false }
+                if !SchemaValidator.value(field.value, fits: attribute) && !isAssetReference(field.value, of: attribute) { return false }
             } else if !field.value.isNull {
                 guard case let .blob(bytes) = field.value, bytes.count == 16 else { return false }
             }
@@ -67,7 +74,7 @@ extension SyncLedger {
             let value = remote.fields[name]!.value
             if let attribute = entity.attribute(named: name) {
                 if case let .real(v) = value, v.isNaN { return .notANumber(field: name) }
-                if !SchemaValidator.value(value, fits: attribute) {
+                if !SchemaValidator.value(value, fits: attribute) && !isAssetReference(value, of: attribute) {
                     return .wrongType(field: name, value: value.description, type: attribute.type.rawValue, optional: attribute.isOptional)
                 }
             } else if let relationship = entity.relationship(named: name), !relationship.isToMany, !value.isNull {

@@ -65,6 +65,22 @@ enum SyncLedger {
             retry_at INTEGER NOT NULL,
             PRIMARY KEY (id, record_type));
         CREATE INDEX IF NOT EXISTS replica_sync_record_corrupt ON replica_sync_record (id) WHERE state = 'corrupt';
+        CREATE TABLE IF NOT EXISTS replica_sync_asset_wait (
+            id BLOB NOT NULL,
+            record_type TEXT NOT NULL,
+            record TEXT NOT NULL,
+            change_tag TEXT,
+            assets TEXT NOT NULL,
+            reason TEXT,
+            PRIMARY KEY (id, record_type));
+        CREATE TABLE IF NOT EXISTS replica_sync_sealed_asset (
+            sealed_hash TEXT PRIMARY KEY NOT NULL,
+            plain_ref TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS replica_sync_asset_chunk (
+            hash TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (hash, idx));
         \(LinkReplication.createSQL)
         """
 

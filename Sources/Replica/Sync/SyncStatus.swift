@@ -18,6 +18,9 @@ public struct SyncStatus: Hashable, Sendable {
     public var waitingForParent: Int
     /// Records whose encrypted fields could not be opened.
     public var undecryptableRecords: Int
+    /// Versions received from the cloud that reference an asset (the value of an `.externalStorage` attribute) this
+    /// device has not downloaded yet: kept, not merged until it is here (``LedgerState/waitingForAsset(_:reason:)``).
+    public var waitingForAsset = 0
     /// Versions received from the cloud that are stamped further ahead of this device's clock than
     /// ``SyncEngine/Options/maxClockDriftMilliseconds``: kept, not merged yet (R2).
     public var heldRecords = 0
@@ -41,6 +44,7 @@ public struct SyncStatus: Hashable, Sendable {
     /// Nothing to send, nothing to read, nothing failing.
     public var isUpToDate: Bool {
         pendingRecords == 0 && rejectedRecords == 0 && waitingForParent == 0 && undecryptableRecords == 0 && heldRecords == 0
+            && waitingForAsset == 0
             && corruptRecords == 0 && !needsFetch
             && lastError == nil && blockedBy == nil && encryptionError == nil && zoneDeletion == nil
     }

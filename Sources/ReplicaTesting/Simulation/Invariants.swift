@@ -112,6 +112,10 @@ extension SimulationRun {
         }
     }
 
+    /// Whether a device's value agrees with the cloud's: equal, or the cloud holds the asset reference of the
+    /// device's bytes (an `.externalStorage` value travels as an asset, R19).
+    static func agrees(_ device: SQLiteValue, _ cloud: SQLiteValue) -> Bool { valuesAgree(device, cloud) }
+
     /// A value for messages: never the value of an encrypted attribute.
     func show(_ value: SQLiteValue, encrypted: Bool) -> String {
         if encrypted && !value.isNull { return "«sealed»" }
@@ -262,7 +266,7 @@ extension SimulationRun {
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)) is alive in the cloud (causal length \(record.causalLength)) but not on the device")
                             }
                             let expected = materialize(record, as: info)
-                            for (index, name) in fieldNames.enumerated() where row[index] != expected[index] {
+                            for (index, name) in fieldNames.enumerated() where !Self.agrees(row[index], expected[index]) {
                                 if record.fields[name]?.isEncrypted == true { continue }
                                 let encrypted = entity.attribute(named: name)?.isEncrypted ?? false
                                 throw InvariantViolation(.convergence, "\(label): \(alias(id)).\(name) is \(show(row[index], encrypted: encrypted)) "
@@ -465,7 +469,7 @@ extension SimulationRun {
                             throw InvariantViolation(.referenceModel, "\(label()) should hold the write by \(winner.ack.device) at step \(winner.ack.step) "
                                 + "(stamp \(winner.stamp)) but holds \(stored.map { "the write stamped \($0.stamp)" } ?? "no write")")
                         }
-                        if !stored.isEncrypted && stored.value != winner.value {
+                        if !stored.isEncrypted && !Self.agrees(winner.value, stored.value) {
                             throw InvariantViolation(.referenceModel, "\(label()) holds \(show(stored.value, encrypted: attribute.isEncrypted)) under the stamp "
                                 + "of a write of \(show(winner.value, encrypted: attribute.isEncrypted))")
                         }

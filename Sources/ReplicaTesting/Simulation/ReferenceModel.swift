@@ -153,11 +153,23 @@ func dominanceGap(new: CloudRecord, old: CloudRecord) -> String? {
         if old.isAlive && field.stamp.incarnation != incarnation { continue }
         guard let replacement = new.fields[name] else { return "field '\(name)' was dropped" }
         if replacement.stamp < field.stamp { return "field '\(name)' went back to an older write" }
-        if replacement.stamp == field.stamp && replacement.value != field.value && !field.isEncrypted {
+        if replacement.stamp == field.stamp && !valuesAgree(replacement.value, field.value) && !field.isEncrypted {
             return "field '\(name)' changed value under the same stamp"
         }
     }
     return nil
+}
+
+/// Whether two values of a field are one write's: equal, or one holds bytes and the other the asset reference of
+/// those bytes (an `.externalStorage` value travels as an asset; an older writer sent it inline, R19).
+func valuesAgree(_ a: SQLiteValue, _ b: SQLiteValue) -> Bool {
+    if a == b { return true }
+    func reference(_ value: SQLiteValue) -> CloudAssetReference? {
+        if case let .text(text) = value { CloudAssetReference(fieldValue: text) } else { nil }
+    }
+    if case let .blob(bytes) = a, let asset = reference(b) { return CloudAssetReference(of: bytes) == asset }
+    if case let .blob(bytes) = b, let asset = reference(a) { return CloudAssetReference(of: bytes) == asset }
+    return false
 }
 
 /// The incarnation (odd causal length) a causal length belongs to.

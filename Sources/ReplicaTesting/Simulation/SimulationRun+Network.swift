@@ -299,6 +299,9 @@ extension SimulationRun {
             case let .changes(batch): return "\(batch.records.count) records\(batch.moreComing ? ", more coming" : "")"
             case .metadata: return "metadata"
             case .metadataValue: return "metadata set"
+            case let .assetUpload(state):
+                return state.isComplete ? "asset complete" : "asset \(state.receivedChunks.count) of \(state.asset.chunkCount) chunks"
+            case let .assetChunk(bytes): return "asset chunk of \(bytes.count) bytes"
             }
         case let .failure(.partialFailure(results)):
             return "partial failure: " + describe(results)
@@ -386,7 +389,12 @@ extension SimulationRun {
             for record in records {
                 for name in (encryptedAttributes[record.recordType] ?? []).sorted() {
                     guard let field = record.fields[name] else { continue }
-                    let sealed: Bool = if case .blob = field.value { field.isEncrypted } else { false }
+                    // A sealed value (a BLOB), or the reference of a sealed asset (whose bytes are sealed).
+                    let sealed: Bool = switch field.value {
+                    case .blob: field.isEncrypted
+                    case let .text(text): field.isEncrypted && SealedAssetReference(fieldValue: text) != nil
+                    default: false
+                    }
                     if !sealed {
                         let who = message.map { "\(devices[$0.device].name)/\($0.process == 0 ? "app" : "ext")" } ?? "the cloud"
                         throw InvariantViolation(.noPlaintext, "\(who) uploaded \(alias(record.recordID)).\(name) to zone '\(zone)' unsealed")

@@ -1,0 +1,179 @@
+import CSodium
+import Foundation
+
+/// An asset as the cloud names it (CloudKit's `CKAsset`): the SHA-256 of its bytes and its size. Large values of
+/// attributes marked ``Schema/Attribute/Options/externalStorage`` travel as assets, outside the record: the record's
+/// field holds the reference's ``fieldValue``, and the bytes move in chunks of ``chunkSize`` bytes through
+/// ``CloudDatabase/uploadAssetChunk(_:index:bytes:in:)`` and ``CloudDatabase/downloadAssetChunk(_:index:in:)``.
+///
+/// An asset belongs to a zone: a zone holds each hash once (uploading it again finds it complete: deduplication),
+/// and deleting the zone deletes its assets. For an asset sealed on the device (an encrypted attribute's), the hash
+/// and size are those of the sealed bytes.
+///
+/// See `Specs/external-storage.md` ("Assets in sync").
+public struct CloudAssetReference: Hashable, Sendable, Codable, Comparable, CustomStringConvertible {
+    /// The lowercase hexadecimal SHA-256 of the asset's bytes (64 characters).
+    public let hash: String
+    /// The asset's size in bytes (≥ 0).
+    public let size: Int64
+
+    /// The size of every chunk but the last, in bytes: 1 MiB. Chunk `i` holds bytes `i * chunkSize ..< min(size,
+    /// (i + 1) * chunkSize)`.
+    public static let chunkSize = 1 << 20
+
+    /// The largest asset a cloud accepts unless configured otherwise, in bytes: 256 MiB.
+    public static let defaultMaximumSize: Int64 = 256 << 20
+
+    /// The prefix of ``fieldValue``.
+    static let fieldPrefix = "replica-asset:sha256:"
+
+    /// A reference; `nil` when `hash` is not 64 lowercase hexadecimal digits or `size` is negative.
+    /// - Parameters:
+    ///   - hash: the lowercase hexadecimal SHA-256 of the bytes.
+    ///   - size: the size in bytes.
+    public init?(hash: String, size: Int64) {
+        guard size >= 0, Self.isHexDigest(hash) else { return nil }
+        self.hash = hash
+        self.size = size
+    }
+
+    /// The reference of `data` (hashes it: O(`data.count`)).
+    public init(of data: Data) {
+        hash = Self.sha256Hex(data)
+        size = Int64(data.count)
+    }
+
+    /// The reference a record field holds, `replica-asset:sha256:<hash>:<size>` (the same text a local store's row
+    /// holds for a value kept in a file); `nil` when `text` is not one.
+    public init?(fieldValue text: String) {
+        guard text.hasPrefix(Self.fieldPrefix) else { return nil }
+        let rest = text.utf8.dropFirst(Self.fieldPrefix.utf8.count)
+        guard rest.count > 65, let colon = rest.firstIndex(of: UInt8(ascii: ":")),
+              rest.distance(from: rest.startIndex, to: colon) == 64 else { return nil }
+        let hash = String(decoding: rest[rest.startIndex..<colon], as: UTF8.self)
+        let digits = rest[rest.index(after: colon)...]
+        guard digits.count <= 18, digits.allSatisfy({ (48...57).contains($0) }),
+              let size = Int64(String(decoding: digits, as: UTF8.self)) else { return nil }
+        self.init(hash: hash, size: size)
+    }
+
+    /// The text a record field (and a local row) holds for this asset.
+    public var fieldValue: String { Self.fieldPrefix + hash + ":" + String(size) }
+
+    /// The number of chunks (0 for an empty asset).
+    public var chunkCount: Int { Int((size + Int64(Self.chunkSize) - 1) / Int64(Self.chunkSize)) }
+
+    /// The byte range of chunk `index` within the asset (empty when `index` is out of range).
+    public func chunkRange(_ index: Int) -> Range<Int64> {
+        guard index >= 0, index < chunkCount else { return 0..<0 }
+        let start = Int64(index) * Int64(Self.chunkSize)
+        return start..<min(size, start + Int64(Self.chunkSize))
+    }
+
+    public var description: String { "asset \(hash.prefix(12))… (\(size) bytes)" }
+
+    public static func < (a: CloudAssetReference, b: CloudAssetReference) -> Bool {
+        (a.hash, a.size) < (b.hash, b.size)
+    }
+
+    /// Whether `text` is 64 lowercase hexadecimal digits.
+    static func isHexDigest(_ text: String) -> Bool {
+        text.utf8.count == 64 && text.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
+    }
+
+    /// The lowercase hexadecimal SHA-256 of `data` (libsodium's `crypto_hash_sha256`).
+    static func sha256Hex(_ data: Data) -> String {
+        var hasher = SHA256Hasher()
+        hasher.update(data)
+        return hasher.finalizeHex()
+    }
+}
+
+/// An incremental SHA-256 (libsodium's `crypto_hash_sha256`), for hashing an asset chunk by chunk. Internal.
+struct SHA256Hasher {
+    private var state = crypto_hash_sha256_state()
+
+    init() { crypto_hash_sha256_init(&state) }
+
+    mutating func update(_ data: Data) {
+        data.withUnsafeBytes { buffer in
+            _ = crypto_hash_sha256_update(&state, buffer.bindMemory(to: UInt8.self).baseAddress, UInt64(buffer.count))
+        }
+    }
+
+    mutating func update(_ pointer: UnsafeRawPointer, count: Int) {
+        _ = crypto_hash_sha256_update(&state, pointer.assumingMemoryBound(to: UInt8.self), UInt64(count))
+    }
+
+    /// The digest as lowercase hexadecimal; the hasher must not be used afterwards.
+    mutating func finalizeHex() -> String {
+        var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
+        crypto_hash_sha256_final(&state, &digest)
+        let digits = Array("0123456789abcdef".utf8)
+        var text = [UInt8]()
+        text.reserveCapacity(digest.count * 2)
+        for byte in digest {
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 15)])
+        }
+        return String(decoding: text, as: UTF8.self)
+    }
+}
+
+/// What a cloud holds of an asset being uploaded (``CloudDatabase/prepareAssetUpload(_:in:)``): the chunks it has,
+/// so that an interrupted upload resumes with the missing ones.
+public struct CloudAssetUploadState: Hashable, Sendable, Codable {
+    /// The asset.
+    public var asset: CloudAssetReference
+    /// The indices of the chunks the cloud holds, ascending (every index once the asset is complete).
+    public var receivedChunks: [Int]
+    /// `true` once the cloud holds every chunk and checked that they hash to the asset's name: records may
+    /// reference it, and devices may download it.
+    public var isComplete: Bool
+
+    /// - Parameters:
+    ///   - asset: the asset.
+    ///   - receivedChunks: the chunk indices the cloud holds, ascending.
+    ///   - isComplete: whether the cloud holds the whole asset, checked.
+    public init(asset: CloudAssetReference, receivedChunks: [Int], isComplete: Bool) {
+        self.asset = asset
+        self.receivedChunks = receivedChunks
+        self.isComplete = isComplete
+    }
+
+    /// The chunk indices still to upload, ascending (empty once complete). O(chunks).
+    public var missingChunks: [Int] {
+        guard !isComplete else { return [] }
+        let received = Set(receivedChunks)
+        return (0..<asset.chunkCount).filter { !received.contains($0) }
+    }
+}
+
+/// The asset rules every cloud database applies, so the three behave alike. Internal.
+enum CloudAssetRules {
+    /// The hash of no bytes.
+    static let emptyHash = CloudAssetReference.sha256Hex(Data())
+
+    /// Refuses an asset larger than `limit` bytes.
+    static func check(_ asset: CloudAssetReference, limit: Int64) throws(CloudError) {
+        if asset.size > limit { throw .assetTooLarge(size: asset.size, limit: limit) }
+    }
+
+    /// Refuses a chunk whose index is outside the asset or whose length is not the chunk's.
+    static func check(_ asset: CloudAssetReference, index: Int, length: Int) throws(CloudError) {
+        guard index >= 0, index < asset.chunkCount else {
+            throw .invalidAsset(reason: "chunk \(index) is outside \(asset) (\(asset.chunkCount) chunks)")
+        }
+        let range = asset.chunkRange(index)
+        guard Int64(length) == range.upperBound - range.lowerBound else {
+            throw .invalidAsset(reason: "chunk \(index) of \(asset) holds \(length) bytes, not \(range.upperBound - range.lowerBound)")
+        }
+    }
+
+    /// Refuses a download of chunk `index` outside the asset.
+    static func checkIndex(_ asset: CloudAssetReference, _ index: Int) throws(CloudError) {
+        guard index >= 0, index < asset.chunkCount else {
+            throw .invalidAsset(reason: "chunk \(index) is outside \(asset) (\(asset.chunkCount) chunks)")
+        }
+    }
+}
