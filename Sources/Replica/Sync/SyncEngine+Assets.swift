@@ -502,7 +502,7 @@ extension SyncEngine {
         // The waiting versions whose fields reference it, sealed.
         var owners: [(record: CloudRecord, field: String, sealed: SealedAssetReference)] = []
         for row in try db.rows("SELECT record FROM replica_sync_asset_wait WHERE instr(assets, ?) > 0 ORDER BY id, record_type", [.text(asset.hash)], cache: false) {
-            guard case let .text(json) = row[0], let record = SyncLedger.decode(CloudRecord.self, json) else { continue }
+            guard case let .text(json) = row[0], let record = ReplicaJSON.decode(CloudRecord.self, json) else { continue }
             for (name, field) in record.fields.sorted(by: { $0.key < $1.key }) {
                 if case let .text(text) = field.value, let sealed = SealedAssetReference(fieldValue: text), sealed.sealed == asset {
                     owners.append((record, name, sealed))
@@ -622,7 +622,7 @@ extension SyncEngine {
         var records: [CloudRecord] = [], requeue: [UUID] = []
         for row in try db.rows("SELECT id, record_type, record, assets FROM replica_sync_asset_wait ORDER BY id, record_type", cache: false) {
             guard try Self.neededAssets(row[3]).allSatisfy(isHere), case let .text(json) = row[2],
-                  var record = SyncLedger.decode(CloudRecord.self, json) else { continue }
+                  var record = ReplicaJSON.decode(CloudRecord.self, json) else { continue }
             try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [row[0], row[1]])
             if case let .text(tag)? = try db.scalar("SELECT change_tag FROM replica_sync_record WHERE id = ?", [row[0]]), tag != record.changeTag {
                 record.changeTag = nil
@@ -714,14 +714,14 @@ extension SyncEngine {
         var record = remote
         if case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
                                                  [remote.recordID.sqliteValue, .text(remote.recordType)]),
-           let existing = SyncLedger.decode(CloudRecord.self, json) {
+           let existing = ReplicaJSON.decode(CloudRecord.self, json) {
             record = SyncLedger.mergeOpaque(existing, remote)
         }
         let needed = assetReferenceTexts(in: record).joined(separator: "\n")
         try db.run("""
             INSERT INTO replica_sync_asset_wait (id, record_type, record, change_tag, assets) VALUES (?, ?, ?, ?, ?)
             ON CONFLICT (id, record_type) DO UPDATE SET record = excluded.record, change_tag = excluded.change_tag, assets = excluded.assets
-            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(try SyncLedger.encode(record)),
+            """, [remote.recordID.sqliteValue, .text(remote.recordType), .text(try ReplicaJSON.string(record)),
                   record.changeTag.map(SQLiteValue.text) ?? .null, .text(needed)])
         if let tag = remote.changeTag { try SyncLedger.adoptChangeTag(tag, of: remote.recordID, db) }
     }

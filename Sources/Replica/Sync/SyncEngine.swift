@@ -328,7 +328,7 @@ public final class SyncEngine {
 
     /// Forgets a wait for another engine's upload lease, so that the next request reads the lease again: the sync
     /// runtime looks again long before the expiry it saw, as the other engine gives the lease up when its pass ends
-    /// with nothing left (``CloudSyncSchedule``). A lease still held starts the wait again.
+    /// with nothing left (`CloudSyncSchedule`). A lease still held starts the wait again.
     func endLeaseWait() {
         guard isWaitingForLease else { return }
         backoffUntil = .min

@@ -302,7 +302,7 @@ public struct Scenario: Codable, Hashable, Sendable {
     public var steps: Int
     /// The app's migration plan (`nil`: containers open without one; left out of the canonical JSON).
     public var migration: Migration? = nil
-    /// Simulated apps sync through the sync runtime's decisions (``CloudSyncSchedule``) instead of the simulator's own
+    /// Simulated apps sync through the sync runtime's decisions (`CloudSyncSchedule`) instead of the simulator's own
     /// request loop (`nil`, the default, left out of the canonical JSON: the simulator's loop). See `SimulatedRuntime.swift`.
     public var runtime: Runtime? = nil
 

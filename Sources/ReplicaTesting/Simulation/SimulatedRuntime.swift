@@ -27,9 +27,9 @@ extension Scenario {
     /// The sync runtime's options and the workload's calls on it, in a scenario whose simulated apps sync through the
     /// runtime (``Scenario/runtime``).
     public struct Runtime: Codable, Hashable, Sendable {
-        /// ``CloudSync/Options/debounceMilliseconds``.
+        /// `CloudSync/Options/debounceMilliseconds`.
         public var debounceMs = 300
-        /// ``CloudSync/Options/timerMilliseconds`` (the liveness check after heal waits for one timer period, so
+        /// `CloudSync/Options/timerMilliseconds` (the liveness check after heal waits for one timer period, so
         /// the timer is on).
         public var timerMs = 60_000
         /// Per chaos step: the app calls `syncNow(timeoutMilliseconds:)` on one process's runtime, with a bound drawn
@@ -45,7 +45,7 @@ extension Scenario {
 
         public init() {}
 
-        /// The runtime options a simulated app gives ``CloudSync`` (polling off: the cloud's announcements are the
+        /// The runtime options a simulated app gives `CloudSync` (polling off: the cloud's announcements are the
         /// simulator's push notifications).
         var options: CloudSync.Options {
             var options = CloudSync.Options()
@@ -266,7 +266,7 @@ extension SimulationRun {
     }
 
     /// syncNow calls still waiting for the engine when their bound (on the device's clock) passes return the status as
-    /// it is (``CloudSync/syncNow(timeoutMilliseconds:)``).
+    /// it is (`CloudSync/syncNow(timeoutMilliseconds:)`).
     private func expireWaitingCalls(_ engine: SimEngine, _ runtime: SimRuntime) {
         guard runtime.hasWaitingCall else { return }
         let time = deviceNow(engine)
@@ -352,7 +352,7 @@ extension SimulationRun {
         }
     }
 
-    /// A state change the schedule decided: traced (``CloudSync`` reports it as an event).
+    /// A state change the schedule decided: traced (`CloudSync` reports it as an event).
     func announce(_ engine: SimEngine, _ change: CloudSyncState?) {
         guard let change else { return }
         trace.event(now, "runtime-state") { line in
