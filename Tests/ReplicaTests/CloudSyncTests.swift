@@ -517,6 +517,81 @@ struct CloudSyncScheduleFindingsTests {
         #expect(await sync.state == .stopped)
     }
 
+    @Test("syncNow returns at its bound while its own request hangs (a stalled connection, a locked cloud file): the request counts as lost and the next pass sends the record again (trial: 20 s for a bound of 1 s)")
+    func syncNowReturnsAtItsBoundWhileItsRequestHangs() async throws {
+        let cloud = GatedCloud()
+        let device = try RuntimeDevice(seed: 47)
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: Self.quietOptions())
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        await sync.pause()  // only the syncNow sends
+        _ = try device.save("stuck")
+        let returned = Mutex(false)
+        let explicit = Task {
+            defer { returned.withLock { $0 = true } }
+            return try await sync.syncNow(timeoutMilliseconds: 1_000)
+        }
+        #expect(await eventually { cloud.arrivedSaves == 1 })
+        device.clock.advance(by: 1_000)
+        let inTime = await eventually { returned.withLock { $0 } }
+        #expect(inTime, "syncNow did not return at its bound while its upload hung")
+        cloud.open()  // lets the hung upload finish (before the fix, only this ended the call)
+        let status = try await explicit.value
+        if inTime {
+            #expect(status.pendingRecords == 1)
+            #expect(status.lastError == .networkUnavailable)
+        }
+        // The upload reached the cloud after all; sending it again finds it there and settles.
+        let after = try await sync.syncNow(timeoutMilliseconds: 10_000)
+        #expect(after.pendingRecords == 0, "\(after)")
+        #expect(cloud.inner.records(in: "notes").count == 1)
+        await sync.stop()
+    }
+
+    @Test("a syncNow of a task cancelled before it starts leaves the runtime scheduling: the save it interrupted uploads automatically and the state settles (trial: stuck in syncing, the save never uploaded)")
+    func cancelledSyncNowLeavesTheScheduleWorking() async throws {
+        let cloud = InMemoryCloudDatabase()
+        let device = try RuntimeDevice(seed: 48)
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: Self.quietOptions())
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        _ = try device.save("saved before the cancelled call")
+        #expect(await eventually { await sync.localDeadlineForTesting != nil })
+        let cancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try await sync.syncNow(timeoutMilliseconds: 10_000)
+        }
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        device.clock.advance(by: 10_000)
+        #expect(await eventually { cloud.records(in: "notes").count == 1 }, "the save was not uploaded after the cancelled syncNow")
+        let settled = await eventually { await sync.state == .idle }
+        let state = await sync.state
+        #expect(settled, "state \(state)")
+        await sync.stop()
+    }
+
+    @Test("a runtime started paused sends nothing until resumed, so a subscriber sees the first pass's events (trial: the launch's import was reported before anyone could subscribe)")
+    func startsPausedShowsTheFirstPass() async throws {
+        let cloud = InMemoryCloudDatabase()
+        let other = try RuntimeDevice(seed: 50)
+        _ = try other.save("from the other device")
+        let otherSync = try other.container.startSync(store: "notes", cloud: cloud, options: Self.quietOptions())
+        #expect(await eventually { cloud.records(in: "notes").count == 1 })
+        await otherSync.stop()
+        let device = try RuntimeDevice(seed: 51)
+        var options = Self.quietOptions()
+        options.startsPaused = true
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: options)
+        #expect(await sync.state == .paused)
+        for _ in 0..<2_000 { await Task.yield() }
+        #expect(try device.titles().isEmpty, "a paused runtime synced")
+        let log = EventLog(sync)
+        await sync.resume()
+        #expect(await log.waitFor { if case let .fetchedChanges(changes) = $0 { changes.inserted.count == 1 } else { false } })
+        #expect(try device.titles() == ["from the other device"])
+        await sync.stop()
+    }
+
     @Test("a pass that ends with nothing left gives up the upload lease: the other process's runtime syncs at once (app-group runtimes waited for each other's lease at every timer)")
     func idlePassGivesUpTheLease() async throws {
         let directory = temporaryTestDirectory("runtime-lease")
@@ -537,8 +612,9 @@ struct CloudSyncScheduleFindingsTests {
         context.insert(SyncNote(title: "from the extension"))
         try context.save()
         let extSync = try ext.startSync(store: "notes", cloud: cloud, options: options)
-        // The clock stands still: within 1 ms only a free lease lets the upload go.
-        let status = try await extSync.syncNow(timeoutMilliseconds: 1)
+        // Within 5 s (the clock moves only by the containers' 100 ms polls of other processes' commits) only a free
+        // lease lets the upload go: a lease held by the paused app would last 30 s.
+        let status = try await extSync.syncNow(timeoutMilliseconds: 5_000)
         #expect(status.pendingRecords == 0, "\(status)")
         #expect(cloud.records(in: "notes").count == 1)
         await extSync.stop()

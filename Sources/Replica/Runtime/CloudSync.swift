@@ -27,7 +27,7 @@ import Synchronization
 /// **Time.** Every wait goes through ``ReplicaEnvironment/sleepUntil`` and every time is read from
 /// ``ReplicaEnvironment/clock``: with a seeded environment nothing happens until the test moves the
 /// ``ManualClock``, and an idle runtime costs no CPU (no polling but the optional cloud counter). Every scheduling
-/// decision is made by one ``CloudSyncSchedule`` (without I/O or waiting), which the simulator drives in virtual time
+/// decision is made by one `CloudSyncSchedule` (without I/O or waiting), which the simulator drives in virtual time
 /// too, so `replica-sim` searches the same decision code an app runs.
 ///
 /// **Ending.** ``stop()`` ends it (waiting for a request in flight, which is handled) and gives up the upload lease;
@@ -51,6 +51,11 @@ public actor CloudSync {
         public var cloudPollingMilliseconds: Int64? = 2_000
         /// A safety bound on the requests of one pass.
         public var maxRequestsPerPass = 10_000
+        /// Starts the runtime paused (state ``CloudSyncState/paused``): nothing syncs until ``CloudSync/resume()`` (or a
+        /// ``CloudSync/syncNow(timeoutMilliseconds:)``). ``CloudSync/events`` reports what happens from the moment of
+        /// subscribing, and an unpaused runtime's first pass starts at once: to see that pass's events (the launch's
+        /// import), start paused, subscribe, then resume. Default `false`.
+        public var startsPaused = false
         /// Events buffered per ``CloudSync/events`` subscriber before the oldest are dropped.
         public var eventBufferLimit = 1_000
         /// What the store does when the cloud reports its zone deleted (the engine's
@@ -75,7 +80,7 @@ public actor CloudSync {
     private nonisolated let wakeup = CloudSyncWakeup()
     private nonisolated let tasks = CloudSyncTasks()
     private let engine: SyncEngine
-    /// Every scheduling and state decision (see ``CloudSyncSchedule``).
+    /// Every scheduling and state decision (see `CloudSyncSchedule`).
     private var schedule: CloudSyncSchedule
 
     /// The current state (as last reported by ``CloudSyncEvent/stateChanged(_:)``).
@@ -164,7 +169,9 @@ public actor CloudSync {
 
     // MARK: Public API
 
-    /// The runtime's events from now on (each access is a new subscription; it ends when the runtime stops or goes).
+    /// The runtime's events from now on (each access is a new subscription; it ends when the runtime stops or goes):
+    /// events of a pass under way before the subscription are not replayed — see ``Options/startsPaused`` to see the
+    /// first pass's.
     /// Buffers ``Options/eventBufferLimit`` events for a slow consumer, then drops the oldest.
     public nonisolated var events: AsyncStream<CloudSyncEvent> { broadcaster.subscribe() }
 
@@ -346,7 +353,7 @@ public actor CloudSync {
         return .some(schedule.nextWake(passUnderWay: running))
     }
 
-    /// ``CloudSyncSchedule/localDeadline``, for tests that wait until the runtime noticed a save.
+    /// `CloudSyncSchedule/localDeadline`, for tests that wait until the runtime noticed a save.
     var localDeadlineForTesting: Int64? { schedule.localDeadline }
 
     /// Waits until the caller holds the engine; with a `deadline` (environment milliseconds) gives up when the clock
@@ -399,8 +406,17 @@ public actor CloudSync {
                 shouldContinue: { pass in self.schedule.shouldContinue(pass, explicitCallWaiting: self.explicitCallsWaiting > 0) },
                 observe: { request, result in try self.report(request, result) },
                 willSleep: { self.announce(self.schedule.notePassSleeps(engine: self.engine)) })
+        } catch is CancellationError {
+            // The caller went away (a cancelled task awaiting syncNow, or stop()): the pass ends as one stopped with
+            // work left, so automatic scheduling goes on with that work and the state is settled again.
+            let cloud = self.cloud
+            if let outcome = try? schedule.endPass(pass, .stopped, engine: engine, now: now, changeCounter: { cloud.changeCounter() }) {
+                announce(outcome.state)
+            } else {
+                announce(schedule.passFailed())
+            }
+            throw CancellationError()
         } catch {
-            if error is CancellationError { throw error }
             announce(schedule.passFailed())
             throw error
         }

@@ -32,13 +32,18 @@ import Foundation
     /// When the engine wants to be woken (its backoff or lease wait), after a pass that left work.
     private var retryAt: Int64?
 
-    /// A schedule in its first state: a pass (with a fetch) is due at once.
+    /// A schedule in its first state: a pass (with a fetch) is due at once — or, with ``CloudSync/Options/startsPaused``,
+    /// at ``resume()``.
     /// - Parameters:
     ///   - options: the runtime's options.
     ///   - canaries: deliberate bugs for simulator canary runs (the environment's ``ReplicaEnvironment/canaries``).
     public init(options: CloudSync.Options, canaries: Set<Canary> = []) {
         self.options = options
         self.canaries = canaries
+        if options.startsPaused {
+            isPaused = true
+            state = .paused
+        }
     }
 
     // MARK: Triggers

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Runs a ``SyncEngine`` against a ``CloudDatabase``: performs each request the engine emits, hands back the
 /// response, and waits (through ``ReplicaEnvironment/sleep``) while the engine backs off.
@@ -19,7 +20,9 @@ public enum SyncDriver {
     ///   - timeout: the longest time to keep working, in milliseconds of the environment's clock; `nil` waits
     ///     through every backoff (the behaviour before the bound existed). When the engine backs off and its wake
     ///     time lies at or past the deadline, the call returns at once instead of sleeping: the returned status
-    ///     then shows the transient problem in ``SyncStatus/lastError``. A request already in flight is finished.
+    ///     then shows the transient problem in ``SyncStatus/lastError``. A request still in flight at the deadline
+    ///     (a stalled connection, a cloud file locked by another process) is not waited for: its answer is dropped,
+    ///     the engine counts it as lost (``SyncEngine/abandon(_:)``) and the call returns.
     ///   - isolation: the caller's actor; leave the default.
     /// - Returns: the engine's status at the end.
     /// - Throws: ``ReplicaError/incompatibleSchema(_:)`` when the zone's schema contradicts this device's (nothing
@@ -40,10 +43,10 @@ public enum SyncDriver {
         return status
     }
 
-    /// Runs `pass` (see ``SyncPass``) against `database`: the request loop behind
+    /// Runs `pass` (see `SyncPass`) against `database`: the request loop behind
     /// ``syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)`` and the sync runtime (``CloudSync``).
     /// Performs requests until the engine is idle, the deadline passes, the request bound is reached or
-    /// `shouldContinue` returns `false`; through backoffs it sleeps (``SyncPass/sleepsThroughBackoff``) or returns.
+    /// `shouldContinue` returns `false`; through backoffs it sleeps (`SyncPass/sleepsThroughBackoff`) or returns.
     /// `observe` sees each request and its result after the engine handled it.
     @discardableResult
     static func drive(
@@ -56,7 +59,17 @@ public enum SyncDriver {
         while true {
             switch try pass.next(engine, shouldContinue: shouldContinue(pass), cancelled: Task.isCancelled) {
             case let .perform(request):
-                let result = await database.perform(request.operation)
+                let result: Result<CloudOperationResult, CloudError>
+                switch await perform(request.operation, on: database, until: pass.deadline, environment: environment) {
+                case let .answered(answer):
+                    result = answer
+                case .deadlinePassed:
+                    // The bound passed with the request in flight: its answer is dropped and the engine counts it as
+                    // lost (a save the cloud applied comes back as a change-tag conflict, which merges: P3).
+                    try engine.abandon(request.id)
+                    try observe(request, .failure(.networkUnavailable))
+                    return .stopped
+                }
                 try engine.handle(request.id, result)
                 try observe(request, result)
             case let .sleep(milliseconds):
@@ -65,6 +78,82 @@ public enum SyncDriver {
             case let .end(end):
                 return end
             }
+        }
+    }
+
+    /// How a request ended for its caller.
+    enum RequestOutcome: Sendable {
+        /// The cloud answered.
+        case answered(Result<CloudOperationResult, CloudError>)
+        /// The deadline came first.
+        case deadlinePassed
+    }
+
+    /// Performs `operation` on `database`, waiting at most until `deadline` (environment milliseconds; `nil`: as long
+    /// as it takes). When the deadline comes first, the request is cancelled and its answer, should one still come,
+    /// dropped: a cloud that never answers does not hold up a bounded call. Cancelling the caller's task cancels the
+    /// request, whose answer is still waited for and handled (``CloudSync/stop()`` applies what is in flight).
+    static func perform(_ operation: CloudOperation, on database: any CloudDatabase, until deadline: Int64?,
+                        environment: ReplicaEnvironment) async -> RequestOutcome {
+        guard let deadline else { return .answered(await database.perform(operation)) }
+        if environment.clock.nowMilliseconds() >= deadline { return .deadlinePassed }
+        let race = FirstAnswer<RequestOutcome>()
+        let work = Task { race.answer(.answered(await database.perform(operation))) }
+        let timer = Task {
+            try? await environment.sleepUntil(deadline)
+            if !Task.isCancelled { race.answer(.deadlinePassed) }
+        }
+        let outcome = await withTaskCancellationHandler {
+            await race.value()
+        } onCancel: {
+            work.cancel()
+        }
+        timer.cancel()
+        if case .answered = outcome {} else { work.cancel() }
+        return outcome
+    }
+}
+
+/// The first of several answers, for one waiter: later answers are dropped.
+final class FirstAnswer<Value: Sendable>: Sendable {
+    private enum State {
+        case waiting(CheckedContinuation<Value, Never>?)
+        case answered(Value)
+        case delivered
+    }
+
+    private let state = Mutex<State>(.waiting(nil))
+
+    /// Gives `value` to the waiter unless an answer came first.
+    func answer(_ value: Value) {
+        let waiter = state.withLock { state -> CheckedContinuation<Value, Never>? in
+            guard case let .waiting(waiter) = state else { return nil }
+            if let waiter {
+                state = .delivered
+                return waiter
+            }
+            state = .answered(value)
+            return nil
+        }
+        waiter?.resume(returning: value)
+    }
+
+    /// The first answer (waits for it; call once).
+    func value() async -> Value {
+        await withCheckedContinuation { continuation in
+            let ready = state.withLock { state -> Value? in
+                switch state {
+                case let .answered(value):
+                    state = .delivered
+                    return value
+                case .waiting:
+                    state = .waiting(continuation)
+                    return nil
+                case .delivered:
+                    preconditionFailure("FirstAnswer.value() called twice")
+                }
+            }
+            if let ready { continuation.resume(returning: ready) }
         }
     }
 }
