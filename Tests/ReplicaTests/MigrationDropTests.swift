@@ -62,6 +62,41 @@ enum PeoplePlanToV2: SchemaMigrationPlan {
     static var stages: [MigrationStage] { [.lightweight(fromVersion: PeopleV1.self, toVersion: PeopleV2.self)] }
 }
 
+/// Version 1 of a contact whose number is kept in the history of its deletion (preserveValueOnDeletion).
+enum ContactsV1: VersionedSchema {
+    static let versionIdentifier = Schema.Version(1, 0, 0)
+    static var models: [any PersistentModel.Type] { [Contact.self] }
+
+    struct Contact: PersistentModel, Codable, Equatable {
+        static var entityName: String { "Contact" }
+        var id = UUID.unassigned
+        var name: String = ""
+        var ssn: String?
+        static let entity = ModelEntity<Contact>([
+            .attribute("name", \.name, default: "", options: .preserveValueOnDeletion),
+            .attribute("ssn", \.ssn, options: .preserveValueOnDeletion),
+        ])
+    }
+}
+
+/// Version 2 drops the number.
+enum ContactsV2: VersionedSchema {
+    static let versionIdentifier = Schema.Version(2, 0, 0)
+    static var models: [any PersistentModel.Type] { [Contact.self] }
+
+    struct Contact: PersistentModel, Codable, Equatable {
+        static var entityName: String { "Contact" }
+        var id = UUID.unassigned
+        var name: String = ""
+        static let entity = ModelEntity<Contact>([.attribute("name", \.name, default: "", options: .preserveValueOnDeletion)])
+    }
+}
+
+enum ContactsPlan: SchemaMigrationPlan {
+    static var schemas: [any VersionedSchema.Type] { [ContactsV1.self, ContactsV2.self] }
+    static var stages: [MigrationStage] { [.lightweight(fromVersion: ContactsV1.self, toVersion: ContactsV2.self)] }
+}
+
 @Suite("Lightweight stages drop removed attributes of local stores")
 struct MigrationDropTests {
     let directory = TestDirectory()
@@ -118,5 +153,26 @@ struct MigrationDropTests {
         #expect(try ModelContext(v2).fetch(PeopleV2.Person.self).count == 2)
         #expect(try columns(url).contains(.text("ssn")))
         #expect(try rawConnection(url, readOnly: true).scalar("SELECT ssn FROM Person WHERE name = 'Ada'") == .text(Self.secret))
+    }
+
+    @Test("a deleted record's tombstone in the history log loses the dropped attribute's value too; the others stay (breaker: the value survived the drop there)")
+    func dropScrubsHistoryTombstones() throws {
+        let url = directory.storeURL()
+        do {
+            let context = ModelContext(try ModelContainer(for: ContactsV1.schema, migrationPlan: nil, configurations: [],
+                                                          environment: directory.environment(seed: 1)))
+            let ada = context.insert(ContactsV1.Contact(name: "Ada", ssn: Self.secret))
+            try context.save()
+            context.delete(ada)
+            try context.save()
+        }
+        #expect(try fileHolds(Self.secret, url))
+        let container = try ModelContainer(for: ContactsV2.schema, migrationPlan: ContactsPlan.self, environment: directory.environment(seed: 2))
+        #expect(try !fileHolds(Self.secret, url), "the dropped value is still in the store file")
+        let tombstones = try rawConnection(url, readOnly: true).rows("SELECT tombstone FROM replica_history_change WHERE tombstone IS NOT NULL")
+        #expect(tombstones.count == 1)
+        guard case let .text(json)? = tombstones.first?.first else { return }
+        #expect(HistoryLog.decodeTombstone(json).values == ["name": .text("Ada")])
+        _ = container
     }
 }

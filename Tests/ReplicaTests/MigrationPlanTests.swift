@@ -340,4 +340,62 @@ struct MigrationPlanTests {
         try other.sync(cloud)
         #expect(try ModelContext(other.container).fetch(NotesV2.Note.self).map(\.words) == [3])
     }
+
+    @Test("a custom stage that changes an attribute the old schema has, in place, in a synced store is refused and changes nothing (breaker: every device's stage multiplied values other devices had multiplied already)",
+          arguments: ["willMigrate", "didMigrate"])
+    func syncedInPlaceChangeIsRefused(phase: String) throws {
+        enum SyncedV1: VersionedSchema {
+            static let versionIdentifier = Schema.Version(1, 0, 0)
+            static var models: [any PersistentModel.Type] { [NotesV1.Note.self] }
+        }
+        enum SyncedV2: VersionedSchema {
+            static let versionIdentifier = Schema.Version(2, 0, 0)
+            static var models: [any PersistentModel.Type] { [NotesV2.Note.self] }
+        }
+        enum ShoutInWillMigrate: SchemaMigrationPlan {
+            static var schemas: [any VersionedSchema.Type] { [SyncedV1.self, SyncedV2.self] }
+            static var stages: [MigrationStage] {
+                [.custom(fromVersion: SyncedV1.self, toVersion: SyncedV2.self, willMigrate: { context in
+                    for var note in try context.fetch(NotesV1.Note.self) {
+                        note.title = note.title.uppercased()
+                        context.update(note)
+                    }
+                    try context.save()
+                }, didMigrate: nil)]
+            }
+        }
+        enum ShoutInDidMigrate: SchemaMigrationPlan {
+            static var schemas: [any VersionedSchema.Type] { [SyncedV1.self, SyncedV2.self] }
+            static var stages: [MigrationStage] {
+                [.custom(fromVersion: SyncedV1.self, toVersion: SyncedV2.self, willMigrate: nil, didMigrate: { context in
+                    for var note in try context.fetch(NotesV2.Note.self) {
+                        note.title = note.title.uppercased()
+                        note.words = wordCount(note.title)
+                        context.update(note)
+                    }
+                    try context.save()
+                })]
+            }
+        }
+        let configuration = ModelConfiguration("notes", cloudKitDatabase: .private("iCloud.test"))
+        do {
+            let context = ModelContext(try ModelContainer(for: SyncedV1.schema, migrationPlan: nil, configurations: [configuration],
+                                                          environment: directory.environment(seed: 1)))
+            context.insert(NotesV1.Note(title: "quiet words"))
+            try context.save()
+        }
+        let plan: any SchemaMigrationPlan.Type = phase == "willMigrate" ? ShoutInWillMigrate.self : ShoutInDidMigrate.self
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: SyncedV2.schema, migrationPlan: plan, configurations: [configuration], environment: directory.environment(seed: 2))
+        }
+        guard case let .loadIssueModelContainer(name, reason)? = error else {
+            Issue.record("expected a load issue, got \(String(describing: error))")
+            return
+        }
+        #expect(name == "notes")
+        #expect(reason.hasPrefix("migration stage 1.0.0 → 2.0.0: the stage's code changed Note.title of records in the synced store 'notes', an attribute 1.0.0 has too"), "\(reason)")
+        let reopened = ModelContext(try ModelContainer(for: SyncedV1.schema, migrationPlan: nil, configurations: [configuration],
+                                                       environment: directory.environment(seed: 3)))
+        #expect(try reopened.fetch(NotesV1.Note.self).map(\.title) == ["quiet words"])
+    }
 }

@@ -123,4 +123,52 @@ struct SchemaVersionBookkeepingTests {
         #expect("\(expected)".contains("cannot load store 'default'"))
         #expect(!"\(expected)".contains("SQLite error"))
     }
+
+    @Test("a versioned schema whose version has a build number in it (2026120701.0.0) creates a store that opens again at that version (breaker: the second launch called the value damaged)")
+    func buildNumberVersionRoundTrips() throws {
+        var schema = NotesV1.schema
+        schema.version = Schema.Version(2026120701, 0, 0)
+        for seed: UInt64 in [1, 2] {
+            let context = ModelContext(try ModelContainer(for: schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: seed)))
+            context.insert(NotesV1.Note(title: "launch \(seed)"))
+            try context.save()
+        }
+        #expect(try recordedVersion() == .text("2026120701.0.0"))
+        let context = ModelContext(try ModelContainer(for: schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 3)))
+        #expect(try context.fetch(NotesV1.Note.self).map(\.title).sorted() == ["launch 1", "launch 2"])
+    }
+
+    @Test("a versioned schema with a negative version part is refused when its store would be created, naming the version (breaker: accepted, then the store never opened again)")
+    func negativeVersionIsRefusedUpFront() throws {
+        var schema = NotesV1.schema
+        schema.version = Schema.Version(-1, 0, 0)
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 1))
+        }
+        #expect(error == .loadIssueModelContainer(configuration: "default",
+                                                  reason: "schema version -1.0.0 cannot be recorded in a store: each part of a version is a number from 0 to 999999999999999999"))
+    }
+
+    @Test("a long damaged recorded version is shown by its start and size, not whole (breaker: a 1 MB value was copied into the error)")
+    func longDamagedValueIsShownShort() throws {
+        try makeV3Store(NotesV3.schema)
+        try rawConnection(directory.storeURL()).run("UPDATE replica_metadata SET value = ? WHERE key = 'schema_version'", [.text(String(repeating: "9", count: 100_000))])
+        let error = #expect(throws: ReplicaError.self) { _ = try v3Contents(seed: 2) }
+        let text = "\(error.map { "\($0)" } ?? "")"
+        #expect(text.contains("(100000 bytes)"))
+        #expect(text.count < 700, "\(text.count) characters")
+        #expect(try columns() == ["id", "heading", "words", "pinned"])
+    }
+
+    @Test("the current models opened unversioned on a store at a later version are told to use their versioned schema, not only to update the app (trial: 'an older build' misled)")
+    func unversionedCurrentModelsGetTheRightAdvice() throws {
+        try makeV3Store(NotesV3.schema)
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: Schema([NotesV3.Note.self]), migrationPlan: nil, configurations: [], environment: directory.environment(seed: 2))
+        }
+        let text = error.map { "\($0)" } ?? ""
+        #expect(text.contains("at schema version 3.0.0, newer than this app's schema version 1.0.0"))
+        #expect(text.contains("open the store with its versioned schema (Schema(versionedSchema:)"), "\(text)")
+        #expect(try columns() == ["id", "heading", "words", "pinned"])
+    }
 }

@@ -106,6 +106,9 @@ struct CheckedMigrationPlan {
     /// A plan of schema descriptions; `versions` are the stages' from and to versions, as declared.
     init(schemas: [Schema], stages: [Stage], versions: [(Schema.Version, Schema.Version)]? = nil) throws {
         guard !schemas.isEmpty else { throw MigrationPlanProblem(reason: "the migration plan lists no schemas") }
+        if let version = schemas.map(\.version).first(where: { !$0.isRecordable }) {
+            throw MigrationPlanProblem(reason: "the migration plan's " + version.unrecordableReason)
+        }
         for (older, newer) in zip(schemas, schemas.dropFirst()) where !(older.version < newer.version) {
             throw MigrationPlanProblem(reason: "the migration plan's schema versions must increase: \(older.version) is followed by \(newer.version)")
         }

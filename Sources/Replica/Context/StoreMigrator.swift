@@ -171,7 +171,9 @@ enum StoreMigrator {
                                           configurations: [staged], environment: environment)
             }
             if let willMigrate = stage.willMigrate {
+                let before = try lastHistoryToken(copy)
                 try willMigrate(ModelContext(try container(old)))
+                try refuseInPlaceChanges(since: before, in: copy, schema: old, from: old, to: new, configuration: configuration)
             }
             try step(.willMigrate)
             // The new schema's open renames through original names; it knows the stage's old schema, so a swap of
@@ -180,7 +182,9 @@ enum StoreMigrator {
             let migrated = try container(new)
             try step(.schemaChanged)
             if let didMigrate = stage.didMigrate {
+                let before = try lastHistoryToken(copy)
                 try didMigrate(ModelContext(migrated))
+                try refuseInPlaceChanges(since: before, in: copy, schema: new, from: old, to: new, configuration: configuration)
             }
             try step(.didMigrate)
             do {
@@ -222,6 +226,8 @@ enum StoreMigrator {
     private static func dropRemovedAttributes(from old: Schema, to new: Schema, entities: Set<String>, _ db: Connection) throws {
         if try !db.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_sync_record'").isEmpty { return }
         var drops: [(entity: String, column: String)] = []
+        // The names the history log may know each entity by (its name when the record was deleted).
+        var historyNames: [String: Set<String>] = [:]
         for entity in new.entities where entities.contains(entity.name) {
             guard let before = old.entities.first(where: { $0.name == entity.name })
                 ?? entity.originalName.flatMap({ name in old.entities.first { $0.name == name } }) else { continue }
@@ -229,6 +235,7 @@ enum StoreMigrator {
             let relationships = Set(entity.relationships.map(\.name))
             for attribute in before.attributes where !kept.contains(attribute.name) && !relationships.contains(attribute.name) {
                 drops.append((entity.name, attribute.name))
+                historyNames[entity.name] = [entity.name, before.name]
             }
         }
         guard !drops.isEmpty else { return }
@@ -244,6 +251,9 @@ enum StoreMigrator {
                 try StoreRenames.dropColumn(column, of: entity, db)
                 types?[StoreAttributeTypes.key(entity, column)] = nil
             }
+            // A deleted record's tombstone in the history log keeps the values its entity preserves on deletion: those
+            // of the dropped attributes go too, or the file would still hold them.
+            try scrubTombstones(of: drops, names: historyNames, db)
             if let types {
                 try db.run("UPDATE replica_metadata SET value = ? WHERE key = ?", [.text(StoreAttributeTypes.encode(types)), .text(StoreAttributeTypes.metadataKey)])
             }
@@ -251,6 +261,65 @@ enum StoreMigrator {
         } catch {
             try? db.execute("ROLLBACK")
             throw error
+        }
+    }
+
+    /// The newest history token of the store file at `url` (0 without history).
+    private static func lastHistoryToken(_ url: URL) throws -> Int64 {
+        let db = try Connection(location: .file(url), readOnly: true)
+        guard try !db.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_history_transaction'").isEmpty,
+              case let .integer(token)? = try db.scalar("SELECT max(token) FROM replica_history_transaction") else { return 0 }
+        return token
+    }
+
+    /// In a synced store, refuses what a custom stage's code saved after history token `token` when it changed, in
+    /// place, an attribute the stage's old schema `from` already has: every device runs the stage on the values it
+    /// holds — values other devices already migrated and synced among them, and values devices still at the old
+    /// version write — so an in-place transformation (dollars to cents) would apply more than once. Setting attributes
+    /// the stage adds (derived values), inserting and deleting records are what a synced store's stage may do.
+    /// `schema` is the schema the code's context had (`from` in `willMigrate`, `to` in `didMigrate`).
+    /// - Throws: ``StoreLayoutError`` naming the entity and attribute (the stage runs on a copy: nothing changed).
+    private static func refuseInPlaceChanges(since token: Int64, in url: URL, schema: Schema, from old: Schema, to new: Schema,
+                                             configuration: ModelConfiguration) throws {
+        let db = try Connection(location: .file(url), readOnly: true)
+        guard try !db.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_sync_record'").isEmpty,
+              try !db.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_history_change'").isEmpty else { return }
+        let rows = try db.rows("SELECT DISTINCT entity, fields FROM replica_history_change WHERE token > ? AND kind = ? ORDER BY entity, fields",
+                               [.integer(token), .integer(HistoryLog.Kind.update.rawValue)], cache: false)
+        for row in rows {
+            guard case let .text(entityName) = row[0], case let .text(fields) = row[1],
+                  let entity = schema.entity(named: entityName) else { continue }
+            // The entity and its attributes under their names in the old schema (through original names).
+            let oldEntity = old.entity(named: entity.name) ?? entity.originalName.flatMap { old.entity(named: $0) }
+            guard let oldEntity else { continue }
+            for field in fields.split(separator: ",").map(String.init).sorted() {
+                let attribute = entity.attributes.first { $0.name == field }
+                let oldName = schema.version == old.version ? field : (attribute?.originalName ?? field)
+                guard oldEntity.attributes.contains(where: { $0.name == oldName }) else { continue }
+                throw StoreLayoutError(reason: "the stage's code changed \(entity.name).\(field) of records in the synced store '\(configuration.name)', an attribute \(old.version) has too: every device runs the stage on the values it holds, including values other devices migrated and synced already and values devices at \(old.version) still write, so the change would apply more than once; write the new values to an attribute \(new.version) adds instead (synced stores are additive-only); nothing was changed")
+            }
+        }
+    }
+
+    /// Removes the values of the dropped attributes from the tombstones of deleted records in the history log
+    /// (`replica_history_change.tombstone`), inside the caller's transaction.
+    private static func scrubTombstones(of drops: [(entity: String, column: String)], names: [String: Set<String>], _ db: Connection) throws {
+        guard try !db.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'replica_history_change'").isEmpty else { return }
+        let columns = Dictionary(grouping: drops, by: \.entity).mapValues { Set($0.map(\.column)) }
+        for entity in columns.keys.sorted() {
+            guard let dropped = columns[entity] else { continue }
+            for name in (names[entity] ?? [entity]).sorted() {
+                let rows = try db.rows("SELECT token, seq, tombstone FROM replica_history_change WHERE entity = ? AND tombstone IS NOT NULL ORDER BY token, seq",
+                                       [.text(name)], cache: false)
+                for row in rows {
+                    guard case let .text(json) = row[2] else { continue }
+                    let tombstone = HistoryLog.decodeTombstone(json)
+                    guard tombstone.values.keys.contains(where: dropped.contains) else { continue }
+                    let kept = tombstone.values.filter { !dropped.contains($0.key) }.sorted { $0.key < $1.key }
+                    try db.run("UPDATE replica_history_change SET tombstone = ? WHERE token = ? AND seq = ?",
+                               [.text(HistoryLog.encodeTombstone(kept)), row[0], row[1]])
+                }
+            }
         }
     }
 

@@ -23,6 +23,17 @@ public struct Schema: Sendable, Hashable, Codable {
         }
 
         public var description: String { "\(major).\(minor).\(patch)" }
+
+        /// Whether a store can record this version (`replica_metadata['schema_version']`): no part negative or longer
+        /// than 18 digits.
+        var isRecordable: Bool {
+            [major, minor, patch].allSatisfy { (0...999_999_999_999_999_999).contains($0) }
+        }
+
+        /// Why a store cannot record this version (see ``isRecordable``).
+        var unrecordableReason: String {
+            "schema version \(self) cannot be recorded in a store: each part of a version is a number from 0 to 999999999999999999"
+        }
     }
 
     /// The schema's version identifier.

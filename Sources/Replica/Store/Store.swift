@@ -131,7 +131,11 @@ final class Store: Sendable {
             let recordedVersion = recycled == nil ? try Self.recordedSchemaVersion(connection) : nil
             if let recorded = recordedVersion {
                 if recorded > schemaVersion {
-                    throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a newer app version migrated or created it); this is an older build of the app — update it")
+                    // An unversioned schema (`Schema([Note.self])`) is 1.0.0 whatever its models: often the current
+                    // models opened without their VersionedSchema, not an older build.
+                    let advice = recordsVersion ? "this is an older build of the app — update it"
+                        : "if this schema is the app's current one, open the store with its versioned schema (Schema(versionedSchema:), MyV2.schema: an unversioned Schema([Model.self]) is version 1.0.0) or with the migration plan; otherwise this is an older build of the app — update it"
+                    throw StoreLayoutError(reason: "the store is at schema version \(recorded), newer than this app's schema version \(schemaVersion) (a newer app version migrated or created it); \(advice)")
                 }
                 // A versioned schema without its plan (a widget's or a ModelActor's container of the updated app, run
                 // before the app) would add its tables and columns and leave the recorded version: the plan would then
@@ -242,9 +246,12 @@ final class Store: Sendable {
             }
         }
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)
-        let numbers = parts.map { part in part.allSatisfy { ("0"..."9").contains($0) } && part.count <= 9 ? Int(part) : nil }
+        // Up to 18 digits a part: every version a container records (build numbers such as 2026120701 too).
+        let numbers = parts.map { part in part.allSatisfy { ("0"..."9").contains($0) } && part.count <= 18 ? Int(part) : nil }
         guard numbers.count == 3, let major = numbers[0], let minor = numbers[1], let patch = numbers[2] else {
-            throw damaged(text.isEmpty ? "empty text" : "the text '\(text)'")
+            // A long value is shown by its start only (a damaged value may be any size).
+            let start = text.count > 40 ? "the text '\(text.prefix(40))…' (\(text.utf8.count) bytes)" : "the text '\(text)'"
+            throw damaged(text.isEmpty ? "empty text" : start)
         }
         return Schema.Version(major, minor, patch)
     }
@@ -387,6 +394,7 @@ final class Store: Sendable {
                 // Created from a versioned schema: the store is at its version (with or without a migration plan), so
                 // a plan opening it later runs no stage it is past (see StoreMigrator).
                 if let recordVersion {
+                    guard recordVersion.isRecordable else { throw StoreLayoutError(reason: recordVersion.unrecordableReason) }
                     _ = try db.rows("INSERT INTO replica_metadata (key, value) VALUES ('schema_version', ?)",
                                     [.text(recordVersion.description)], cache: false)
                 }
