@@ -418,6 +418,13 @@ struct ContainerTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.url.path).isEmpty)
     }
 
+    @Test("a configuration name that cannot name a store file is refused with the reason and the limit, the name shown by its start (trial: a 1,000-character name echoed whole, no reason)")
+    func invalidConfigurationNameSaysWhy() {
+        let long = ReplicaError.configurationFileNameContainsInvalidCharacters(name: String(repeating: "y", count: 1_000)).description
+        #expect(long == "configuration name '\(String(repeating: "y", count: 40))…' is not a valid file name: it is 1000 bytes long in UTF-8, longer than the 241 bytes a store file name leaves for it")
+        #expect(ReplicaError.configurationFileNameContainsInvalidCharacters(name: "a/b").description == "configuration name 'a/b' is not a valid file name: it contains '/'")
+    }
+
     @Test func longestValidConfigurationNameOpensAndSaves() throws {
         // 241 + ".store" + "-journal" = 255 bytes, the file-name limit: every file SQLite makes beside the store fits.
         let name = String(repeating: "x", count: 241)

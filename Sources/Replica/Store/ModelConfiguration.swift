@@ -99,8 +99,20 @@ public struct ModelConfiguration: Sendable, Hashable {
     /// (`-wal`, `-shm`, and `-journal`, the longest) must fit the usual 255-byte file-name limit, so at most 241 bytes.
     /// A store that a migration plan migrates needs at most 231 (its working copy `<name>.store.migrating-journal`
     /// must fit too); a longer one is a load issue when a migration is due, which changes nothing.
-    static func isValidFileName(_ name: String) -> Bool {
-        !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.contains("\0")
-            && name.utf8.count <= 255 - ".store".utf8.count - "-journal".utf8.count
+    static func isValidFileName(_ name: String) -> Bool { fileNameProblem(name) == nil }
+
+    /// The longest configuration name in UTF-8 bytes: the store file `<name>.store` and SQLite's `-journal` beside it
+    /// must fit a file name (255 bytes).
+    static let fileNameLimit = 255 - ".store".utf8.count - "-journal".utf8.count
+
+    /// Why `name` cannot name a store file, or `nil` when it can.
+    static func fileNameProblem(_ name: String) -> String? {
+        if name.isEmpty { return "it is empty" }
+        if name == "." || name == ".." { return "'.' and '..' name directories" }
+        if name.contains("/") { return "it contains '/'" }
+        if name.contains("\0") { return "it contains a NUL character" }
+        let bytes = name.utf8.count
+        if bytes > fileNameLimit { return "it is \(bytes) bytes long in UTF-8, longer than the \(fileNameLimit) bytes a store file name leaves for it" }
+        return nil
     }
 }

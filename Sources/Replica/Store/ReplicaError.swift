@@ -83,7 +83,9 @@ public enum ReplicaError: Error, Sendable, Hashable, CustomStringConvertible {
         case let .duplicateConfiguration(name): return "duplicate configuration '\(name)'"
         case let .configurationSchemaNotFoundInContainerSchema(configuration, entities):
             return "configuration '\(configuration)' names entities not in the container schema: \(entities.joined(separator: ", "))"
-        case let .configurationFileNameContainsInvalidCharacters(name): return "configuration name '\(name)' is not a valid file name"
+        case let .configurationFileNameContainsInvalidCharacters(name):
+            let shown = name.count > 40 ? "'\(name.prefix(40))…'" : "'\(name)'"
+            return "configuration name \(shown) is not a valid file name: \(ModelConfiguration.fileNameProblem(name) ?? "it cannot name a store file")"
         case let .entityNotRoutable(entity, configurations):
             return configurations.isEmpty ? "entity '\(entity)' is in no configuration"
                 : "entity '\(entity)' is in several configurations: \(configurations.joined(separator: ", "))"
