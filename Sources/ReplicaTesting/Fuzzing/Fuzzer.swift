@@ -74,7 +74,7 @@ public enum Fuzzer {
     /// The input of iteration `iteration` of a run of `target` seeded with `seed`: a corpus entry, mutated.
     ///
     /// For `cloud-record`, half of the iterations (drawn from a generator of their own, so the other half are the
-    /// JSON inputs they always were) take the same corpus record in the binary body form (``CloudRecordBody``) and
+    /// JSON inputs they always were) take the same corpus record in the binary body form (`CloudRecordBody`) and
     /// mutate its bytes (bit flips, byte changes, boundary integers written over fixed-width and varint fields, spans
     /// inserted, deleted, duplicated, truncation) instead of its JSON structure.
     public static func input(_ target: FuzzTarget, seed: UInt64, iteration: Int) -> [UInt8] {
@@ -291,7 +291,7 @@ enum FuzzHarness {
         }
     }
 
-    /// Decodes a cloud record body (binary or JSON, as a cloud database reads it: ``CloudRecordBody/decode(_:)``) and
+    /// Decodes a cloud record body (binary or JSON, as a cloud database reads it: `CloudRecordBody/decode(_:)`) and
     /// merges it (alone, then beside the corpus' first record) into a store holding its ID; then reads the status and
     /// ledger, edits every live record, and uploads.
     static func cloudRecord(_ bytes: [UInt8]) throws {
