@@ -89,9 +89,16 @@ struct AppGroupRuntimeProcessTests {
         options.engine.leaseDurationMilliseconds = 10_000
         let appCloud = TimedCloud(try SQLiteCloudDatabase(url: cloudFile))
         let appSync = try app.startSync(store: "shared-synced", cloud: appCloud, options: options)
-        // Its first sync, asked for (a loaded machine may take a while; a failure shows the status).
-        let first = try await appSync.syncNow(timeoutMilliseconds: 90_000)
-        #expect(first.isUpToDate, "\(first)")
+        // Its first sync, asked for. syncNow returns at its bound, also with its work unfinished (a loaded machine — the
+        // whole suite runs beside this test on two cores — can hold a request up for minutes): asked again until it is
+        // up to date, for at most 5 minutes; a failure shows the status.
+        var first = try await appSync.syncNow(timeoutMilliseconds: 30_000)
+        let synced = try await waitUntil(seconds: 300) {
+            if first.isUpToDate { return true }
+            first = try await appSync.syncNow(timeoutMilliseconds: 30_000)
+            return first.isUpToDate
+        }
+        #expect(synced, "\(first)")
         #expect(await appSync.lastSyncDate != nil)
 
         // The widget: a second OS process with its own runtime on the same store file, waiting to see four notes.
