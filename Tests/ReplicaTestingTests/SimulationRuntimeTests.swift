@@ -51,4 +51,21 @@ struct SimulationRuntimeTests {
         let heal = try #require(result.trace.firstIndex { $0.contains(#""phase":"heal""#) })
         #expect(!result.trace[heal...].contains { $0.contains(#""action":"sync-now""#) })
     }
+
+    @Test("a syncNow whose request is still in flight at its bound returns there: the pass gives the request up (SyncPass.deadlinePassed, as SyncDriver does) and ends stopped")
+    func requestInFlightAtTheBoundIsAbandoned() throws {
+        let scenario = try ScenarioCatalog.resolve(scenarioName)
+        var abandoned = 0
+        for seed in UInt64(0)..<4 {
+            let result = try Simulator.run(scenario, seed: seed)
+            #expect(result.violation == nil, "seed \(seed): \(result.violation?.description ?? "")")
+            for (index, line) in result.trace.enumerated() where line.contains(#""ev":"abandon-at-bound""#) {
+                abandoned += 1
+                // The pass ends at once, stopped, at the same time.
+                let next = result.trace[(index + 1)...].first { $0.contains(#""ev":"pass-end""#) }
+                #expect(next?.contains(#""end":"stopped""#) == true, "\(next ?? "no pass-end")")
+            }
+        }
+        #expect(abandoned > 0, "no seed had a request in flight at a syncNow's bound")
+    }
 }

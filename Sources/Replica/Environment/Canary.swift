@@ -73,4 +73,14 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// transient failure instead of trying at once (P7: the runtime defect of new-user trial F10, before its fix): with
     /// the network back, the call returns at its bound with nothing done, or minutes late.
     case syncNowWaitsForBackoff = "sync-now-waits-for-backoff"
+    /// A bounded pass (``CloudSync/syncNow(timeoutMilliseconds:)``, ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``)
+    /// waits for the answer to its request in flight however long past its bound it comes, instead of abandoning the
+    /// request at the bound (the runtime defect of issue 21's trial, before its fix: a stalled request took 20 s for a
+    /// bound of 1 s).
+    case syncNowWaitsForRequest = "sync-now-waits-for-request"
+    /// A custom migration stage's code that changes, in place, an attribute the stage's old schema has in a synced store
+    /// is not refused (the migration defect of issue 23's trials, before its fix): every device runs the stage on the
+    /// values it holds, values other devices already migrated and synced among them, so the change applies more than
+    /// once (100 became 10000).
+    case syncedStageInPlace = "synced-stage-in-place"
 }

@@ -351,6 +351,23 @@ import Foundation
         return .sleep(milliseconds: duration)
     }
 
+    /// Until when the caller waits for the answer to a request of the pass (environment milliseconds; `nil`: until it
+    /// comes): the pass's deadline. When the deadline comes first, the caller calls
+    /// ``deadlinePassed(engine:request:)`` and drops the answer, should one still come.
+    public func requestDeadline(_ engine: SyncEngine) -> Int64? {
+        engine.container.environment.canaries.contains(.syncNowWaitsForRequest) ? nil : deadline
+    }
+
+    /// The pass's deadline passed with `request` (its id) in flight: the pass does not wait for the answer. The engine
+    /// counts the request as lost (``SyncEngine/abandon(_:)``: a late answer of it is ignored; a save the cloud applied
+    /// comes back as a change-tag conflict, which merges: P3) and the pass ends — stopped. The caller reports the
+    /// request's result as `CloudError.networkUnavailable`.
+    /// - Throws: as ``SyncEngine/handle(_:_:)``.
+    public func deadlinePassed(engine: SyncEngine, request: UInt64) throws -> End {
+        try engine.abandon(request)
+        return .stopped
+    }
+
     /// How often a runtime reads another process's upload lease again while it waits for it: a tenth of the lease
     /// duration (3 s by default).
     static func leaseRecheckMilliseconds(_ engine: SyncEngine) -> Int64 {

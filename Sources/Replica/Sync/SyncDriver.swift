@@ -60,15 +60,15 @@ public enum SyncDriver {
             switch try pass.next(engine, shouldContinue: shouldContinue(pass), cancelled: Task.isCancelled) {
             case let .perform(request):
                 let result: Result<CloudOperationResult, CloudError>
-                switch await perform(request.operation, on: database, until: pass.deadline, environment: environment) {
+                switch await perform(request.operation, on: database, until: pass.requestDeadline(engine), environment: environment) {
                 case let .answered(answer):
                     result = answer
                 case .deadlinePassed:
                     // The bound passed with the request in flight: its answer is dropped and the engine counts it as
-                    // lost (a save the cloud applied comes back as a change-tag conflict, which merges: P3).
-                    try engine.abandon(request.id)
+                    // lost (the pass decides: the simulator calls the same code when its request outlives the bound).
+                    let end = try pass.deadlinePassed(engine: engine, request: request.id)
                     try observe(request, .failure(.networkUnavailable))
-                    return .stopped
+                    return end
                 }
                 try engine.handle(request.id, result)
                 try observe(request, result)

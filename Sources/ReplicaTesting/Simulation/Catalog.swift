@@ -97,6 +97,8 @@ public enum CanaryCatalog {
         ("empty-ambiguous-store-refused", "values-only-migration", "an app cannot open the empty store its widget's unversioned container created when the plan's layouts are alike across a custom stage"),
         ("undo-drops-pending-edit", "undo-redo", "undo() with an edit pending undoes the save before it and overwrites or keeps the edit, instead of undoing the edit"),
         ("sync-now-waits-for-backoff", "runtime-scheduled-sync", "an explicit syncNow waits out the engine's own backoff instead of trying at once"),
+        ("sync-now-waits-for-request", "runtime-scheduled-sync", "a bounded syncNow waits for its request in flight past its bound instead of abandoning it"),
+        ("synced-stage-in-place", "synced-stage-refused", "a custom stage that changes a synced attribute in place is not refused, so every device applies it again to values others migrated"),
     ]
 
     /// Every canary the library has, in the library's order.

@@ -15,6 +15,13 @@
 // - the workload operation `unversionedOpen`: a process reopens its local stores with the unversioned schema of its
 //   version and no plan, and runs so until its next restart or reopen, which goes through the plan again.
 // A refusal of such an open (a `ReplicaError`) is a legitimate answer and noted in the trace; a silent change is not.
+//
+// A stage may name an attribute of a synced store (in a scenario without local stores): changing it in place is what a
+// synced store's stage must not do — every device would run it on values other devices already migrated and synced —
+// so the expected answer is the library's refusal (a load issue of the updated app's container, the store unchanged).
+// The update then fails: the device goes back to its old version (`updateRefused`), which keeps syncing. Invariant
+// `migrated-once` holds a synced store to it: after every open through the plan, no value of a synced stage's
+// attribute is an acknowledged value multiplied by the stage's factor (once or twice) that no device wrote.
 
 import Foundation
 @_spi(Simulation) import Replica
@@ -114,8 +121,13 @@ extension ScenarioChecker {
                 throw fail("\(path).phase", "'\(stage.phase)' is not one of: willMigrate, didMigrate")
             }
             try range(stage.factor, "\(path).factor", 2...1_000)
-            guard let entity = scenario.schema.entity(named: stage.entity), local.contains(entity.name) else {
-                throw fail("\(path).entity", "no entity '\(stage.entity)' of a local-only store")
+            let synced = Set(scenario.stores.filter { $0.kind == .synced }.flatMap(\.entities))
+            guard let entity = scenario.schema.entity(named: stage.entity), local.contains(entity.name) || synced.contains(entity.name) else {
+                throw fail("\(path).entity", "no entity '\(stage.entity)' of a local-only or synced store")
+            }
+            if synced.contains(entity.name), !local.isEmpty {
+                throw fail("\(path).entity", "a stage of a synced store's attribute is refused, and the updated device stays at its old version: "
+                    + "the scenario has no local-only stores (their migration would have gone ahead)")
             }
             guard let attribute = entity.attributes.first(where: { $0.name == stage.attribute }), attribute.type == .integer,
                   attribute.exists(in: stage.toVersion - 1), attribute.exists(in: stage.toVersion), attribute.renamedFrom == nil,
@@ -218,6 +230,7 @@ extension SimulationRun {
     func checkMigratedOnce(_ process: SimProcess) throws {
         guard let migration = scenario.migration, !migration.stages.isEmpty, process.openedWithoutPlan == nil,
               let observer = observer(of: process) else { return }
+        try checkSyncedStagesRefused(process)
         let version = process.view.schema.version.major
         for store in process.stores where !store.isSynced {
             let model = reference.localStores[viewKey(process.device, store.name)] ?? LocalStoreModel()
@@ -243,6 +256,74 @@ extension SimulationRun {
                     }
                     throw InvariantViolation(.migratedOnce, "\(label) is \(show(row[index], encrypted: false)), expected "
                         + "\(show(expected[index], encrypted: false)) (\(how))")
+                }
+            }
+        }
+    }
+
+    /// The custom stages of synced stores' attributes (their expected outcome is a refusal).
+    var syncedStages: [Scenario.Migration.Stage] {
+        let synced = Set(scenario.stores.filter { $0.kind == .synced }.flatMap(\.entities))
+        return (scenario.migration?.stages ?? []).filter { synced.contains($0.entity) }
+    }
+
+    /// Whether `error`, from `process`'s open through the plan, is the refusal of a synced store's stage (the expected
+    /// answer, see the file comment). If so, the update failed: the device goes back to the version before the first
+    /// such stage it passed (the stages before it were applied and recorded; the refused one ran on a copy), with every
+    /// process's schema, and the caller opens again at it.
+    func updateRefused(_ process: SimProcess, _ error: ReplicaError) -> Bool {
+        let device = process.device
+        guard "\(error)".contains("of records in the synced store"),
+              let first = syncedStages.map(\.toVersion).filter({ $0 <= device.schemaVersion }).min() else { return false }
+        let from = device.schemaVersion, back = first - 1
+        let view = SchemaView(scenario.librarySchema(version: back))
+        device.view = view
+        device.schemaVersion = back
+        for process in device.processes {
+            process.view = view
+            process.workloadTargets = Array(repeating: nil, count: WorkloadOperation.allCases.count)
+        }
+        let reason = runIndependent(error)
+        note("\(device.name): the update to v\(from) was refused (\(reason)); the app stays at v\(back)")
+        trace.event(now, "update-refused") { line in
+            line.add("device", device.name)
+            line.add("to", from)
+            line.add("stays", back)
+            line.add("reason", reason)
+        }
+        return true
+    }
+
+    /// Invariant `migrated-once` for synced stores, after `process` opened through the plan: no value of a synced
+    /// stage's attribute is a value no device wrote that is an acknowledged one multiplied by the stage's factor (once
+    /// or twice) — the stage must have been refused, not applied to values other devices hold too.
+    func checkSyncedStagesRefused(_ process: SimProcess) throws {
+        let stages = syncedStages.filter { $0.toVersion <= process.view.schema.version.major }
+        guard !stages.isEmpty, let observer = observer(of: process) else { return }
+        for store in process.stores where store.kind == .synced {
+            for stage in stages {
+                guard let entity = process.view.entities(of: store).first(where: { $0.name == stage.entity }) else { continue }
+                let info = process.view.info(entity)
+                guard let index = info.fieldNames.firstIndex(of: stage.attribute) else { continue }
+                let factor = Int64(stage.factor)
+                for (id, values) in try info.access.all(observer).sorted(by: { uuidPrecedes($0.id, $1.id) }) {
+                    guard case let .integer(value) = values[index], value != 0, value % factor == 0 else { continue }
+                    func written(_ value: Int64) -> Bool {
+                        reference.writerStamp(zone: store.name, id: id, field: stage.attribute, value: .integer(value)) != nil
+                    }
+                    guard !written(value) else { continue }
+                    let times: Int
+                    if written(value / factor) {
+                        times = 1
+                    } else if (value / factor) % factor == 0, written(value / factor / factor) {
+                        times = 2
+                    } else {
+                        continue
+                    }
+                    throw InvariantViolation(.migratedOnce, "\(process.label) synced store '\(store.name)' at v\(process.view.schema.version.major): "
+                        + "\(alias(id)).\(stage.attribute) is \(value), which no device wrote: an acknowledged value ×\(factor)"
+                        + "\(times == 2 ? " twice" : "") — the stage to v\(stage.toVersion) changed a synced attribute in place instead of "
+                        + "being refused (every device applies it again to values others migrated)")
                 }
             }
         }

@@ -11,11 +11,16 @@
 // - between passes the runtime asks its schedule whether a pass is due and when to look again, and sleeps until then
 //   (a wake-up event at the device-clock time, re-armed if a backward clock jump makes it early);
 // - an explicit pass that sleeps through the engine's backoff sleeps for the duration it asked for (a relative sleep,
-//   as `ReplicaEnvironment.sleep` is: a clock jump does not move its end).
+//   as `ReplicaEnvironment.sleep` is: a clock jump does not move its end);
+// - an explicit pass whose request is still in flight at its deadline (on the device's clock) gives it up there, as
+//   `SyncDriver` does when its timer wins the race with the request: a wake-up event at the deadline calls
+//   `SyncPass.deadlinePassed` (the engine abandons the request; the pass ends stopped), and the answer, should it
+//   still come, is ignored as a timed-out request's is.
 //
 // Invariants of the runtime (checked as the run goes): `sync-now-bound` (a bounded syncNow returns within its bound
-// in true time — no request is sent for it, or while it waits, after its bound — and, unless the server's retry-after or
-// another process's lease is waited out, its first request goes out at once), `runtime-state` (the state reported is
+// in true time — whatever its pass was doing: a request in flight at the bound is not waited for; no request is sent
+// for it, or while it waits, after its bound — and, unless the server's retry-after or another process's lease is
+// waited out, its first request goes out at once), `runtime-state` (the state reported is
 // never idle or syncing while the engine backs off, never idle after a pass that left sendable records, and a runtime
 // sends nothing once stop() was called but the request it had in flight), and, at quiesce, `liveness` (with no syncNow
 // after heal, every runtime reaches idle with nothing left to send).
@@ -196,8 +201,10 @@ extension SimulationRun {
     func runtimeTurn(_ engine: SimEngine) throws {
         guard let runtime = engine.runtime, !runtime.isGone, isCurrent(engine), !engine.isBroken else { return }
         defer { rearm(engine, runtime) }
-        expireWaitingCalls(engine, runtime)
-        guard !engine.engine.isAwaitingResponse else { return }
+        try expireWaitingCalls(engine, runtime)
+        if engine.engine.isAwaitingResponse {
+            guard try abandonAtDeadline(engine, runtime) else { return }
+        }
         while true {
             if var pass = runtime.pass {
                 if let resume = runtime.resumeAt {
@@ -211,7 +218,7 @@ extension SimulationRun {
                     runtime.pass = nil
                     try engineFailed(engine, "nextRequest", error)
                     announce(engine, runtime.schedule.passFailed())
-                    if let call = runtime.passCall { syncNowReturned(engine, call, "threw") }
+                    if let call = runtime.passCall { try syncNowReturned(engine, call, "threw") }
                     runtime.passCall = nil
                     continue
                 }
@@ -246,7 +253,7 @@ extension SimulationRun {
                 case let .syncNow(call):
                     // (stop() was called while it waited: it performs nothing.)
                     guard runtime.schedule.mayBeginExplicitPass else {
-                        syncNowReturned(engine, call, "stopped")
+                        try syncNowReturned(engine, call, "stopped")
                         continue
                     }
                     try beginPass(engine, runtime, call: call)
@@ -267,14 +274,45 @@ extension SimulationRun {
 
     /// syncNow calls still waiting for the engine when their bound (on the device's clock) passes return the status as
     /// it is (`CloudSync/syncNow(timeoutMilliseconds:)`).
-    private func expireWaitingCalls(_ engine: SimEngine, _ runtime: SimRuntime) {
+    private func expireWaitingCalls(_ engine: SimEngine, _ runtime: SimRuntime) throws {
         guard runtime.hasWaitingCall else { return }
         let time = deviceNow(engine)
+        var expired: [SyncNowCall] = []
         runtime.waiters.removeAll { waiter in
             guard case let .syncNow(call) = waiter, time >= call.deadline else { return false }
-            syncNowReturned(engine, call, "bound passed while waiting")
+            expired.append(call)
             return true
         }
+        for call in expired { try syncNowReturned(engine, call, "bound passed while waiting") }
+    }
+
+    /// The pass's deadline (on the device's clock) passed with its request in flight: the pass decides as `SyncDriver`
+    /// does when its timer fires (`SyncPass.deadlinePassed`: the engine abandons the request, the pass ends stopped);
+    /// the answer, should it still come, is ignored as a timed-out request's is. Returns whether the pass ended so.
+    private func abandonAtDeadline(_ engine: SimEngine, _ runtime: SimRuntime) throws -> Bool {
+        guard let pass = runtime.pass, let request = engine.outstanding, let deadline = pass.requestDeadline(engine.engine),
+              deviceNow(engine) >= deadline else { return false }
+        trace.event(now, "abandon-at-bound") { line in
+            line.add("process", engine.process.label)
+            line.add("store", engine.store)
+            line.add("req", request)
+        }
+        engine.outstanding = nil
+        stats.syncResponses += 1
+        let end: SyncPass.End
+        do {
+            end = try pass.deadlinePassed(engine: engine.engine, request: request)
+        } catch {
+            runtime.pass = nil
+            try engineFailed(engine, "abandon", error)
+            announce(engine, runtime.schedule.passFailed())
+            if let call = runtime.passCall { try syncNowReturned(engine, call, "threw") }
+            runtime.passCall = nil
+            return true
+        }
+        runtimeSawResult(engine, .failure(.networkUnavailable))
+        try endPass(engine, runtime, pass, end)
+        return true
     }
 
     /// Arms the runtime's next wake-up: the end of its pass's sleep, the bound of a call waiting for the engine, or —
@@ -284,6 +322,10 @@ extension SimulationRun {
         var times: [Int64] = []
         if let resume = runtime.resumeAt { times.append(resume) }
         let time = deviceNow(engine)
+        // (The pass's bound while its request is in flight: SyncDriver races the request against it.)
+        if let pass = runtime.pass, engine.engine.isAwaitingResponse, let deadline = pass.requestDeadline(engine.engine) {
+            times.append(now + max(1, deadline - time))
+        }
         for case let .syncNow(call) in runtime.waiters { times.append(now + max(1, call.deadline - time)) }
         if runtime.pass == nil, let wake = runtime.schedule.nextWake(passUnderWay: false) { times.append(now + max(1, wake - time)) }
         guard let at = times.min(), runtime.wakeAt != at else { return }
@@ -319,7 +361,7 @@ extension SimulationRun {
         } catch {
             try engineFailed(engine, "ending a pass", error)
             announce(engine, runtime.schedule.passFailed())
-            if let call { syncNowReturned(engine, call, "threw") }
+            if let call { try syncNowReturned(engine, call, "threw") }
             return
         }
         trace.event(now, "pass-end") { line in
@@ -339,16 +381,22 @@ extension SimulationRun {
             throw InvariantViolation(.runtimeState, "\(engine.process.label) store '\(engine.store)' reports idle after a pass, but "
                 + "\(outcome.status.pendingRecords) records wait to be sent")
         }
-        if let call { syncNowReturned(engine, call, outcome.status.isUpToDate ? "up to date" : "\(outcome.status.pendingRecords) pending") }
+        if let call { try syncNowReturned(engine, call, outcome.status.isUpToDate ? "up to date" : "\(outcome.status.pendingRecords) pending") }
     }
 
-    private func syncNowReturned(_ engine: SimEngine, _ call: SyncNowCall, _ result: String) {
+    /// A syncNow call returns now: by its bound in true time (plus the allowance for backward clock jumps), whatever
+    /// its pass was doing — a request still in flight at the bound is not waited for (`sync-now-bound`).
+    private func syncNowReturned(_ engine: SimEngine, _ call: SyncNowCall, _ result: String) throws {
         trace.event(now, "sync-now-returned") { line in
             line.add("process", engine.process.label)
             line.add("store", engine.store)
             line.add("call", call.serial)
             line.add("after_ms", now - call.calledAt)
             line.add("result", result)
+        }
+        if now > call.trueDeadline {
+            throw InvariantViolation(.syncNowBound, "\(engine.process.label) syncNow #\(call.serial) (bound \(call.timeout) ms, called at "
+                + "\(call.calledAt)) returned at \(now), \(now - call.trueDeadline) ms past its bound (\(result))")
         }
     }
 
@@ -450,7 +498,7 @@ extension SimulationRun {
             line.add("call", call.serial)
             line.add("timeout_ms", timeout)
         }
-        guard !runtime.isGone, !runtime.schedule.isStopped else { return syncNowReturned(engine, call, "stopped") }
+        guard !runtime.isGone, !runtime.schedule.isStopped else { return try syncNowReturned(engine, call, "stopped") }
         runtime.waiters.append(.syncNow(call))
         enqueuePump(engine)
     }

@@ -296,7 +296,13 @@ final class SimulationRun {
                                                              cloudKitDatabase: cloud))
                 }
             }
-            process.container = try openContainer(process, entities: entities, configurations: configurations)
+            do {
+                process.container = try openContainer(process, entities: entities, configurations: configurations)
+            } catch let error as ReplicaError where updateRefused(process, error) {
+                // The update was refused (a synced store's in-place stage): the device is back at its old version,
+                // whose app opens and syncs as before.
+                return try start(process)
+            }
         }
         guard let container = process.container else { return }
         let context = ModelContext(container)
