@@ -20,6 +20,20 @@ private final class EncryptedRuntimeDevice: Sendable {
 
 /// The events of ``CloudSync`` not covered by the runtime's own suite: conflicts resolved (as the conflict log records
 /// them) and the encryption key events (needed, changed), with the key control they call for.
+@Suite("Sync runtime events: descriptions for logs")
+struct CloudSyncEventDescriptionTests {
+    @Test("events and states print as one readable line, without the module's type names (trial: Replica.CloudSyncState.syncing)")
+    func eventsReadInLogs() {
+        let id = PersistentIdentifier(entityName: "Note", id: UUID(uuidString: "01900000-0000-7000-8000-000000000001")!)
+        #expect("\(CloudSyncState.waitingForNetwork)" == "waitingForNetwork")
+        #expect("\(CloudSyncEvent.stateChanged(.syncing))" == "stateChanged syncing")
+        #expect("\(CloudSyncEvent.sentChanges([id]))" == "sentChanges [\(id)]")
+        #expect("\(CloudSyncEvent.requestFailed(operation: "modifyRecords", error: .networkUnavailable))" == "requestFailed modifyRecords: \(CloudError.networkUnavailable)")
+        #expect("\(CloudSyncEvent.changeTokenExpired(zone: "notes"))" == "changeTokenExpired 'notes'")
+        #expect(!"\(CloudSyncEvent.fetchedChanges(CloudSyncChanges(inserted: [id])))".contains("Replica."))
+    }
+}
+
 @Suite("Sync runtime events: conflicts and encryption keys")
 struct CloudSyncEventTests {
     @Test("conflictsResolved carries exactly the new conflict log entries, oldest first, once")

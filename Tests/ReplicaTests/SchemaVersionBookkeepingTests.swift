@@ -171,4 +171,21 @@ struct SchemaVersionBookkeepingTests {
         #expect(text.contains("open the store with its versioned schema (Schema(versionedSchema:)"), "\(text)")
         #expect(try columns() == ["id", "heading", "words", "pinned"])
     }
+
+    @Test("a damaged replica identity is a load issue that shows it and changes nothing, never replaced or a raw SQLite error (breaker: UNIQUE constraint failed)",
+          arguments: [("'short'", "the text 'short'"), ("7", "the integer 7"), ("x'0102'", "a 2-byte blob")])
+    func damagedIdentityIsALoadIssue(sql: String, shown: String) throws {
+        try makeV3Store(NotesV3.schema)
+        try rawConnection(directory.storeURL()).run("UPDATE replica_metadata SET value = \(sql) WHERE key = 'identity'")
+        let error = #expect(throws: ReplicaError.self) {
+            _ = try ModelContainer(for: NotesV3.schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 2))
+        }
+        #expect(error == .loadIssueModelContainer(configuration: "default",
+            reason: "its replica identity (replica_metadata 'identity') is damaged: it holds \(shown), not a 16-byte identifier; restore the store file from a backup, or delete that row to give the store a new identity (its writes are then stamped as a new replica's); nothing was changed"))
+        #expect(try rawConnection(directory.storeURL(), readOnly: true).scalar("SELECT count(*) FROM Note") == .integer(2))
+        // Deleting the row, as the message says, gives the store a new identity; its records stay.
+        try rawConnection(directory.storeURL()).run("DELETE FROM replica_metadata WHERE key = 'identity'")
+        let container = try ModelContainer(for: NotesV3.schema, migrationPlan: nil, configurations: [], environment: directory.environment(seed: 3))
+        #expect(try ModelContext(container).fetch(NotesV3.Note.self).count == 2)
+    }
 }

@@ -23,6 +23,21 @@ public enum CloudSyncState: Sendable, Hashable {
     case stopped
 }
 
+extension CloudSyncState: CustomStringConvertible {
+    /// The state's name as the Swift case is spelled (`waitingForNetwork`), for logs.
+    public var description: String {
+        switch self {
+        case .idle: "idle"
+        case .syncing: "syncing"
+        case .waitingForNetwork: "waitingForNetwork"
+        case .waitingToRetry: "waitingToRetry"
+        case .paused: "paused"
+        case .blocked: "blocked"
+        case .stopped: "stopped"
+        }
+    }
+}
+
 /// The records one import from the cloud changed in the store (the cloud's changes merged, and what they caused
 /// locally: delete rules, resolved duplicates). Identifiers only, never values.
 public struct CloudSyncChanges: Sendable, Hashable {
@@ -84,6 +99,28 @@ public enum CloudSyncEvent: Sendable, Hashable {
     case encryptionKeyChanged(zone: String)
     /// Merge decisions in which a local, not yet uploaded value lost, as the conflict log records them (oldest first).
     case conflictsResolved([ConflictLogEntry])
+}
+
+extension CloudSyncEvent: CustomStringConvertible {
+    /// One line for logs: the event's kind with identifiers, names, states and errors (never values or secrets), e.g.
+    /// `sentChanges [Note/0190…]`, `stateChanged waitingForNetwork`.
+    public var description: String {
+        func ids(_ list: [PersistentIdentifier]) -> String { "[" + list.map(\.description).joined(separator: ", ") + "]" }
+        switch self {
+        case let .stateChanged(state): return "stateChanged \(state)"
+        case let .fetchedChanges(changes):
+            return "fetchedChanges inserted \(ids(changes.inserted)) updated \(ids(changes.updated)) deleted \(ids(changes.deleted))"
+        case let .sentChanges(list): return "sentChanges \(ids(list))"
+        case let .failedRecords(failures):
+            return "failedRecords [" + failures.map { "\($0.id): \($0.error)" }.joined(separator: ", ") + "]"
+        case let .requestFailed(operation, error): return "requestFailed \(operation): \(error)"
+        case let .zoneDeleted(zone, reason): return "zoneDeleted '\(zone)'" + (reason.map { " (\($0))" } ?? "")
+        case let .changeTokenExpired(zone): return "changeTokenExpired '\(zone)'"
+        case let .encryptionKeyNeeded(error): return "encryptionKeyNeeded: \(error)"
+        case let .encryptionKeyChanged(zone): return "encryptionKeyChanged '\(zone)'"
+        case let .conflictsResolved(entries): return "conflictsResolved [" + entries.map(\.description).joined(separator: "; ") + "]"
+        }
+    }
 }
 
 /// Hands every event to every subscriber of a runtime's ``CloudSync/events``. Internal.

@@ -489,8 +489,11 @@ final class Store: Sendable {
                 }
             }
             if synced { try applyCurrentDefaults(db, entities: entities) }
-            if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'"),
-               let identity = try? UUID(sqliteValue: existing) {
+            if let existing = try db.scalar("SELECT value FROM replica_metadata WHERE key = 'identity'") {
+                guard let identity = try? UUID(sqliteValue: existing) else {
+                    // The replica identity stamps this store's writes: a damaged one is never replaced silently.
+                    throw StoreLayoutError(reason: "its replica identity (replica_metadata 'identity') is damaged: it holds \(Self.shown(existing)), not a 16-byte identifier; restore the store file from a backup, or delete that row to give the store a new identity (its writes are then stamped as a new replica's); nothing was changed")
+                }
                 return (identity, false, tracked)
             }
             let identity = environment.makeIdentifier()
@@ -549,6 +552,17 @@ final class Store: Sendable {
         }
         try db.run("INSERT INTO replica_metadata (key, value) VALUES ('synced_defaults', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                    [.text(fingerprint)])
+    }
+
+    /// A damaged bookkeeping value for a message: its kind and size, text by its start only.
+    static func shown(_ value: SQLiteValue) -> String {
+        switch value {
+        case let .integer(number): "the integer \(number)"
+        case let .real(number): "the number \(number)"
+        case let .blob(bytes): "a \(bytes.count)-byte blob"
+        case let .text(text): text.count > 40 ? "the text '\(text.prefix(40))…' (\(text.utf8.count) bytes)" : "the text '\(text)'"
+        case .null: "NULL"
+        }
     }
 
     private static func readIdentity(_ db: Connection, entities: [Schema.Entity], synced: Bool) throws -> UUID {
