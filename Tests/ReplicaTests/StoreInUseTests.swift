@@ -121,6 +121,51 @@ struct StoreInUseTests {
         #expect(try ModelContext(try v1Container(seed: 3)).fetch(NotesV1.Note.self).count == 2)
     }
 
+    /// Forks a child that does nothing but wait for a byte on a pipe (as a child of `posix_spawn` or `Process` holds
+    /// a copy of every descriptor between its start and its `exec`); returns its process ID and the pipe's writing end.
+    private func forkWaitingChild() throws -> (pid: pid_t, release: Int32) {
+        var ends: [Int32] = [0, 0]
+        try #require(pipe(&ends) == 0)
+        let child = fork()
+        if child == 0 {
+            var byte: UInt8 = 0
+            _ = read(ends[0], &byte, 1)
+            _exit(0)
+        }
+        close(ends[0])
+        try #require(child > 0)
+        return (child, ends[1])
+    }
+
+    private func finish(_ child: (pid: pid_t, release: Int32)) {
+        var byte: UInt8 = 1
+        _ = write(child.release, &byte, 1)
+        close(child.release)
+        var status: Int32 = 0
+        _ = waitpid(child.pid, &status, 0)
+    }
+
+    @Test("a child process started while the store's lock is held does not keep it: once given up, the store opens and migrates (a host that starts helper processes; was refused as \"migrating right now\" under a flock lock the child shared until its exec)")
+    func childProcessDoesNotInheritTheLock() throws {
+        try makeV1Store()
+        // A migration's exclusive lock, given up while a child started meanwhile still runs.
+        var migrating: StoreFileLock? = try StoreFileLock.take(.exclusive, of: directory.storeURL())
+        let first = try forkWaitingChild()
+        defer { finish(first) }
+        migrating = nil
+        _ = migrating
+        var holder: ModelContainer? = try v1Container(seed: 2)
+        #expect(try ModelContext(try #require(holder)).fetch(NotesV1.Note.self).count == 2)
+        // A container's shared lock, given up while a child started meanwhile still runs: the migration needs it to
+        // itself.
+        let second = try forkWaitingChild()
+        defer { finish(second) }
+        holder = nil
+        let migrated = try ModelContainer(for: NotesV3.schema, migrationPlan: NotesPlan.self, environment: directory.environment(seed: 3))
+        #expect(try ModelContext(migrated).fetch(NotesV3.Note.self).count == 2)
+        #expect(try recordedVersion() == .text("3.0.0"))
+    }
+
     @Test("a container opening with a plan while another migrates the store leaves that migration's staged copy alone")
     func concurrentMigratorKeepsTheCopy() throws {
         try makeV1Store()
