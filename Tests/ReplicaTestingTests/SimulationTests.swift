@@ -278,9 +278,7 @@ struct SimulationRegressionTests {
     /// Traces in Simulations/regressions/ of library bugs that are still open, by the bug part of the file name: replaying
     /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
     /// shrink.
-    static let open: [String: String] = [
-        "reinsert-won-over-offline-edit-unlogged": "a phone's offline edit of a record the tablet reinserted under the same ID is gone after convergence with no conflict-log entry (app-group-two-app-versions seed 34, 5 steps; found 2026-12-07, also on e4d669f)",
-    ]
+    static let open: [String: String] = [:]
 
     static func regressionFiles() -> [String] {
         guard let directory = ScenarioCatalog.directory()?.appendingPathComponent("regressions"),

@@ -391,6 +391,56 @@ struct MixedVersionSyncedAppGroupTests {
         #expect(try db.scalar("SELECT count(*) FROM replica_sync_record WHERE unknown IS NOT NULL") == .integer(0))
     }
 
+    /// The app (version 2) edits `mood`, a field only it declares, and saves without syncing; the phone then writes
+    /// the record later (`change`). Returns what the older widget's sync logs in the store's conflict log, as
+    /// `field|kind`, and the app's `mood` after it.
+    private func widgetMergesAwayTheAppsEdit(_ change: (Device, UUID) throws -> Void) throws -> (log: [String], mood: String?) {
+        let cloud = InMemoryCloudDatabase()
+        let app = try process(SyncNoteV2.self, directory, seed: 2, version: 2, synced: true)
+        let widget = try process(SyncNote.self, directory, seed: 1, version: 1, synced: true)
+        let widgetEngine = try SyncEngine(container: widget, storeName: "shared", zone: "notes")
+        let phone = try Device("phone", seed: 3, models: [SyncNoteV2.self], version: Schema.Version(2, 0, 0))
+        let note = phone.context.insert(SyncNoteV2(title: "from the phone", mood: "happy"))
+        try phone.context.save()
+        try phone.sync(cloud)
+        #expect(try sync(widgetEngine, widget, cloud).isUpToDate)
+        // The app's edit, which the cloud never gets.
+        let appContext = ModelContext(app)
+        var mine = try #require(try appContext.model(SyncNoteV2.self, id: note.id))
+        mine.mood = "sad"
+        appContext.update(mine)
+        try appContext.save()
+        // The phone's later write (its clock well ahead of the app's).
+        phone.clock.advance(by: 60_000)
+        try change(phone, note.id)
+        try phone.sync(cloud)
+        #expect(try sync(widgetEngine, widget, cloud).isUpToDate)
+        let log = try widgetEngine.conflictLog().map { "\($0.field)|\($0.kind)" }
+        return (log, try mood(app, note.id))
+    }
+
+    @Test("an unsynced edit of a field only the newer app declares, which the older widget's merge replaces with a newer remote write, is logged as overwritten (issue 21, seed 34 of app-group-two-app-versions)")
+    func columnFieldOverwrittenIsLogged() throws {
+        let result = try widgetMergesAwayTheAppsEdit { phone, id in
+            var remote = try #require(try phone.context.model(SyncNoteV2.self, id: id))
+            remote.mood = "angry"
+            phone.context.update(remote)
+            try phone.context.save()
+        }
+        #expect(result.mood == "angry")
+        #expect(result.log == ["mood|overwritten"])
+    }
+
+    @Test("an unsynced edit of a field only the newer app declares, which a remote delete ends as the older widget merges it, is logged as deleted")
+    func columnFieldDeletedIsLogged() throws {
+        let result = try widgetMergesAwayTheAppsEdit { phone, id in
+            phone.context.delete(try #require(try phone.context.model(SyncNoteV2.self, id: id)))
+            try phone.context.save()
+        }
+        #expect(result.mood == nil)
+        #expect(result.log == ["mood|deleted"])
+    }
+
     @Test("a field an older process kept beside the row before the column existed is in the column as soon as the newer version opens, offline")
     func foldedWhenTheNewerVersionOpens() throws {
         let cloud = InMemoryCloudDatabase()

@@ -58,6 +58,11 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// A local write the cloud did not hold that a remote delete or a remote cascade removed is not logged: only
     /// overwritten values reach the conflict log (the false negatives of issue 21's trial; R16).
     case conflictLogMissesDeletes = "conflict-log-misses-deletes"
+    /// A local write the cloud did not hold to a field this app version does not declare but whose column another
+    /// version sharing the app-group store file added is not logged when a remote write or delete replaces it: an
+    /// older extension merging a newer app's unsynced edit away leaves no entry (issue 21's item 4, found by seed 34 of
+    /// `app-group-two-app-versions`; R16).
+    case conflictLogMissesStoreColumns = "conflict-log-misses-store-columns"
     /// A migration plan starts where the store's tables are, even at a recorded version whose tables and columns the
     /// store all still has: after a container of a later schema opened the store without the plan (a widget, adding
     /// its columns), the plan skips the stages from the recorded version, and their code never runs (issue 23's R2).

@@ -223,6 +223,11 @@ extension SyncLedger {
         }
         let alive = causalLength % 2 == 1
         let resolvedColumns = columns.resolve(remote, unknown: &unknown, incarnation: incarnation, alive: alive, localNewer: &localNewer)
+        // The fields of columns other app versions declare lose local writes as this schema's do (R16).
+        let columnLosses = canaries.contains(.conflictLogMissesStoreColumns) ? (deleted: [], overwritten: [])
+            : columns.losses(remote, resolved: resolvedColumns, localPending: localPending, endsLocalIncarnation: endsLocalIncarnation,
+                             localIncarnation: local?.incarnation, incarnation: incarnation, replica: store.identity)
+        if !canaries.contains(.conflictLogMissesDeletes) { conflicts += columnLosses.deleted }
         // Tombstone values: the preserved fields of whichever side holds the winning (dead) state.
         var tombstone: [String: CloudField] = [:]
         if !alive {
@@ -379,6 +384,8 @@ extension SyncLedger {
             func update(_ row: [SQLiteValue]) throws -> MergeOutcome {
                 let changed = fieldNames.indices.filter { row[$0 + 1] != values[$0] }
                 let written = try resolvedColumns.write(remote.recordID, statements, db)
+                try ConflictRecording.log(columnLosses.overwritten.filter { written.contains($0.field) }, id: remote.recordID,
+                                          entity: entity.name, store: store, db)
                 guard !changed.isEmpty || !written.isEmpty else { return MergeOutcome(change: nil, absorbing: absorbing) }
                 if !changed.isEmpty {
                     let assignments = changed.map { "\(quoted(fieldNames[$0])) = ?" }.joined(separator: ", ")

@@ -200,3 +200,25 @@ extension SyncEngine {
         return nil
     }
 }
+
+extension SyncLedger.StoreColumnMerge {
+    /// The local writes to ``fields`` this merge loses (R16), as the merge logs them for this schema's fields:
+    /// `deleted`, those of the local incarnation a higher causal length from elsewhere ends; `overwritten`, the
+    /// pending local writes of the current incarnation a newer remote write replaces in `resolved` (logged once the
+    /// column's value is known to change: see ``SyncLedger/ResolvedColumns/write(_:_:_:)``). Only writes of `replica` count.
+    func losses(_ remote: CloudRecord, resolved: SyncLedger.ResolvedColumns, localPending: Bool, endsLocalIncarnation: Bool,
+                localIncarnation: Int64?, incarnation: Int64, replica: UUID) -> (deleted: [ConflictRecording.Loss], overwritten: [ConflictRecording.Loss]) {
+        var deleted: [ConflictRecording.Loss] = [], overwritten: [ConflictRecording.Loss] = []
+        for field in fields {
+            guard let local = localStamps[field.name], local.clock.replica == replica else { continue }
+            if endsLocalIncarnation {
+                if local.incarnation == localIncarnation {
+                    deleted.append(ConflictRecording.Loss(field: field.name, local: local, winning: ConflictRecording.newestStamp(remote), kind: .deleted))
+                }
+            } else if localPending, local.incarnation == incarnation, let winning = resolved.stamps[field.name], local < winning {
+                overwritten.append(ConflictRecording.Loss(field: field.name, local: local, winning: winning, kind: .overwritten))
+            }
+        }
+        return (deleted, overwritten)
+    }
+}

@@ -92,6 +92,7 @@ public enum CanaryCatalog {
         ("erase-leaves-link-rows", "zone-deletion-policies", "a store erased because its zone was deleted keeps its many-to-many link rows"),
         ("rename-adds-column", "renamed-attribute-across-versions", "a local store adds a new column for an attribute with an original name instead of renaming the old one"),
         ("conflict-log-misses-deletes", "trips", "an unsynced local write that a remote delete or cascade removed is not logged as a conflict"),
+        ("conflict-log-misses-store-columns", "app-group-two-app-versions", "an unsynced write to a column only another app version declares is not logged when the older one merges it away"),
         ("layout-outranks-recorded-version", "migration-plan-across-versions", "a migration plan starts where the store's tables are, so after an open without the plan added columns it skips the custom stage"),
         ("rename-outside-plan", "migration-plan-across-versions", "a container without the plan renames a plan-managed store's columns, so the plan then skips the custom stage"),
         ("empty-ambiguous-store-refused", "values-only-migration", "an app cannot open the empty store its widget's unversioned container created when the plan's layouts are alike across a custom stage"),
