@@ -10,7 +10,8 @@ private let scenarioName = "runtime-scheduled-sync"
 struct SimulationRuntimeTests {
     @Test("the runtime section parses, survives the canonical JSON, and stays out of the canonical JSON of scenarios without it")
     func canonicalJSON() throws {
-        for scenario in try ScenarioCatalog.builtIn() where scenario.name != scenarioName {
+        let runtimeScenarios = [scenarioName, "runtime-cancelled-sync"]
+        for scenario in try ScenarioCatalog.builtIn() where !runtimeScenarios.contains(scenario.name) {
             #expect(scenario.runtime == nil, "\(scenario.name)")
             #expect(!scenario.canonicalJSON.contains(#""runtime""#), "\(scenario.name)")
         }
@@ -18,6 +19,11 @@ struct SimulationRuntimeTests {
         let runtime = try #require(scenario.runtime)
         #expect(runtime.timerMs == 60_000 && runtime.debounceMs == 300 && runtime.syncNow > 0 && runtime.stop > 0 && runtime.pause > 0)
         #expect(try JSONDecoder().decode(Scenario.self, from: Data(scenario.canonicalJSON.utf8)) == scenario)
+        // The cancellation rate came later: absent while 0, so traces saved before it keep their scenario hash.
+        #expect(runtime.cancel == 0 && !scenario.canonicalJSON.contains(#""cancel""#))
+        let cancelling = try ScenarioCatalog.resolve("runtime-cancelled-sync")
+        #expect(try #require(cancelling.runtime).cancel > 0)
+        #expect(try JSONDecoder().decode(Scenario.self, from: Data(cancelling.canonicalJSON.utf8)) == cancelling)
     }
 
     @Test("a malformed runtime section is reported with the field and the problem", arguments: [
@@ -67,5 +73,28 @@ struct SimulationRuntimeTests {
             }
         }
         #expect(abandoned > 0, "no seed had a request in flight at a syncNow's bound")
+    }
+
+    @Test("cancelled syncNow calls (runtime-cancelled-sync): a running pass ends cancelled at its next step and sends nothing more, a call waiting for another pass returns at its cancellation, and the runtimes still converge")
+    func cancelledCallsEnd() throws {
+        let scenario = try ScenarioCatalog.resolve("runtime-cancelled-sync")
+        var endedPass = 0, endedWaiting = 0
+        for seed in UInt64(0)..<4 {
+            let result = try Simulator.run(scenario, seed: seed)
+            #expect(result.violation == nil, "seed \(seed): \(result.violation?.description ?? "")")
+            for (index, line) in result.trace.enumerated() where line.contains(#""ev":"sync-now-cancelled""#) {
+                // The pass of the cancelled call ends, cancelled, before the store sends anything else.
+                let store = try #require(line.firstMatch(of: /"store":"[a-z]+"/)).output
+                let process = try #require(line.firstMatch(of: /"process":"[a-z\/]+"/)).output
+                let next = result.trace[(index + 1)...].first {
+                    $0.contains(process) && $0.contains(store) && ($0.contains(#""ev":"pass-end""#) || $0.contains(#""ev":"send""#))
+                }
+                #expect(next?.contains(#""end":"cancelled""#) == true, "seed \(seed): \(next ?? "no pass-end")")
+                endedPass += 1
+            }
+            endedWaiting += result.trace.filter { $0.contains(#""result":"cancelled while waiting""#) }.count
+        }
+        #expect(endedPass > 0, "no seed cancelled a call while its pass ran")
+        #expect(endedWaiting > 0, "no seed cancelled a call waiting for another pass")
     }
 }

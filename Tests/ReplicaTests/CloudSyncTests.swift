@@ -680,6 +680,43 @@ struct CloudSyncScheduleFindingsTests {
         await sync.stop()
     }
 
+    @Test("a syncNow cancelled while it waits for another call's pass returns at once with CancellationError, not at its bound, and the engine goes on to the next call (found by runtime-cancelled-sync)")
+    func cancelledSyncNowStopsWaitingForTheEngine() async throws {
+        let device = try RuntimeDevice(seed: 47)
+        let cloud = GatedCloud()
+        let sync = try device.container.startSync(store: "notes", cloud: cloud, options: Self.quietOptions())
+        let log = EventLog(sync)
+        #expect(await log.waitFor(isIdle))
+        _ = try device.save("held up")
+        let order = WaitCounter()
+        // The first call's upload hangs, so the second waits for the engine — with a bound of a minute.
+        let holder = Task {
+            _ = try await sync.syncNow(timeoutMilliseconds: 60_000)
+            order.names.withLock { $0.append("holder") }
+        }
+        #expect(await eventually { cloud.arrivedSaves == 1 })
+        let waiting = Task {
+            do {
+                _ = try await sync.syncNow(timeoutMilliseconds: 60_000)
+                order.names.withLock { $0.append("waiting returned") }
+            } catch is CancellationError {
+                order.names.withLock { $0.append("waiting cancelled") }
+            }
+        }
+        for _ in 0..<2_000 { await Task.yield() }
+        waiting.cancel()
+        // No clock moves and the first call's request still hangs: only cancellation can end the wait.
+        #expect(await eventually { order.names.withLock { $0 } == ["waiting cancelled"] }, "the cancelled call went on waiting")
+        cloud.open()
+        try await holder.value
+        try await waiting.value
+        #expect(order.names.withLock { $0 } == ["waiting cancelled", "holder"])
+        // The engine was not left held: a third call gets it and finishes the work.
+        let status = try await sync.syncNow(timeoutMilliseconds: 10_000)
+        #expect(status.pendingRecords == 0)
+        await sync.stop()
+    }
+
     @Test("a clock set back during a bounded sync stretches the bound by at most the request in flight, not by the jump (seeds 10, 17)")
     func backwardClockJumpKeepsTheBound() async throws {
         let device = try Device("A", seed: 43)

@@ -83,6 +83,10 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// request at the bound (the runtime defect of issue 21's trial, before its fix: a stalled request took 20 s for a
     /// bound of 1 s).
     case syncNowWaitsForRequest = "sync-now-waits-for-request"
+    /// A pass ignores the cancellation of the task that awaits it (``CloudSync/syncNow(timeoutMilliseconds:)`` of a view
+    /// that went away) and goes on sending until its work or its bound is done (the gap the runtime scenarios had
+    /// until issue 21 gave the simulator cancellation).
+    case cancelledSyncNowGoesOn = "cancelled-sync-now-goes-on"
     /// A custom migration stage's code that changes, in place, an attribute the stage's old schema has in a synced store
     /// is not refused (the migration defect of issue 23's trials, before its fix): every device runs the stage on the
     /// values it holds, values other devices already migrated and synced among them, so the change applies more than

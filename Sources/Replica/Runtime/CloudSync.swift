@@ -180,9 +180,13 @@ public actor CloudSync {
     /// transient failure (the network just came back) — only a delay the server asked for
     /// (``CloudError/retryAfterMilliseconds``) or another process's upload lease is waited out. Returns when the work
     /// is done, the time is up, or the only remaining problem is transient and its retry lies past the bound (the
-    /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs nothing.
+    /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs
+    /// nothing.
     /// Waits for a pass under way to end first: an automatic pass makes way after its request in flight; another
     /// syncNow's pass is waited for until the bound at most (the call then returns the status as it is).
+    /// Cancelling the calling task ends the call with `CancellationError`: at once while it waits for another pass;
+    /// while its own pass runs, as soon as the pass would go on (at once during a backoff; after the answer to the
+    /// request in flight, which is applied). The work left goes to automatic scheduling.
     /// - Parameter timeout: the bound in milliseconds (default 30 s).
     /// - Returns: the engine's status at the end.
     /// - Throws: as ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``.
@@ -191,10 +195,14 @@ public actor CloudSync {
         let deadline = now &+ max(0, timeout)
         guard !stopped else { return try engine.status() }
         explicitCallsWaiting += 1
-        let gotEngine = await acquireRun(until: deadline)
+        let gotEngine = await acquireRun(until: deadline, cancellable: true)
         explicitCallsWaiting -= 1
-        // The bound passed while another call held the engine: the status as it is.
-        guard gotEngine else { return try engine.status() }
+        guard gotEngine else {
+            // The caller's task was cancelled while another call held the engine: it stops waiting at once.
+            try Task.checkCancellation()
+            // The bound passed while another call held the engine: the status as it is.
+            return try engine.status()
+        }
         defer { releaseRun() }
         // stop() was called while this call waited for a pass under way: it performs nothing.
         guard schedule.mayBeginExplicitPass else { return try engine.status() }
@@ -357,11 +365,13 @@ public actor CloudSync {
     var localDeadlineForTesting: Int64? { schedule.localDeadline }
 
     /// Waits until the caller holds the engine; with a `deadline` (environment milliseconds) gives up when the clock
-    /// reaches it first. Returns whether the caller holds it.
+    /// reaches it first, and when `cancellable`, as soon as the caller's task is cancelled. Returns whether the caller
+    /// holds it.
     @discardableResult
-    private func acquireRun(until deadline: Int64? = nil) async -> Bool {
+    private func acquireRun(until deadline: Int64? = nil, cancellable: Bool = false) async -> Bool {
         while running {
             if let deadline, now >= deadline { return false }
+            if cancellable && Task.isCancelled { return false }
             nextWaiterID += 1
             let id = nextWaiterID
             let environment = container.environment
@@ -371,7 +381,14 @@ public actor CloudSync {
                     if !Task.isCancelled { await self?.stopWaiting(id) }
                 }
             }
-            let got = await withCheckedContinuation { runWaiters.append((id, $0)) }
+            // A cancellation handler that runs before the waiter is queued still finds it: its task reaches the actor
+            // only once this one suspends.
+            let got = await withTaskCancellationHandler {
+                await withCheckedContinuation { runWaiters.append((id, $0)) }
+            } onCancel: { [weak self] in
+                guard cancellable, let sync = self else { return }
+                Task { await sync.stopWaiting(id) }
+            }
             timer?.cancel()
             if !got { return false }
         }

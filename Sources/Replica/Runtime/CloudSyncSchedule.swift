@@ -330,7 +330,7 @@ import Foundation
     /// in flight took before the jump is not known, so the bound may stretch by that much.)
     public mutating func next(_ engine: SyncEngine, shouldContinue: Bool, cancelled: Bool = false) throws -> Step {
         guard performed < maxRequests, shouldContinue else { return .end(.stopped) }
-        if cancelled { throw CancellationError() }
+        if cancelled && !engine.container.environment.canaries.contains(.cancelledSyncNowGoesOn) { throw CancellationError() }
         // Another process's lease is read again at every step (it may have been given up since).
         engine.endLeaseWait()
         let clock = engine.container.environment.clock

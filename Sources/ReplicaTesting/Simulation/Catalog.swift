@@ -99,6 +99,7 @@ public enum CanaryCatalog {
         ("undo-drops-pending-edit", "undo-redo", "undo() with an edit pending undoes the save before it and overwrites or keeps the edit, instead of undoing the edit"),
         ("sync-now-waits-for-backoff", "runtime-scheduled-sync", "an explicit syncNow waits out the engine's own backoff instead of trying at once"),
         ("sync-now-waits-for-request", "runtime-scheduled-sync", "a bounded syncNow waits for its request in flight past its bound instead of abandoning it"),
+        ("cancelled-sync-now-goes-on", "runtime-cancelled-sync", "a pass goes on sending after the task awaiting its syncNow was cancelled"),
         ("synced-stage-in-place", "synced-stage-refused", "a custom stage that changes a synced attribute in place is not refused, so every device applies it again to values others migrated"),
     ]
 

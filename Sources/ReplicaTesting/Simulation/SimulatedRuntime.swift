@@ -47,6 +47,9 @@ extension Scenario {
         public var stop = 0.0
         /// Per chaos step: the app pauses one process's runtime for up to `timing.outageMs`, then resumes it.
         public var pause = 0.0
+        /// Per chaos step: the app cancels the task awaiting one process's `syncNow` (the one whose pass runs, or else
+        /// the oldest still waiting for the engine), as a view that goes away cancels its task.
+        public var cancel = 0.0
 
         public init() {}
 
@@ -61,12 +64,43 @@ extension Scenario {
         }
 
         /// Per-step rates, in the order of the chaos actions after the faults'.
-        var stepRates: [Double] { [syncNow, stop, pause] }
+        var stepRates: [Double] { [syncNow, stop, pause, cancel] }
 
-        static var rateFields: [(String, WritableKeyPath<Runtime, Double>)] { [("syncNow", \.syncNow), ("stop", \.stop), ("pause", \.pause)] }
+        static var rateFields: [(String, WritableKeyPath<Runtime, Double>)] {
+            [("syncNow", \.syncNow), ("stop", \.stop), ("pause", \.pause), ("cancel", \.cancel)]
+        }
         static var intFields: [(String, WritableKeyPath<Runtime, Int>, ClosedRange<Int>)] { [
             ("debounceMs", \.debounceMs, 0...600_000), ("timerMs", \.timerMs, 1_000...3_600_000), ("maxSyncNowMs", \.maxSyncNowMs, 0...600_000),
         ] }
+    }
+}
+
+extension Scenario.Runtime {
+    /// Rates added after traces with runtimes were saved: encoded only when not 0, so those traces keep their
+    /// scenario hash, and read as 0 when absent.
+    static var optionalRates: Set<String> { ["cancel"] }
+
+    /// Decodes the canonical form: the rates added later default to 0.
+    public init(from decoder: any Decoder) throws {
+        self.init()
+        let container = try decoder.container(keyedBy: ScenarioJSONKey.self)
+        for (key, field, _) in Self.intFields { self[keyPath: field] = try container.decode(Int.self, forKey: ScenarioJSONKey(key)) }
+        for (key, field) in Self.rateFields {
+            if Self.optionalRates.contains(key) {
+                if let value = try container.decodeIfPresent(Double.self, forKey: ScenarioJSONKey(key)) { self[keyPath: field] = value }
+            } else {
+                self[keyPath: field] = try container.decode(Double.self, forKey: ScenarioJSONKey(key))
+            }
+        }
+    }
+
+    /// Encodes every field, except the later rates while they are 0.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: ScenarioJSONKey.self)
+        for (key, field, _) in Self.intFields { try container.encode(self[keyPath: field], forKey: ScenarioJSONKey(key)) }
+        for (key, field) in Self.rateFields where !Self.optionalRates.contains(key) || self[keyPath: field] != 0 {
+            try container.encode(self[keyPath: field], forKey: ScenarioJSONKey(key))
+        }
     }
 }
 
@@ -89,7 +123,7 @@ extension ScenarioChecker {
         for (key, field) in Scenario.Runtime.rateFields { try range(runtime[keyPath: field], "runtime.\(key)", Scenario.Limits.rate) }
         let limit = Scenario.Limits.ratesSum
         if (scenario.faults.stepRates + runtime.stepRates).reduce(0, +) > limit {
-            throw fail("runtime", "the per-step fault rates and the runtime's (syncNow, stop, pause) add up to more than \(limit)")
+            throw fail("runtime", "the per-step fault rates and the runtime's (syncNow, stop, pause, cancel) add up to more than \(limit)")
         }
         if scenario.workload.reopen > 0 || scenario.devices.contains(where: { $0.upgrade != nil }) {
             throw fail("runtime", "simulated runtimes are not combined with reopened containers or app updates during the run")
@@ -111,6 +145,10 @@ struct SyncNowCall {
     var slack: Int64 = 0
     /// The bound in true (virtual) time (what the invariant holds it to).
     var trueDeadline: Int64 { calledAt + timeout + slack }
+    /// The app cancelled the task awaiting the call while its pass runs or before it got the free engine: the pass
+    /// ends stopped as soon as it would go on (at its first step; after the answer to a request in flight; at once
+    /// while it sleeps through a backoff).
+    var cancelled = false
 }
 
 /// A call waiting for a runtime's run (the actor's `acquireRun`), in order.
@@ -213,7 +251,13 @@ extension SimulationRun {
                 }
                 let step: SyncPass.Step
                 do {
-                    step = try pass.next(engine.engine, shouldContinue: runtime.schedule.shouldContinue(pass, explicitCallWaiting: runtime.hasWaitingCall))
+                    step = try pass.next(engine.engine, shouldContinue: runtime.schedule.shouldContinue(pass, explicitCallWaiting: runtime.hasWaitingCall),
+                                         cancelled: runtime.passCall?.cancelled == true)
+                } catch is CancellationError {
+                    // The caller's task was cancelled: the pass ends as one stopped with work left (`CloudSync.pass`),
+                    // and the call throws CancellationError.
+                    try endPass(engine, runtime, pass, .stopped, cancelled: true)
+                    continue
                 } catch {
                     runtime.pass = nil
                     try engineFailed(engine, "nextRequest", error)
@@ -223,6 +267,18 @@ extension SimulationRun {
                     continue
                 }
                 runtime.pass = pass
+                if let call = runtime.passCall, call.cancelled {
+                    // A cancelled call's pass ends at its next step (`SyncPass.next` throws CancellationError).
+                    let goesOn: String? = switch step {
+                    case .perform: "sends a request"
+                    case .sleep: "sleeps through a backoff"
+                    case .end: nil
+                    }
+                    if let goesOn {
+                        throw InvariantViolation(.runtimeState, "\(engine.process.label) syncNow #\(call.serial) was cancelled, but its pass on store "
+                            + "'\(engine.store)' goes on: it \(goesOn)")
+                    }
+                }
                 switch step {
                 case let .perform(request):
                     try checkRuntimeSend(engine, runtime, request)
@@ -351,7 +407,7 @@ extension SimulationRun {
         }
     }
 
-    private func endPass(_ engine: SimEngine, _ runtime: SimRuntime, _ pass: SyncPass, _ end: SyncPass.End) throws {
+    private func endPass(_ engine: SimEngine, _ runtime: SimRuntime, _ pass: SyncPass, _ end: SyncPass.End, cancelled: Bool = false) throws {
         runtime.pass = nil
         let call = runtime.passCall
         runtime.passCall = nil
@@ -370,7 +426,7 @@ extension SimulationRun {
             switch end {
             case .idle: line.add("end", "idle")
             case .waiting: line.add("end", "waiting")
-            case .stopped: line.add("end", "stopped")
+            case .stopped: line.add("end", cancelled ? "cancelled" : "stopped")
             }
             line.add("requests", pass.performed)
             line.add("pending", outcome.status.pendingRecords)
@@ -381,7 +437,9 @@ extension SimulationRun {
             throw InvariantViolation(.runtimeState, "\(engine.process.label) store '\(engine.store)' reports idle after a pass, but "
                 + "\(outcome.status.pendingRecords) records wait to be sent")
         }
-        if let call { try syncNowReturned(engine, call, outcome.status.isUpToDate ? "up to date" : "\(outcome.status.pendingRecords) pending") }
+        if let call {
+            try syncNowReturned(engine, call, cancelled ? "cancelled" : outcome.status.isUpToDate ? "up to date" : "\(outcome.status.pendingRecords) pending")
+        }
     }
 
     /// A syncNow call returns now: by its bound in true time (plus the allowance for backward clock jumps), whatever
@@ -548,6 +606,69 @@ extension SimulationRun {
         enqueuePump(engine)
     }
 
+    /// The app calls `syncNow` on a runtime (drawn) and cancels the task awaiting it a drawn while later (up to
+    /// `cancelWithinMs`, mostly far less), as a view that goes away cancels its task: the cancellation may find the
+    /// call waiting for the engine, its pass with a request in flight or sleeping through a backoff, or the call
+    /// returned already.
+    func cancelSyncNowStep() throws {
+        let drawn = try drawRuntime()
+        let timeout = Int64(try dice.upTo(scenario.runtime?.maxSyncNowMs ?? 0))
+        // Skewed towards short delays (most calls end within a few round trips), with a tail through backoffs.
+        let delay = Int64(try dice.upTo(try dice.upTo(Self.cancelWithinMs)))
+        guard let (process, engine) = drawn, let runtime = engine.runtime else {
+            note("cancelled sync-now: no runtime")
+            return
+        }
+        nextCallSerial += 1
+        let call = SyncNowCall(serial: nextCallSerial, calledAt: now, timeout: timeout, deadline: deviceNow(engine) &+ timeout)
+        note("sync-now #\(call.serial) on \(process.label) (\(engine.store)), bound \(timeout) ms, cancelled after \(delay) ms")
+        trace.event(now, "step") { line in
+            line.add("n", step)
+            line.add("action", "cancelled-sync-now")
+            line.add("process", process.label)
+            line.add("store", engine.store)
+            line.add("call", call.serial)
+            line.add("timeout_ms", timeout)
+            line.add("cancel_after_ms", delay)
+        }
+        guard !runtime.isGone, !runtime.schedule.isStopped else { return try syncNowReturned(engine, call, "stopped") }
+        runtime.waiters.append(.syncNow(call))
+        queue.push(now + delay, .runtimeCancel(engine.serial, call: call.serial))
+        enqueuePump(engine)
+    }
+
+    /// The longest a cancelled `syncNow` runs before its task is cancelled, in milliseconds: past a few request
+    /// round trips and the engine's first backoffs.
+    static let cancelWithinMs = 5_000
+
+    /// The task awaiting call `serial` of the runtime is cancelled: the pass it runs ends as soon as it would go on
+    /// (at once while it sleeps through a backoff; after the answer to a request in flight), or the call, still
+    /// waiting for the engine, stops waiting and returns at once. Moot once the call returned.
+    private func cancelSyncNow(_ engine: SimEngine, _ runtime: SimRuntime, serial: Int) throws {
+        if runtime.passCall?.serial == serial {
+            runtime.passCall?.cancelled = true
+            if runtime.resumeAt != nil { runtime.resumeAt = now }
+            trace.event(now, "sync-now-cancelled") { line in
+                line.add("process", engine.process.label)
+                line.add("store", engine.store)
+                line.add("call", serial)
+            }
+            enqueuePump(engine)
+        } else if let index = runtime.waiters.firstIndex(where: { if case let .syncNow(call) = $0 { call.serial == serial } else { false } }),
+                  case var .syncNow(call) = runtime.waiters[index] {
+            if runtime.pass != nil {
+                // `CloudSync.acquireRun` stops waiting for the pass under way as soon as the task is cancelled.
+                runtime.waiters.remove(at: index)
+                try syncNowReturned(engine, call, "cancelled while waiting")
+            } else {
+                // The engine is free: the call gets it at its turn, and its pass ends at its first step.
+                call.cancelled = true
+                runtime.waiters[index] = .syncNow(call)
+            }
+            enqueuePump(engine)
+        }
+    }
+
     // MARK: Events
 
     func handleRuntimeEvent(_ event: SimEvent) throws {
@@ -563,6 +684,9 @@ extension SimulationRun {
         case let .runtimeStart(serial):
             guard let engine = engines[serial], isCurrent(engine), engine.runtime?.isGone == true else { return }
             try replaceRuntime(of: engine)
+        case let .runtimeCancel(serial, call):
+            guard let engine = engines[serial], isCurrent(engine), let runtime = engine.runtime, !runtime.isGone else { return }
+            try cancelSyncNow(engine, runtime, serial: call)
         default:
             break
         }
@@ -596,6 +720,10 @@ extension SimulationRun {
         case let .runtimeStart(serial):
             guard let engine = engines[serial], isCurrent(engine) else { return true }
             return engine.runtime?.isGone != true
+        case let .runtimeCancel(serial, call):
+            guard let engine = engines[serial], isCurrent(engine), let runtime = engine.runtime, !runtime.isGone else { return true }
+            if runtime.passCall?.serial == call { return false }
+            return !runtime.waiters.contains { if case let .syncNow(waiting) = $0 { waiting.serial == call } else { false } }
         default:
             return false
         }

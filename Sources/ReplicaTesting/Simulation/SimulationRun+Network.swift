@@ -26,7 +26,7 @@ extension SimulationRun {
             return devices[device].partitionedUntil < 0
         case .arrive:
             return false
-        case .runtimeWake, .runtimeResume, .runtimeStart:
+        case .runtimeWake, .runtimeResume, .runtimeStart, .runtimeCancel:
             return isMootRuntimeEvent(event)
         }
     }
@@ -204,7 +204,7 @@ extension SimulationRun {
             guard !device.isPartitioned(now) else { return }
             trace.event(now, "partition-healed") { $0.add("device", device.name) }
             for process in device.processes where process.isUp { for engine in orderedEngines(process) { enqueuePump(engine) } }
-        case .runtimeWake, .runtimeResume, .runtimeStart:
+        case .runtimeWake, .runtimeResume, .runtimeStart, .runtimeCancel:
             try handleRuntimeEvent(event)
         }
     }

@@ -426,7 +426,8 @@ final class SimulationRun {
         case 12: try zoneDeleteStep()
         case 13: try syncNowStep()
         case 14: try stopRuntimeStep()
-        default: try pauseRuntimeStep()
+        case 15: try pauseRuntimeStep()
+        default: try cancelSyncNowStep()
         }
     }
 

@@ -472,6 +472,8 @@ enum SimEvent {
     case runtimeResume(Int)
     /// The app starts sync again after stopping its runtime.
     case runtimeStart(Int)
+    /// The app cancels the task awaiting a `syncNow` call (the runtime's engine serial, the call's serial).
+    case runtimeCancel(Int, call: Int)
 }
 
 /// A min-heap of events ordered by (time, insertion order): deterministic. The heap holds only the ordering keys
