@@ -78,6 +78,8 @@ public actor CloudSync {
     private nonisolated let cloud: any CloudDatabase
     private nonisolated let broadcaster: CloudSyncEventBroadcaster
     private nonisolated let wakeup = CloudSyncWakeup()
+    /// Wakes a pass that sleeps through the engine's wait, when ``stop()`` is called.
+    private nonisolated let passWakeup = CloudSyncWakeup()
     private nonisolated let tasks = CloudSyncTasks()
     private let engine: SyncEngine
     /// Every scheduling and state decision (see `CloudSyncSchedule`).
@@ -185,8 +187,9 @@ public actor CloudSync {
     /// Waits for a pass under way to end first: an automatic pass makes way after its request in flight; another
     /// syncNow's pass is waited for until the bound at most (the call then returns the status as it is).
     /// Cancelling the calling task ends the call with `CancellationError`: at once while it waits for another pass;
-    /// while its own pass runs, as soon as the pass would go on (at once during a backoff; after the answer to the
-    /// request in flight, which is applied). The work left goes to automatic scheduling.
+    /// before its pass began, without sending anything (the engine's backoff stays); while its own pass runs, as soon
+    /// as the pass would go on (at once during a backoff; after the answer to the request in flight, which is applied —
+    /// the request itself is not cancelled). The work left goes to automatic scheduling.
     /// - Parameter timeout: the bound in milliseconds (default 30 s).
     /// - Returns: the engine's status at the end.
     /// - Throws: as ``SyncDriver/syncUntilIdle(_:with:maxRequests:timeoutMilliseconds:isolation:)``.
@@ -206,6 +209,10 @@ public actor CloudSync {
         defer { releaseRun() }
         // stop() was called while this call waited for a pass under way: it performs nothing.
         guard schedule.mayBeginExplicitPass else { return try engine.status() }
+        // Cancelled before its pass began (before the call, or as it got the engine): it performs nothing — beginning
+        // the pass would end the engine's backoff for a call that then sends nothing, and the automatic schedule
+        // would send at once in the middle of that backoff.
+        try Task.checkCancellation()
         let status = try await pass(explicitDeadline: deadline)
         // The scheduler looks again: a retry time may have been set, or the work it was waiting for is done.
         wakeup.signal()
@@ -304,13 +311,15 @@ public actor CloudSync {
     public var pendingZoneDeletion: ZoneDeletion? { engine.pendingZoneDeletion }
 
     /// Stops the runtime for good: waits for a request in flight (its response is applied; no pass goes on after it,
-    /// and a ``syncNow(timeoutMilliseconds:)`` still waiting performs nothing), gives up the upload lease (another
-    /// process's runtime takes it at once) and ends ``events``. Saves made afterwards stay in the outbox for the next
-    /// runtime.
+    /// a ``syncNow(timeoutMilliseconds:)`` sleeping through a backoff ends at once, and one still waiting performs
+    /// nothing), gives up the upload lease (another process's runtime takes it at once) and ends ``events``. Saves
+    /// made afterwards stay in the outbox for the next runtime.
     public func stop() async {
         guard schedule.beginStop() else { return }
         tasks.cancelAll()
         wakeup.signal()
+        // A syncNow's pass sleeping through a backoff wakes and ends (it has no request in flight to wait for).
+        passWakeup.signal()
         await acquireRun()
         engine.releaseLease()
         announce(schedule.finishStop())
@@ -422,7 +431,8 @@ public actor CloudSync {
                 engine, with: cloud, pass: &pass,
                 shouldContinue: { pass in self.schedule.shouldContinue(pass, explicitCallWaiting: self.explicitCallsWaiting > 0) },
                 observe: { request, result in try self.report(request, result) },
-                willSleep: { self.announce(self.schedule.notePassSleeps(engine: self.engine)) })
+                willSleep: { self.announce(self.schedule.notePassSleeps(engine: self.engine)) },
+                sleep: { [passWakeup, environment = container.environment] in try await passWakeup.sleep($0, environment: environment) })
         } catch is CancellationError {
             // The caller went away (a cancelled task awaiting syncNow, or stop()): the pass ends as one stopped with
             // work left, so automatic scheduling goes on with that work and the state is settled again.
@@ -549,6 +559,18 @@ final class CloudSyncWakeup: Sendable {
             return nil
         }
         waiter?.resume()
+    }
+
+    /// Sleeps `milliseconds` through ``ReplicaEnvironment/sleep`` (a relative sleep), or until a signal.
+    /// - Throws: `CancellationError` when the task is cancelled.
+    func sleep(_ milliseconds: Int64, environment: ReplicaEnvironment) async throws {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.waitForSignal() }
+            group.addTask { try? await environment.sleep(milliseconds) }
+            _ = await group.next()
+            group.cancelAll()
+        }
+        try Task.checkCancellation()
     }
 
     /// Waits for a signal, or until `deadline` (environment milliseconds; `nil`: no deadline), or cancellation.

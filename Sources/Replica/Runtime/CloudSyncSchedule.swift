@@ -329,8 +329,10 @@ import Foundation
     /// back with it, keeping the time that was left then — as the engine re-anchors its waits (P4). (The time a request
     /// in flight took before the jump is not known, so the bound may stretch by that much.)
     public mutating func next(_ engine: SyncEngine, shouldContinue: Bool, cancelled: Bool = false) throws -> Step {
-        guard performed < maxRequests, shouldContinue else { return .end(.stopped) }
+        // Cancellation first: a caller whose task was cancelled gets CancellationError even when the pass would have
+        // stopped anyway (stop() called meanwhile).
         if cancelled && !engine.container.environment.canaries.contains(.cancelledSyncNowGoesOn) { throw CancellationError() }
+        guard performed < maxRequests, shouldContinue else { return .end(.stopped) }
         // Another process's lease is read again at every step (it may have been given up since).
         engine.endLeaseWait()
         let clock = engine.container.environment.clock

@@ -53,7 +53,8 @@ public enum SyncDriver {
         _ engine: SyncEngine, with database: any CloudDatabase, pass: inout SyncPass,
         isolation: isolated (any Actor)? = #isolation, shouldContinue: (SyncPass) -> Bool = { _ in true },
         observe: (SyncRequest, Result<CloudOperationResult, CloudError>) throws -> Void = { _, _ in },
-        willSleep: () -> Void = {}
+        willSleep: () -> Void = {},
+        sleep: ((Int64) async throws -> Void)? = nil
     ) async throws -> SyncPass.End {
         let environment = engine.container.environment
         while true {
@@ -74,7 +75,7 @@ public enum SyncDriver {
                 try observe(request, result)
             case let .sleep(milliseconds):
                 willSleep()
-                try await environment.sleep(milliseconds)
+                if let sleep { try await sleep(milliseconds) } else { try await environment.sleep(milliseconds) }
             case let .end(end):
                 return end
             }
@@ -91,11 +92,14 @@ public enum SyncDriver {
 
     /// Performs `operation` on `database`, waiting at most until `deadline` (environment milliseconds; `nil`: as long
     /// as it takes). When the deadline comes first, the request is cancelled and its answer, should one still come,
-    /// dropped: a cloud that never answers does not hold up a bounded call. Cancelling the caller's task cancels the
-    /// request, whose answer is still waited for and handled (``CloudSync/stop()`` applies what is in flight).
+    /// dropped: a cloud that never answers does not hold up a bounded call. Cancelling the caller's task does not
+    /// cancel the request: its answer is waited for (within the deadline) and handled, as ``CloudSync/stop()`` and a
+    /// cancelled ``CloudSync/syncNow(timeoutMilliseconds:)`` promise — a cloud that fails a cancelled request (as one
+    /// over `URLSession` does) would otherwise be read as the network being down, and the engine would back off.
     static func perform(_ operation: CloudOperation, on database: any CloudDatabase, until deadline: Int64?,
                         environment: ReplicaEnvironment) async -> RequestOutcome {
-        guard let deadline else { return .answered(await database.perform(operation)) }
+        // In a task of its own, so that the caller's cancellation does not reach the request.
+        guard let deadline else { return .answered(await Task { await database.perform(operation) }.value) }
         if environment.clock.nowMilliseconds() >= deadline { return .deadlinePassed }
         let race = FirstAnswer<RequestOutcome>()
         let work = Task { race.answer(.answered(await database.perform(operation))) }
@@ -103,11 +107,7 @@ public enum SyncDriver {
             try? await environment.sleepUntil(deadline)
             if !Task.isCancelled { race.answer(.deadlinePassed) }
         }
-        let outcome = await withTaskCancellationHandler {
-            await race.value()
-        } onCancel: {
-            work.cancel()
-        }
+        let outcome = await race.value()
         timer.cancel()
         if case .answered = outcome {} else { work.cancel() }
         return outcome

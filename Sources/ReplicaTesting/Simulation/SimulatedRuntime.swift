@@ -145,9 +145,9 @@ struct SyncNowCall {
     var slack: Int64 = 0
     /// The bound in true (virtual) time (what the invariant holds it to).
     var trueDeadline: Int64 { calledAt + timeout + slack }
-    /// The app cancelled the task awaiting the call while its pass runs or before it got the free engine: the pass
-    /// ends stopped as soon as it would go on (at its first step; after the answer to a request in flight; at once
-    /// while it sleeps through a backoff).
+    /// The app cancelled the task awaiting the call while its pass runs (the pass ends stopped as soon as it would go
+    /// on: after the answer to a request in flight; at once while it sleeps through a backoff), or before it got the
+    /// free engine (it returns without a pass).
     var cancelled = false
 }
 
@@ -310,6 +310,11 @@ extension SimulationRun {
                     // (stop() was called while it waited: it performs nothing.)
                     guard runtime.schedule.mayBeginExplicitPass else {
                         try syncNowReturned(engine, call, "stopped")
+                        continue
+                    }
+                    // (Cancelled before its pass began: it performs nothing, and leaves the engine's backoff alone.)
+                    guard !call.cancelled else {
+                        try syncNowReturned(engine, call, "cancelled")
                         continue
                     }
                     try beginPass(engine, runtime, call: call)
@@ -581,6 +586,8 @@ extension SimulationRun {
         runtime.stopCalledAt = now
         runtime.restartDelay = delay
         runtime.waiters.append(.stop)
+        // A pass sleeping through the engine's wait wakes at once and ends (`CloudSync.stop()` signals it).
+        if runtime.pass != nil, runtime.resumeAt != nil { runtime.resumeAt = now }
         enqueuePump(engine)
     }
 
@@ -661,7 +668,7 @@ extension SimulationRun {
                 runtime.waiters.remove(at: index)
                 try syncNowReturned(engine, call, "cancelled while waiting")
             } else {
-                // The engine is free: the call gets it at its turn, and its pass ends at its first step.
+                // The engine is free: the call gets it at its turn and returns without a pass.
                 call.cancelled = true
                 runtime.waiters[index] = .syncNow(call)
             }
