@@ -1,6 +1,6 @@
 # Replica — set-up and everyday commands. `make run` and `make test` work on a fresh machine (they run `setup`).
 SHELL := /bin/bash
-PACKAGES := libsqlite3-dev libsodium-dev pkg-config postgresql libpq-dev pgbouncer
+PACKAGES := libsqlite3-dev libsodium-dev libssl-dev pkg-config postgresql libpq-dev pgbouncer
 SWIFT ?= swift
 # Extra flags for swift build/test/run, e.g. `make test SWIFT_FLAGS="--scratch-path /tmp/build"`.
 SWIFT_FLAGS ?=

@@ -23,6 +23,12 @@ let package = Package(
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]
         ),
+        // SHA-256 of assets (OpenSSL's EVP digest: the CPU's SHA extensions; libsodium's is portable C).
+        .systemLibrary(
+            name: "CCrypto",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
+        ),
         .systemLibrary(
             name: "CLibpq",
             pkgConfig: "libpq",
@@ -30,7 +36,7 @@ let package = Package(
         ),
         .target(
             name: "Replica",
-            dependencies: ["CSQLite", "CSodium"]
+            dependencies: ["CSQLite", "CSodium", "CCrypto"]
         ),
         .target(
             name: "ReplicaPostgres",

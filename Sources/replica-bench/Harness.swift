@@ -111,6 +111,8 @@ enum Target {
     case comparison
     /// Replica's median time (a latency the trial measures itself) at most this many milliseconds.
     case atMostMilliseconds(Double)
+    /// No target: units per second, reported (the issue asks for the figure, not a bound).
+    case reportedPerSecond(units: String)
 
     var description: String {
         switch self {
@@ -119,6 +121,7 @@ enum Target {
         case let .peakRSSAbove(mb): return "peak RSS ≤ \(Int(mb)) MB above baseline"
         case .comparison: return "(for comparison)"
         case let .atMostMilliseconds(ms): return "median ≤ \(Int(ms)) ms"
+        case let .reportedPerSecond(units): return "(reported, \(units))"
         }
     }
 }
@@ -200,7 +203,7 @@ struct BenchResult {
         case let .ratio(limit): return ratio.map { $0 <= limit } ?? false
         case let .perSecond(n, _): return perSecond.map { $0 >= n } ?? false
         case let .peakRSSAbove(mb): return peakMB.map { $0 <= mb } ?? false
-        case .comparison: return false
+        case .comparison, .reportedPerSecond: return false
         case let .atMostMilliseconds(ms): return replicaSeconds.map { $0 * 1000 <= ms } ?? false
         }
     }
@@ -299,6 +302,8 @@ func tableLine(_ r: BenchResult) -> String {
         if let (lo, hi) = r.ratioRange { note = "ratios \(format(lo, 2))–\(format(hi, 2))" }
     case .perSecond:
         outcome = r.perSecond.map { "\(Int($0.rounded()))/s" } ?? ""
+    case let .reportedPerSecond(units):
+        outcome = r.perSecond.map { "\(format($0, 1)) \(units)" } ?? ""
     case .peakRSSAbove:
         outcome = r.peakMB.map { format($0, 1) + " MB" } ?? ""
     case .atMostMilliseconds:
@@ -311,7 +316,10 @@ func tableLine(_ r: BenchResult) -> String {
     }
     if let extra = r.note { note += (note.isEmpty ? "" : "; ") + extra }
     let met: String
-    if case .comparison = w.target { met = "—" } else { met = r.met ? "yes" : "no" }
+    switch w.target {
+    case .comparison, .reportedPerSecond: met = "—"
+    default: met = r.met ? "yes" : "no"
+    }
     return "| \(cell(w.id, 3)) | \(cell(w.title, 58)) | \(cell(size, 7)) | \(cell(replica, 9)) | \(cell(raw, 9)) | \(cell(outcome, 13)) | \(cell(w.target.description, 24)) | \(cell(met, 4)) | \(note)"
 }
 
@@ -351,7 +359,10 @@ func jsonLine(_ r: BenchResult, options: Options) -> String {
     fields.append(("ratio", number(r.ratio)))
     fields.append(("replica_wall_s", number(r.replicaWall)))
     fields.append(("raw_wall_s", number(r.rawWall)))
-    if case .perSecond = w.target { fields.append(("per_second", number(r.perSecond))) }
+    switch w.target {
+    case .perSecond, .reportedPerSecond: fields.append(("per_second", number(r.perSecond)))
+    default: break
+    }
     if w.measuresMemory {
         fields.append(("peak_rss_mb", number(r.peakMB)))
         fields.append(("raw_peak_rss_mb", number(r.median(r.rawPeakMB))))

@@ -50,6 +50,11 @@ if CommandLine.arguments.count == 6, CommandLine.arguments[1] == "--child", Comm
     observationWriterChild(root: URL(fileURLWithPath: CommandLine.arguments[3]), count: n, interval: interval)
 }
 
+// A child process of B16u / B16d (see AssetWorkloads.swift): `--child B16m up|down DIR`.
+if CommandLine.arguments.count == 5, CommandLine.arguments[1] == "--child", CommandLine.arguments[2] == "B16m" {
+    largeAssetSyncChild(direction: CommandLine.arguments[3], directory: URL(fileURLWithPath: CommandLine.arguments[4]))
+}
+
 var options = Options()
 var arguments = CommandLine.arguments.dropFirst().makeIterator()
 while let argument = arguments.next() {
@@ -173,6 +178,22 @@ let workloads: [Workload] = [
              count: { $0.scaled(100) },
              replica: { size in try otherProcessLatencyTrial(count: size.scaled(100), interval: 20) }, raw: nil,
              repetitions: (full: 3, quick: 1)),
+    // Large data as assets (AssetWorkloads.swift).
+    Workload(id: "B16", title: "save 200 × 1 MB .externalStorage values ÷ FileManager copying 200 files", target: .ratio(1.2),
+             count: { $0.scaled(200) },
+             replica: { size in try assetSaveTrial(size.scaled(200)) },
+             raw: { size in try assetCopyTrial(size.scaled(200)) }, repetitions: (full: 5, quick: 3)),
+    Workload(id: "B16s", title: "sync 200 × 1 MB assets: upload, then download on a 2nd device (SQLite-file cloud)", target: .reportedPerSecond(units: "MB/s"),
+             count: { $0.scaled(200) },
+             replica: { size in try assetSyncTrial(size.scaled(200)) }, raw: nil, repetitions: (full: 3, quick: 1)),
+    Workload(id: "B16u", title: "upload one 200 MB asset: peak memory (child process)", target: .peakRSSAbove(32),
+             count: { $0.scaled(200) },
+             replica: { size in try largeAssetSyncTrial(size.scaled(200), direction: "up") }, raw: nil,
+             measuresMemory: true, repetitions: (full: 3, quick: 1)),
+    Workload(id: "B16d", title: "download one 200 MB asset: peak memory (child process)", target: .peakRSSAbove(32),
+             count: { $0.scaled(200) },
+             replica: { size in try largeAssetSyncTrial(size.scaled(200), direction: "down") }, raw: nil,
+             measuresMemory: true, repetitions: (full: 3, quick: 1)),
     // The sync runtime (RuntimeWorkloads.swift): the "≤ 5 ms plus the debounce" and "no CPU while idle".
     Workload(id: "B17", title: "CloudSync, in-memory cloud: save → sent, beyond a 20 ms debounce", target: .atMostMilliseconds(5),
              count: { $0.scaled(200) },
@@ -204,8 +225,10 @@ for workload in selected {
 try? FileManager.default.removeItem(at: benchRoot)
 let measured = results.filter { result in
     guard result.workload.notBuilt == nil else { return false }
-    if case .comparison = result.workload.target { return false }
-    return true
+    switch result.workload.target {
+    case .comparison, .reportedPerSecond: return false
+    default: return true
+    }
 }
 log("replica-bench: \(measured.filter(\.met).count) of \(measured.count) measured workloads met their targets; "
     + "\(results.filter { $0.workload.notBuilt != nil }.count) not yet built")

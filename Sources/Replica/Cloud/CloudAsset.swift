@@ -1,4 +1,4 @@
-import CSodium
+import CCrypto
 import Foundation
 
 /// An asset as the cloud names it (CloudKit's `CKAsset`): the SHA-256 of its bytes and its size. Large values of
@@ -81,7 +81,7 @@ public struct CloudAssetReference: Hashable, Sendable, Codable, Comparable, Cust
         text.utf8.count == 64 && text.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
     }
 
-    /// The lowercase hexadecimal SHA-256 of `data` (libsodium's `crypto_hash_sha256`).
+    /// The lowercase hexadecimal SHA-256 of `data` (``SHA256Hasher``).
     static func sha256Hex(_ data: Data) -> String {
         var hasher = SHA256Hasher()
         hasher.update(data)
@@ -89,26 +89,43 @@ public struct CloudAssetReference: Hashable, Sendable, Codable, Comparable, Cust
     }
 }
 
-/// An incremental SHA-256 (libsodium's `crypto_hash_sha256`), for hashing an asset chunk by chunk. Internal.
+/// An incremental SHA-256, for hashing an asset chunk by chunk: OpenSSL's EVP digest (libcrypto), which uses the
+/// CPU's SHA extensions where it has them — about 1.5 GB/s on the CI machine against 0.2 GB/s for libsodium's portable
+/// `crypto_hash_sha256`, which made hashing 94% of saving a large value (B16). The digest is the same SHA-256
+/// (FIPS 180-4). Internal; not to be copied (copies share one digest context).
 struct SHA256Hasher {
-    private var state = crypto_hash_sha256_state()
+    /// The digest context, freed with the hasher.
+    private final class Context {
+        let pointer: OpaquePointer
+        init() {
+            // Allocation fails only when memory is exhausted; SHA-256 is always available in libcrypto.
+            guard let pointer = EVP_MD_CTX_new() else { fatalError("SHA256Hasher: EVP_MD_CTX_new failed (out of memory)") }
+            guard EVP_DigestInit_ex(pointer, EVP_sha256(), nil) == 1 else { fatalError("SHA256Hasher: libcrypto has no SHA-256") }
+            self.pointer = pointer
+        }
+        deinit { EVP_MD_CTX_free(pointer) }
+    }
 
-    init() { crypto_hash_sha256_init(&state) }
+    private let context = Context()
+
+    init() {}
 
     mutating func update(_ data: Data) {
         data.withUnsafeBytes { buffer in
-            _ = crypto_hash_sha256_update(&state, buffer.bindMemory(to: UInt8.self).baseAddress, UInt64(buffer.count))
+            if let base = buffer.baseAddress { update(base, count: buffer.count) }
         }
     }
 
     mutating func update(_ pointer: UnsafeRawPointer, count: Int) {
-        _ = crypto_hash_sha256_update(&state, pointer.assumingMemoryBound(to: UInt8.self), UInt64(count))
+        guard count > 0 else { return }
+        _ = EVP_DigestUpdate(context.pointer, pointer, count)
     }
 
     /// The digest as lowercase hexadecimal; the hasher must not be used afterwards.
     mutating func finalizeHex() -> String {
-        var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
-        crypto_hash_sha256_final(&state, &digest)
+        var digest = [UInt8](repeating: 0, count: 32)
+        var length: UInt32 = 0
+        _ = EVP_DigestFinal_ex(context.pointer, &digest, &length)
         let digits = Array("0123456789abcdef".utf8)
         var text = [UInt8]()
         text.reserveCapacity(digest.count * 2)

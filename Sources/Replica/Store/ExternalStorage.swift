@@ -1,4 +1,3 @@
-import CSodium
 import CSQLite
 import Foundation
 
@@ -60,7 +59,7 @@ public struct ExternalStorageError: Error, Sendable, Hashable, CustomStringConve
 /// The files of a store's ``Schema/Attribute/Options/externalStorage`` attributes. Internal.
 ///
 /// Layout and rules (Specs/external-storage.md): the directory `<store file>-assets/` beside the store holds one file
-/// per distinct value, named by the lowercase hex SHA-256 of its bytes (libsodium's `crypto_hash_sha256`). The row's
+/// per distinct value, named by the lowercase hex SHA-256 of its bytes (``SHA256Hasher``: OpenSSL's EVP digest). The row's
 /// column holds the reference `replica-asset:sha256:<hex>:<size>` as TEXT (a data column otherwise only holds BLOBs
 /// or NULL, so a TEXT value is always a reference). Files are written inside the save's write transaction, before it
 /// commits (`<hex>.tmp`, `fsync`, `rename`, `fsync` of the directory); the garbage collector removes, inside a write
@@ -112,31 +111,7 @@ final class AssetStore: Sendable {
         name.utf8.count == 64 && name.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
     }
 
-    static func hexDigest(_ data: Data) -> String {
-        var state = crypto_hash_sha256_state()
-        crypto_hash_sha256_init(&state)
-        data.withUnsafeBytes { buffer in
-            _ = crypto_hash_sha256_update(&state, buffer.bindMemory(to: UInt8.self).baseAddress, UInt64(buffer.count))
-        }
-        return hex(finish(&state))
-    }
-
-    private static func finish(_ state: inout crypto_hash_sha256_state) -> [UInt8] {
-        var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
-        crypto_hash_sha256_final(&state, &digest)
-        return digest
-    }
-
-    private static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var text = [UInt8]()
-        text.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            text.append(digits[Int(byte >> 4)])
-            text.append(digits[Int(byte & 15)])
-        }
-        return String(decoding: text, as: UTF8.self)
-    }
+    static func hexDigest(_ data: Data) -> String { CloudAssetReference.sha256Hex(data) }
 
     func path(ofHash hash: String) -> String { directory.appendingPathComponent(hash).path }
 
@@ -347,17 +322,16 @@ final class AssetStore: Sendable {
         let fd = open(path, O_RDONLY)
         guard fd >= 0 else { return false }
         defer { close(fd) }
-        var state = crypto_hash_sha256_state()
-        crypto_hash_sha256_init(&state)
+        var hasher = SHA256Hasher()
         var chunk = [UInt8](repeating: 0, count: 1 << 20)
         while true {
             let count = chunk.withUnsafeMutableBytes { posixRead(fd, $0.baseAddress!, $0.count) }
             if count < 0 && errno == EINTR { continue }
             guard count >= 0 else { return false }
             if count == 0 { break }
-            _ = chunk.withUnsafeBufferPointer { crypto_hash_sha256_update(&state, $0.baseAddress, UInt64(count)) }
+            chunk.withUnsafeBytes { hasher.update($0.baseAddress!, count: count) }
         }
-        return Self.hex(Self.finish(&state)) == hash
+        return hasher.finalizeHex() == hash
     }
 
     private func makeDirectory() throws(ExternalStorageError.Problem) {
@@ -396,8 +370,7 @@ final class AssetStore: Sendable {
             return (nil, 0)
         }
         guard let buffer = malloc(size) else { throw .fileOperationFailed(operation: "allocating the read buffer", code: ENOMEM) }
-        var state = crypto_hash_sha256_state()
-        crypto_hash_sha256_init(&state)
+        var hasher = SHA256Hasher()
         var offset = 0
         while offset < size {
             let count = posixRead(fd, buffer + offset, min(size - offset, 1 << 20))
@@ -407,10 +380,10 @@ final class AssetStore: Sendable {
                 free(buffer)
                 throw count == 0 ? .sizeMismatch(expected: size, found: offset) : .fileOperationFailed(operation: "reading the file", code: code)
             }
-            _ = crypto_hash_sha256_update(&state, buffer.assumingMemoryBound(to: UInt8.self) + offset, UInt64(count))
+            hasher.update(buffer + offset, count: count)
             offset += count
         }
-        guard Self.hex(Self.finish(&state)) == hash else {
+        guard hasher.finalizeHex() == hash else {
             free(buffer)
             throw .hashMismatch
         }
