@@ -288,3 +288,29 @@ struct PostgresAssetTests {
         #expect(try await CloudDatabaseTests.upload(assetBytes(10), to: cloud).isComplete)
     }
 }
+
+/// The digest that names every asset (its file, its reference, the cloud's deduplication) is SHA-256 (FIPS 180-4),
+/// whichever library computes it: moving from libsodium to OpenSSL's EVP digest must not rename a single file.
+@Suite("Asset hashes")
+struct AssetHashTests {
+    @Test("SHA256Hasher gives FIPS 180-4's digests, in one piece and in chunks across chunk boundaries")
+    func knownDigests() {
+        #expect(CloudAssetReference.sha256Hex(Data()) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        #expect(CloudAssetReference.sha256Hex(Data("abc".utf8)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        let twoBlocks = Data("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq".utf8)
+        #expect(CloudAssetReference.sha256Hex(twoBlocks) == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
+        let million = Data(repeating: UInt8(ascii: "a"), count: 1_000_000)
+        let expected = "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
+        #expect(CloudAssetReference.sha256Hex(million) == expected)
+        for chunk in [1, 63, 64, 65, 4_096, 333_333] {
+            var hasher = SHA256Hasher()
+            var offset = 0
+            while offset < million.count {
+                let end = min(offset + chunk, million.count)
+                hasher.update(million[offset..<end])
+                offset = end
+            }
+            #expect(hasher.finalizeHex() == expected, "chunks of \(chunk)")
+        }
+    }
+}
