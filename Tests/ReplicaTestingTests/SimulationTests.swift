@@ -278,7 +278,9 @@ struct SimulationRegressionTests {
     /// Traces in Simulations/regressions/ of library bugs that are still open, by the bug part of the file name: replaying
     /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
     /// shrink.
-    static let open: [String: String] = [:]
+    static let open: [String: String] = [
+        "encrypted-zone-reset-left-undecryptable": "after a zone reset that other devices re-create, a device holds a record whose encrypted field its key cannot open (authenticationFailed, key version 1) and never gets up to date (plain-files-reset seed 148, 4 steps: three inserts and the reset; found 2026-12-07 by the first scenario with zone resets and encrypted fields)",
+    ]
 
     static func regressionFiles() -> [String] {
         guard let directory = ScenarioCatalog.directory()?.appendingPathComponent("regressions"),

@@ -128,6 +128,28 @@ struct AssetSyncTests {
         #expect(try a.photos().map(\.title) == ["beach, 2024"])
     }
 
+    @Test("after another device re-created a reset zone, a device sends its assets again before the records the full read sends back, so a new device gets the bytes (found by the sealed-files exploration: the records went up referencing assets the zone no longer held)")
+    func assetsGoUpAgainAfterZoneReset() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try AssetDevice(seed: 81), b = try AssetDevice(seed: 82)
+        let image = assetBytes(Self.size, seed: 9)
+        let id = a.context.insert(AssetPhoto(title: "dunes", image: image)).id
+        try a.context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        // The zone is reset (deleted with its assets); a device with nothing re-creates it.
+        cloud.resetZone("photos")
+        #expect(try b.sync(cloud).isUpToDate)
+        a.forgetOperations()
+        #expect(try a.sync(cloud).isUpToDate)
+        let modify = try #require(a.operations.firstIndex { if case .modifyRecords = $0 { true } else { false } })
+        let upload = a.operations.lastIndex { if case .uploadAssetChunk = $0 { true } else { false } }
+        #expect(upload.map { $0 < modify } == true, "the record went up before its asset: \(a.operations.map { "\($0)".prefix(30) })")
+        let c = try AssetDevice(seed: 83)
+        let status = try c.sync(cloud)
+        #expect(status.waitingForAsset == 0 && status.lastError == nil, "\(status)")
+        #expect(try c.photos() == [AssetPhoto(id: id, title: "dunes", image: image)])
+    }
+
     @Test("dedup: equal bytes in several records, and bytes the zone holds already, are uploaded once")
     func dedup() throws {
         let cloud = InMemoryCloudDatabase()

@@ -788,7 +788,9 @@ extension SyncEngine {
         }
     }
 
-    /// A fetch of the whole zone ended (or the zone was created): downloads the cloud could not serve are asked again.
+    /// A fetch of the whole zone ended (or the zone was created, or may have been: an expired change token): downloads
+    /// the cloud could not serve are asked again; after a zone creation, what the engine learned the zone held is
+    /// forgotten (prepared again before any record that references it goes up).
     func assetCycleEnded(zoneCreated: Bool) {
         assetTransfers.unavailable.removeAll()
         if zoneCreated {

@@ -384,6 +384,8 @@ extension SyncEngine {
                             state = CASE WHEN state = 'rejected' THEN state ELSE 'pending' END
                         """)
                     setNeedsFetch()
+                    // The reset zone holds none of the assets it held: they go up again before their records.
+                    assetCycleEnded(zoneCreated: true)
                 }
                 try db.run("INSERT INTO replica_metadata (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                            [.text(FieldEncryptionController.keySetMetadataKey), .text(keySetText)])

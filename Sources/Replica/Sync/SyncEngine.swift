@@ -771,6 +771,7 @@ public final class SyncEngine {
     /// anything else.
     func reuploadAfterZoneLoss() throws {
         zoneReady = false
+        assetCycleEnded(zoneCreated: true)
         schemaChecked = false
         proposedSchema = nil
         needsFetch = true
@@ -803,6 +804,9 @@ public final class SyncEngine {
             needsFetch = true
             schemaChecked = false
             proposedSchema = nil
+            // A re-created zone holds none of the assets this engine learned it held: each goes up again before the
+            // records the full read sends back (they would otherwise reference assets no device can download).
+            assetCycleEnded(zoneCreated: true)
         case .zoneNotFound:
             // The zone is gone (reset, or never created): create it and upload everything again, tombstones included.
             try zoneWasLost(reason: nil)
