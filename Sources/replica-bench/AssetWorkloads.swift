@@ -201,24 +201,6 @@ func largeAssetSyncTrial(_ megabytes: Int, direction: String) throws -> Trial {
     })
 }
 
-/// Runs this executable with `arguments` and decodes the one-line report it prints last.
-func childReport(_ arguments: [String], label: String) throws -> StreamReport {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: benchExecutable)
-    process.arguments = arguments
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    try process.run()
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    guard process.terminationStatus == 0,
-          let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
-          let decoded = try? JSONDecoder().decode(StreamReport.self, from: Data(line.utf8)) else {
-        throw CheckFailed("\(label): the child failed (status \(process.terminationStatus))")
-    }
-    return decoded
-}
-
 /// The B16m child's work: open the device (its store under `DIR/device`) and the cloud (`DIR/cloud.sqlite`), take
 /// the baseline, sync until idle, report the photos the device then holds. Never returns.
 func largeAssetSyncChild(direction: String, directory: URL) -> Never {

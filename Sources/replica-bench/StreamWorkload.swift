@@ -39,6 +39,24 @@ let benchExecutable: String = {
     (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
 }()
 
+/// Runs this executable with `arguments` and decodes the one-line report it prints last.
+func childReport(_ arguments: [String], label: String) throws -> StreamReport {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: benchExecutable)
+    process.arguments = arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    try process.run()
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0,
+          let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
+          let decoded = try? JSONDecoder().decode(StreamReport.self, from: Data(line.utf8)) else {
+        throw CheckFailed("\(label): the child failed (status \(process.terminationStatus))")
+    }
+    return decoded
+}
+
 /// What a B10 child reports on its one line of output.
 struct StreamReport: Codable {
     var cpu: Double
@@ -64,19 +82,7 @@ func streamTrial(_ n: Int, side: String) throws -> Trial {
             streamChecksums[n] = report.checksum
         }
     }, measured: {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: benchExecutable)
-        process.arguments = ["--child", "B10", side, directory.path, String(n)]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        try process.run()
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0,
-              let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
-              let decoded = try? JSONDecoder().decode(StreamReport.self, from: Data(line.utf8)) else {
-            throw CheckFailed("B10: the \(side) child failed (status \(process.terminationStatus))")
-        }
+        let decoded = try childReport(["--child", "B10", side, directory.path, String(n)], label: "B10 \(side)")
         report = decoded
         return Measurement(sample: Sample(cpu: decoded.cpu, wall: decoded.wall), peakMB: decoded.peakAboveBaselineMB, items: nil)
     }, note: {
@@ -157,19 +163,7 @@ func largeSaveTrial(_ n: Int, side: String) throws -> Trial {
     }, measured: {
         try? FileManager.default.removeItem(at: directory)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: benchExecutable)
-        process.arguments = ["--child", "B1m", side, directory.path, String(n)]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        try process.run()
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0,
-              let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
-              let decoded = try? JSONDecoder().decode(StreamReport.self, from: Data(line.utf8)) else {
-            throw CheckFailed("B1m: the \(side) child failed (status \(process.terminationStatus))")
-        }
+        let decoded = try childReport(["--child", "B1m", side, directory.path, String(n)], label: "B1m \(side)")
         report = decoded
         return Measurement(sample: Sample(cpu: decoded.cpu, wall: decoded.wall), peakMB: decoded.peakAboveBaselineMB, items: nil)
     }, note: {

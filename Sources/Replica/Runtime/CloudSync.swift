@@ -182,8 +182,8 @@ public actor CloudSync {
     /// transient failure (the network just came back) — only a delay the server asked for
     /// (``CloudError/retryAfterMilliseconds``) or another process's upload lease is waited out. Returns when the work
     /// is done, the time is up, or the only remaining problem is transient and its retry lies past the bound (the
-    /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only automatic syncing); after ``stop()`` it performs
-    /// nothing.
+    /// status then shows it in ``SyncStatus/lastError``) — never hangs. Runs while paused too (pausing stops only
+    /// automatic syncing); after ``stop()`` it performs nothing.
     /// Waits for a pass under way to end first: an automatic pass makes way after its request in flight; another
     /// syncNow's pass is waited for until the bound at most (the call then returns the status as it is).
     /// Cancelling the calling task ends the call with `CancellationError`: at once while it waits for another pass;
