@@ -81,7 +81,7 @@ public struct CloudAssetReference: Hashable, Sendable, Codable, Comparable, Cust
         text.utf8.count == 64 && text.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
     }
 
-    /// The lowercase hexadecimal SHA-256 of `data` (``SHA256Hasher``).
+    /// The lowercase hexadecimal SHA-256 of `data` (`SHA256Hasher`).
     static func sha256Hex(_ data: Data) -> String {
         var hasher = SHA256Hasher()
         hasher.update(data)

@@ -59,9 +59,9 @@ public struct ExternalStorageError: Error, Sendable, Hashable, CustomStringConve
 /// The files of a store's ``Schema/Attribute/Options/externalStorage`` attributes. Internal.
 ///
 /// Layout and rules (Specs/external-storage.md): the directory `<store file>-assets/` beside the store holds one file
-/// per distinct value, named by the lowercase hex SHA-256 of its bytes (``SHA256Hasher``: OpenSSL's EVP digest). The row's
-/// column holds the reference `replica-asset:sha256:<hex>:<size>` as TEXT (a data column otherwise only holds BLOBs
-/// or NULL, so a TEXT value is always a reference). Files are written inside the save's write transaction, before it
+/// per distinct value, named by the lowercase hex SHA-256 of its bytes (`SHA256Hasher`: OpenSSL's EVP digest). The
+/// row's column holds the reference `replica-asset:sha256:<hex>:<size>` as TEXT (a data column otherwise only holds
+/// BLOBs or NULL, so a TEXT value is always a reference). Files are written inside the save's write transaction, before it
 /// commits (`<hex>.tmp`, `fsync`, `rename`, `fsync` of the directory); the garbage collector removes, inside a write
 /// transaction of its own, every file that no committed row or history tombstone references.
 final class AssetStore: Sendable {
