@@ -130,6 +130,8 @@ struct AppGroupRuntimeProcessTests {
         // The app stops (giving up the lease); the device writes once more; the widget takes over and imports it.
         let appStopped = wallMilliseconds()
         await appSync.stop()
+        // stop() waits for a request in flight (its answer is applied): nothing of the app's ends after it returned.
+        let appStopReturned = wallMilliseconds()
         deviceContext.insert(SharedNote(text: "late, from a device"))
         try deviceContext.save()
         #expect(try await SyncDriver.syncUntilIdle(deviceEngine, with: deviceCloud).isUpToDate)
@@ -146,7 +148,7 @@ struct AppGroupRuntimeProcessTests {
         let appIntervals = appCloud.intervals.withLock { $0 }
         // One process talks to the cloud at a time: no request of one overlaps a request of the other (a holder that
         // stalls past its lease may be replaced, never joined), and the widget took over once the app let it go.
-        #expect(!appIntervals.isEmpty && appIntervals.allSatisfy { $0.end <= appStopped + 1 })
+        #expect(!appIntervals.isEmpty && appIntervals.allSatisfy { $0.end <= appStopReturned + 1 })
         #expect(widgetIntervals.contains { $0.start >= appStopped })
         let overlapping = widgetIntervals.filter { widget in appIntervals.contains { $0.start < widget.end && widget.start < $0.end } }
         #expect(overlapping.isEmpty, "widget requests overlapping the app's: \(overlapping)")
