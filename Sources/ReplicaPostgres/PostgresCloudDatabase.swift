@@ -117,8 +117,9 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         // other clouds: a record whose stamps the stored form cannot hold is refused on its own (it could never be
         // read back); the rest of the batch is saved. An empty batch still checks that the zone exists.
         var refused: [Int: RecordSaveResult] = [:]
-        var ids: [UUID] = [], tags: [String?] = [], alive: [Bool] = []
+        var ids: [UUID] = [], tags: [String?] = [], alive: [Bool] = [], assets: [String?] = []
         ids.reserveCapacity(records.count)
+        assets.reserveCapacity(records.count)
         tags.reserveCapacity(records.count)
         alive.reserveCapacity(records.count)
         // The `bytea[]` of the bodies: its header (completed below, once the count is known), then each body as its
@@ -143,12 +144,14 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
             ids.append(record.recordID)
             tags.append(record.changeTag)
             alive.append(record.isAlive)
+            // The assets it references, which the zone must hold complete (the server cannot read the body's fields).
+            assets.append(record.assetReferences.filter { $0 != Self.emptyAsset }.map { "\($0.hash):\($0.size)" }.joined(separator: ","))
         }
         var header: [UInt8] = []
         PGParameter.arrayHeader(count: ids.count, hasNull: false, element: .bytea, into: &header)
         bodies.replaceSubrange(0..<20, with: header)
         let parameters: [PGParameter] = [.text(owner), .text(zone), .uuidArray(ids), .textArray(tags), .boolArray(alive),
-                                         .encoded(.byteaArray, bodies)]
+                                         .encoded(.byteaArray, bodies), .textArray(assets)]
         let prepare = preparesStatements
         let count = ids.count
         let sentIDs = ids
@@ -162,12 +165,16 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
             var answers: [RecordSaveResult] = []
             answers.reserveCapacity(count)
             for row in 0..<count {
-                guard let saved = result.bool(row, 0), let tag = result.string(row, 1) else {
+                guard let saved = result.bool(row, 0) else {
                     throw PGFailure(origin: .unexpectedResult, message: "modify_records returned a malformed result")
                 }
-                if saved {
+                let tag = result.string(row, 1)
+                if !saved, let missing = result.string(row, 3) {
+                    answers.append(.failed(recordID: sentIDs[row], error: .assetNotFound(hash: missing)))
+                } else if saved {
+                    guard let tag else { throw PGFailure(origin: .unexpectedResult, message: "modify_records returned a malformed result") }
                     answers.append(.saved(recordID: sentIDs[row], changeTag: tag))
-                } else if let body = result.bytes(row, 2), var server = try? reader.read(body), server.recordID == sentIDs[row] {
+                } else if let tag, let body = result.bytes(row, 2), var server = try? reader.read(body), server.recordID == sentIDs[row] {
                     server.changeTag = tag
                     answers.append(.conflict(serverRecord: server))
                 } else {
@@ -304,6 +311,9 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         } }
     }
 
+    /// The asset of no bytes, which every zone holds without an upload.
+    private static let emptyAsset = CloudAssetReference(of: Data())
+
     /// The reason given for a stored record that does not decode: it names the record, so it can be found and repaired.
     private static func unreadable(_ id: UUID, zone: String) -> String {
         "stored record \(id.uuidString.lowercased()) of zone '\(zone)' is unreadable"
@@ -314,7 +324,7 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
         static let createZone = "SELECT replica.create_zone($1, $2)"
         static let deleteZoneForReason = "SELECT replica.delete_zone($1, $2, $3)"
         static let zoneDeletionReason = "SELECT replica.zone_deletion_reason($1, $2)"
-        static let modifyRecords = "SELECT out_saved, out_change_tag, out_body FROM replica.modify_records($1, $2, $3, $4, $5, $6)"
+        static let modifyRecords = "SELECT out_saved, out_change_tag, out_body, out_missing FROM replica.modify_records($1, $2, $3, $4, $5, $6, $7)"
         static let fetchChanges = """
             SELECT out_epoch, out_zone_sequence, out_sequence, out_id, out_change_tag, out_body
             FROM replica.fetch_changes($1, $2, $3, $4, $5)

@@ -443,5 +443,6 @@ enum PostgresCloudSchema {
         zoneDeletionReasons,
         requestCost,
         assets,
+        assetReferences,
     ]
 }

@@ -218,3 +218,106 @@ extension PostgresCloudSchema {
         GRANT EXECUTE ON FUNCTION replica.prune_assets(bigint, double precision) TO replica_admin;
         """)
 }
+
+extension PostgresCloudSchema {
+    /// Step 7: a live record references only assets its zone holds complete (`Specs/cloud-postgres.md` §16, R19). The
+    /// client names each record's assets (`p_assets[i]`: `hash:size` pairs, comma-separated; empty for none — the
+    /// body is opaque to the server); `modify_records` refuses a record naming an asset the zone lacks, answering
+    /// `out_missing` with its hash, and saves the rest of the batch. The check runs under the zone's row lock, so a
+    /// zone deleted and created again between an asset's upload and the save is seen. The six-argument form (clients
+    /// before this step) saves without the check.
+    static let assetReferences = Step(version: 7, summary: "saves refuse records that reference assets the zone lacks", sql: """
+        CREATE FUNCTION replica.modify_records(p_owner text, p_zone text, p_ids uuid[], p_tags text[], p_alive boolean[],
+                                               p_bodies bytea[], p_assets text[])
+        RETURNS TABLE (out_saved boolean, out_change_tag text, out_body bytea, out_missing text) LANGUAGE plpgsql
+        SET lock_timeout = '5s' AS $$
+        DECLARE
+            v_owner text := replica.enter(p_owner);
+            v_zone bigint;
+            v_epoch bigint;
+            v_start bigint;
+            v_sequence bigint;
+            v_count integer := COALESCE(pg_catalog.array_length(p_ids, 1), 0);
+            v_tag text;
+            v_body bytea;
+            v_reference text;
+            v_missing text;
+        BEGIN
+            IF COALESCE(pg_catalog.array_length(p_tags, 1), 0) <> v_count
+               OR COALESCE(pg_catalog.array_length(p_alive, 1), 0) <> v_count
+               OR COALESCE(pg_catalog.array_length(p_bodies, 1), 0) <> v_count
+               OR (p_assets IS NOT NULL AND COALESCE(pg_catalog.array_length(p_assets, 1), 0) <> v_count) THEN
+                RAISE EXCEPTION 'modify_records: arrays of different lengths' USING ERRCODE = '22023';
+            END IF;
+            -- The zone row is the zone's write lock: saves to one zone commit one after another, in sequence order.
+            SELECT z.id, z.epoch # replica.epoch_mix(), z.sequence INTO v_zone, v_epoch, v_start FROM replica.zone z
+                WHERE z.owner = v_owner AND z.name = p_zone FOR UPDATE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'zone not found' USING ERRCODE = 'RZ001';
+            END IF;
+            v_sequence := v_start;
+            FOR i IN 1 .. v_count LOOP
+                SELECT r.change_tag, r.body INTO v_tag, v_body FROM replica.record r WHERE r.zone_id = v_zone AND r.id = p_ids[i];
+                IF FOUND AND v_tag IS DISTINCT FROM p_tags[i] THEN
+                    out_saved := false;
+                    out_change_tag := v_tag;
+                    out_body := v_body;
+                    out_missing := NULL;
+                    RETURN NEXT;
+                    CONTINUE;
+                END IF;
+                v_missing := NULL;
+                IF p_alive[i] AND p_assets IS NOT NULL AND COALESCE(p_assets[i], '') <> '' THEN
+                    FOREACH v_reference IN ARRAY pg_catalog.string_to_array(p_assets[i], ',') LOOP
+                        IF v_reference !~ '^[0-9a-f]{64}:[0-9]{1,18}$' THEN
+                            RAISE EXCEPTION 'malformed asset reference' USING ERRCODE = 'RZ013';
+                        END IF;
+                        PERFORM 1 FROM replica.asset a WHERE a.zone_id = v_zone AND a.hash = pg_catalog.split_part(v_reference, ':', 1)
+                            AND a.size = pg_catalog.split_part(v_reference, ':', 2)::bigint AND a.complete;
+                        IF NOT FOUND THEN
+                            v_missing := pg_catalog.split_part(v_reference, ':', 1);
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                END IF;
+                IF v_missing IS NOT NULL THEN
+                    out_saved := false;
+                    out_change_tag := NULL;
+                    out_body := NULL;
+                    out_missing := v_missing;
+                    RETURN NEXT;
+                    CONTINUE;
+                END IF;
+                v_sequence := v_sequence + 1;
+                v_tag := v_epoch::text || '.' || v_sequence::text;
+                INSERT INTO replica.record AS r (zone_id, owner, id, sequence, change_tag, alive, body)
+                    VALUES (v_zone, v_owner, p_ids[i], v_sequence, v_tag, p_alive[i], p_bodies[i])
+                    ON CONFLICT (zone_id, id) DO UPDATE SET sequence = excluded.sequence, change_tag = excluded.change_tag,
+                        alive = excluded.alive, body = excluded.body, changed_at = pg_catalog.now();
+                out_saved := true;
+                out_change_tag := v_tag;
+                out_body := NULL;
+                out_missing := NULL;
+                RETURN NEXT;
+            END LOOP;
+            IF v_sequence > v_start THEN
+                UPDATE replica.zone SET sequence = v_sequence WHERE id = v_zone;
+                PERFORM replica.announce(v_owner, p_zone);
+            END IF;
+        END
+        $$;
+
+        -- Clients from before this step: the same save, without the asset check.
+        CREATE OR REPLACE FUNCTION replica.modify_records(p_owner text, p_zone text, p_ids uuid[], p_tags text[], p_alive boolean[],
+                                                          p_bodies bytea[])
+        RETURNS TABLE (out_saved boolean, out_change_tag text, out_body bytea) LANGUAGE sql
+        SET lock_timeout = '5s' AS $$
+            SELECT m.out_saved, m.out_change_tag, m.out_body
+            FROM replica.modify_records(p_owner, p_zone, p_ids, p_tags, p_alive, p_bodies, NULL::text[]) m
+        $$;
+
+        REVOKE ALL ON FUNCTION replica.modify_records(text, text, uuid[], text[], boolean[], bytea[], text[]) FROM PUBLIC;
+        GRANT EXECUTE ON FUNCTION replica.modify_records(text, text, uuid[], text[], boolean[], bytea[], text[])
+            TO replica_user, replica_app, replica_admin;
+        """)
+}

@@ -241,8 +241,8 @@ func rawUploadFetchTrial(_ n: Int, codes: Bool) throws -> Trial {
     let owner = BenchServer.freshOwner(codes ? "b13c" : "b13raw")
     let upload = try RawPG(server.url), download = try RawPG(server.url)
     for connection in [upload, download] {
-        try connection.prepare("modify", "SELECT out_saved, out_change_tag, out_body FROM replica.modify_records($1, $2, $3, $4, $5, $6)",
-                               [25, 25, 2951, 1009, 1000, 1001])
+        try connection.prepare("modify", "SELECT out_saved, out_change_tag, out_body, out_missing FROM replica.modify_records($1, $2, $3, $4, $5, $6, $7)",
+                               [25, 25, 2951, 1009, 1000, 1001, 1009])
         try connection.prepare("fetch", """
             SELECT out_epoch, out_zone_sequence, out_sequence, out_id, out_change_tag, out_body
             FROM replica.fetch_changes($1, $2, $3, $4, $5)
@@ -263,7 +263,8 @@ func rawUploadFetchTrial(_ n: Int, codes: Bool) throws -> Trial {
                                           binaryArray(records[start..<end].map { withUnsafeBytes(of: $0.recordID.uuid) { Array($0) } }, oid: 2950),
                                           binaryArray(Array(repeating: nil, count: end - start), oid: 25),
                                           binaryArray(records[start..<end].map { _ in [1] }, oid: 16),
-                                          binaryArray(chunk.map { Array($0) }, oid: 17)]
+                                          binaryArray(chunk.map { Array($0) }, oid: 17),
+                                          binaryArray(Array(repeating: [], count: end - start), oid: 25)]  // no assets
                 let rows = try upload.execute("modify", params)
                 defer { PQclear(rows) }
                 try require(Int(PQntuples(rows)) == end - start, "B13 raw: modify_records returned \(PQntuples(rows)) rows")

@@ -150,6 +150,40 @@ struct AssetSyncTests {
         #expect(try c.photos() == [AssetPhoto(id: id, title: "dunes", image: image)])
     }
 
+    @Test("a save in flight across a zone reset that another device re-creates is refused for its missing asset, and the asset goes up again before the record (found by files-zone-reset seed 226: the record landed in the new zone referencing an asset that went with the old one, and no device could ever download it)")
+    func saveRacingZoneResetUploadsAssetAgain() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try AssetDevice(seed: 91), b = try AssetDevice(seed: 92)
+        #expect(try b.sync(cloud).isUpToDate)
+        let image = assetBytes(Self.size, seed: 10)
+        let id = a.context.insert(AssetPhoto(title: "reef", image: image)).id
+        try a.context.save()
+        // A uploads the asset; its save of the record is in flight when the zone is reset and B re-creates it.
+        var held: SyncRequest?
+        for _ in 0..<200 where held == nil {
+            let request = try #require(try a.engine.nextRequest())
+            if case .modifyRecords = request.operation { held = request; break }
+            try a.engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        let save = try #require(held)
+        #expect(cloud.assets(in: "photos").contains { $0.isComplete })
+        cloud.resetZone("photos")
+        #expect(try b.sync(cloud).isUpToDate)
+        // The save reaches the new zone, which does not hold the asset: refused for that record alone.
+        let answer = cloud.performNow(save.operation)
+        guard case let .success(.modified(results)) = answer else { Issue.record("\(answer)"); return }
+        #expect(results == [.failed(recordID: id, error: .assetNotFound(hash: CloudAssetReference(of: image).hash))])
+        try a.engine.handle(save.id, answer)
+        a.forgetOperations()
+        let status = try a.sync(cloud)
+        #expect(status.isUpToDate && status.rejectedRecords == 0, "\(status)")
+        #expect(a.uploadedChunks == [0, 1, 2])
+        let c = try AssetDevice(seed: 93)
+        let seen = try c.sync(cloud)
+        #expect(seen.waitingForAsset == 0 && seen.lastError == nil, "\(seen)")
+        #expect(try c.photos() == [AssetPhoto(id: id, title: "reef", image: image)])
+    }
+
     @Test("dedup: equal bytes in several records, and bytes the zone holds already, are uploaded once")
     func dedup() throws {
         let cloud = InMemoryCloudDatabase()

@@ -167,6 +167,38 @@ extension CloudDatabaseTests {
         #expect(try await db.prepareAssetUpload(asset, in: "z").receivedChunks.isEmpty)
     }
 
+    @Test("assets: a live record that references an asset the zone does not hold complete is refused on its own (assetNotFound), plain or sealed; a tombstone, the empty asset and a held asset are not", arguments: kinds)
+    func recordsReferenceOnlyHeldAssets(kind: Kind) async throws {
+        let db = try Self.make(kind)
+        try await db.createZone("z")
+        let held = assetBytes(3_000, seed: 11), unfinished = assetBytes(CloudAssetReference.chunkSize + 10, seed: 12)
+        let missing = CloudAssetReference(of: assetBytes(500, seed: 13))
+        _ = try await Self.upload(held, to: db)
+        let partial = CloudAssetReference(of: unfinished)
+        _ = try await db.prepareAssetUpload(partial, in: "z")
+        _ = try await db.uploadAssetChunk(partial, index: 0, bytes: assetChunk(unfinished, 0), in: "z")
+        func referencing(_ n: Int, _ text: String, alive: Bool = true) -> CloudRecord {
+            var record = Self.record(n)
+            record.fields["image"] = CloudField(value: .text(text), stamp: record.created)
+            if !alive { record.causalLength = 2 }
+            return record
+        }
+        let sealedMissing = SealedAssetReference(keyVersion: 1, sealed: missing).fieldValue
+        let batch = [referencing(1, CloudAssetReference(of: held).fieldValue), referencing(2, missing.fieldValue),
+                     referencing(3, partial.fieldValue), referencing(4, sealedMissing),
+                     referencing(5, missing.fieldValue, alive: false), referencing(6, CloudAssetReference(of: Data()).fieldValue),
+                     referencing(7, "replica-asset: not a reference")]
+        let results = try await db.modifyRecords(batch, in: "z")
+        #expect(Self.tags(results).map { $0 != nil } == [true, false, false, false, true, true, true])
+        #expect(results[1] == .failed(recordID: batch[1].recordID, error: .assetNotFound(hash: missing.hash)))
+        #expect(results[2] == .failed(recordID: batch[2].recordID, error: .assetNotFound(hash: partial.hash)))
+        #expect(results[3] == .failed(recordID: batch[3].recordID, error: .assetNotFound(hash: missing.hash)))
+        #expect(try await db.fetchZoneChanges("z", since: nil, limit: 100).records.map(\.recordID) == [1, 5, 6, 7].map { batch[$0 - 1].recordID })
+        // Once the zone holds it, the same record saves.
+        _ = try await db.uploadAssetChunk(partial, index: 1, bytes: assetChunk(unfinished, 1), in: "z")
+        #expect(Self.tags(try await db.modifyRecords([batch[2]], in: "z")).first! != nil)
+    }
+
     @Test("asset references: the field text round-trips; malformed ones are refused")
     func assetReferenceText() {
         let asset = CloudAssetReference(of: Data("hello".utf8))
@@ -270,6 +302,26 @@ struct PostgresAssetTests {
         #expect(try await CloudDatabaseTests.download(CloudAssetReference(of: kept), from: cloud) == kept)
         await #expect(throws: CloudError.assetNotFound(hash: CloudAssetReference(of: loose).hash)) {
             try await cloud.downloadAssetChunk(CloudAssetReference(of: loose), index: 0, in: "z")
+        }
+    }
+
+    @Test("a client from before schema step 7 saves through the six-argument modify_records, without the asset check")
+    func olderClientSavesWithoutAssetCheck() async throws {
+        let server = try PostgresTestServer.get()
+        let database = try server.freshDatabase()
+        let cloud = try server.cloud(owner: "older", database: database)
+        try await cloud.createZone("z")
+        let raw = try server.rawConnection(role: "postgres", database: database)
+        #expect(try raw.integer("""
+            SELECT pg_catalog.count(*) FROM replica.modify_records('older', 'z', ARRAY['00000000-0000-7000-8000-000000000001'::uuid],
+                ARRAY[NULL::text], ARRAY[true], ARRAY['\\x00'::bytea]) WHERE out_saved
+            """) == 1)
+        // The seven-argument form refuses a malformed asset entry.
+        #expect(throws: (any Error).self) {
+            _ = try raw.integer("""
+                SELECT pg_catalog.count(*) FROM replica.modify_records('older', 'z', ARRAY['00000000-0000-7000-8000-000000000002'::uuid],
+                    ARRAY[NULL::text], ARRAY[true], ARRAY['\\x00'::bytea], ARRAY['not-a-hash:1'])
+                """)
         }
     }
 

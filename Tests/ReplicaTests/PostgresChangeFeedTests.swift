@@ -101,8 +101,8 @@ struct PostgresChangeFeedTests {
             CREATE SEQUENCE replica.unlocked_sequence;
             GRANT USAGE ON SEQUENCE replica.unlocked_sequence TO replica_app;
             CREATE OR REPLACE FUNCTION replica.modify_records(p_owner text, p_zone text, p_ids uuid[], p_tags text[],
-                p_alive boolean[], p_bodies bytea[])
-            RETURNS TABLE (out_saved boolean, out_change_tag text, out_body bytea) LANGUAGE plpgsql AS $$
+                p_alive boolean[], p_bodies bytea[], p_assets text[])
+            RETURNS TABLE (out_saved boolean, out_change_tag text, out_body bytea, out_missing text) LANGUAGE plpgsql AS $$
             DECLARE
                 v_owner text := replica.enter(p_owner);
                 v_zone bigint;

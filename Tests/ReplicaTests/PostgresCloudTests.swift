@@ -215,7 +215,7 @@ struct PostgresCloudTests {
     func lockTimeoutIsZoneBusy() async throws {
         let server = try PostgresTestServer.get()
         let database = try server.freshDatabase()
-        try server.superuserSQL("ALTER FUNCTION replica.modify_records(text, text, uuid[], text[], boolean[], bytea[]) SET lock_timeout = '150ms'",
+        try server.superuserSQL("ALTER FUNCTION replica.modify_records(text, text, uuid[], text[], boolean[], bytea[], text[]) SET lock_timeout = '150ms'",
                                 database: database)
         let cloud = try server.cloud(owner: "busy", database: database)
         try await cloud.createZone("z")

@@ -123,7 +123,12 @@ struct PostgresFailoverTests {
         try admin.install(upTo: 2)
         let cloud = try PostgresCloudDatabase(connectionString: server.connectionString(["dbname": database]), owner: "upgraded")
         try await cloud.createZone("z")
-        _ = try await cloud.modifyRecords([CloudDatabaseTests.record(1)], in: "z")
+        // A client of step 2 saves (this client speaks step 7's modify_records, which a step-2 server lacks).
+        let body = try CloudRecordBody.encode(CloudDatabaseTests.record(1), includingChangeTag: false)
+        #expect(try server.rawConnection(role: "postgres", database: database).integer("""
+            SELECT pg_catalog.count(*) FROM replica.modify_records('upgraded', 'z', ARRAY[$1::uuid], ARRAY[NULL::text], ARRAY[true], ARRAY[$2::bytea])
+            WHERE out_saved
+            """, [.text(CloudDatabaseTests.record(1).recordID.uuidString), .bytea(Data(body))]) == 1)
         let token = try await cloud.fetchZoneChanges("z", since: nil, limit: 10).token
         #expect(try admin.install().stepsRun.prefix(3) == ["3: the server's lineage in every epoch; the shard directory", "4: zone deletion reasons",
                                                            "5: lineage() and epoch_mix() planned once per session"])

@@ -166,10 +166,36 @@ public struct CloudAssetUploadState: Hashable, Sendable, Codable {
     }
 }
 
+extension CloudRecord {
+    /// The assets this record's fields reference: every text value that is an asset reference
+    /// (``CloudAssetReference/fieldValue``) or a sealed asset's reference (``SealedAssetReference/fieldValue``, which
+    /// names the sealed bytes), sorted by hash, each once. Empty for a tombstone: a deleted record's preserved values
+    /// need no bytes to be read back, and its assets may already be gone.
+    ///
+    /// A cloud database refuses to save a live record that references an asset the zone does not hold complete
+    /// (``CloudError/assetNotFound(hash:)`` for that record alone), as CloudKit saves a record and its `CKAsset`s
+    /// together: no device can ever fetch a record whose bytes it cannot download (`Specs/external-storage.md`, R19).
+    /// A value of a text attribute that happens to read as a reference is treated as one. O(fields).
+    public var assetReferences: [CloudAssetReference] {
+        guard isAlive else { return [] }
+        var found: [String: CloudAssetReference] = [:]
+        for field in fields.values {
+            guard case let .text(text) = field.value, text.hasPrefix("replica-asset:") else { continue }
+            if let asset = CloudAssetReference(fieldValue: text) ?? SealedAssetReference(fieldValue: text)?.sealed {
+                found[asset.hash] = asset
+            }
+        }
+        return found.values.sorted()
+    }
+}
+
 /// The asset rules every cloud database applies, so the three behave alike. Internal.
 enum CloudAssetRules {
     /// The hash of no bytes.
     static let emptyHash = CloudAssetReference.sha256Hex(Data())
+
+    /// Whether `asset` is the empty asset, which every zone holds without an upload.
+    static func isEmpty(_ asset: CloudAssetReference) -> Bool { asset.size == 0 && asset.hash == emptyHash }
 
     /// Refuses an asset larger than `limit` bytes.
     static func check(_ asset: CloudAssetReference, limit: Int64) throws(CloudError) {

@@ -254,6 +254,13 @@ public final class InMemoryCloudDatabase: CloudDatabase {
                     results.append(.conflict(serverRecord: existing.record))
                     continue
                 }
+                // A live record references only assets the zone holds complete (R19).
+                if let missing = record.assetReferences.first(where: { asset in
+                    !CloudAssetRules.isEmpty(asset) && !(z.assets[asset.hash].map { $0.complete && $0.size == asset.size } ?? false)
+                }) {
+                    results.append(.failed(recordID: record.recordID, error: .assetNotFound(hash: missing.hash)))
+                    continue
+                }
                 z.sequence += 1
                 var stored = record
                 stored.changeTag = "\(z.epoch).\(z.sequence)"

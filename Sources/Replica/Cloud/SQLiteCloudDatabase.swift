@@ -181,6 +181,11 @@ public final class SQLiteCloudDatabase: CloudDatabase {
                     results.append(.conflict(serverRecord: server))
                     continue
                 }
+                // A live record references only assets the zone holds complete (R19).
+                if let missing = try Self.firstMissingAsset(of: record, zone: zone, db) {
+                    results.append(.failed(recordID: record.recordID, error: .assetNotFound(hash: missing.hash)))
+                    continue
+                }
                 z.sequence += 1
                 var stored = record
                 stored.changeTag = "\(z.epoch).\(z.sequence)"
@@ -302,6 +307,16 @@ public final class SQLiteCloudDatabase: CloudDatabase {
     }
 
     // MARK: Assets
+
+    /// The first asset `record` references that `zone` does not hold complete, or `nil`.
+    private static func firstMissingAsset(of record: CloudRecord, zone: String, _ db: Connection) throws -> CloudAssetReference? {
+        for asset in record.assetReferences where !CloudAssetRules.isEmpty(asset) {
+            let held = try db.scalar("SELECT EXISTS (SELECT 1 FROM cloud_asset WHERE zone = ? AND hash = ? AND size = ? AND complete = 1)",
+                                     [.text(zone), .text(asset.hash), .integer(asset.size)])
+            if held != .integer(1) { return asset }
+        }
+        return nil
+    }
 
     /// What `zone` holds of `asset`: its entry (made, empty, when missing, or when an unfinished one of another size is
     /// there; an empty asset is complete at once) and the chunks received. Inside a write transaction.

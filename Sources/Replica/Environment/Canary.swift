@@ -58,6 +58,10 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// A local write the cloud did not hold that a remote delete or a remote cascade removed is not logged: only
     /// overwritten values reach the conflict log (the false negatives of issue 21's trial; R16).
     case conflictLogMissesDeletes = "conflict-log-misses-deletes"
+    /// A record the cloud refuses because its zone lacks an asset the record references (``CloudError/assetNotFound(hash:)``,
+    /// after a zone reset the engine saved across) is rejected instead of its asset going up again: no device ever
+    /// gets the value (R19).
+    case missingAssetRefusalRejects = "missing-asset-refusal-rejects"
     /// A local write the cloud did not hold to a field this app version does not declare but whose column another
     /// version sharing the app-group store file added is not logged when a remote write or delete replaces it: an
     /// older extension merging a newer app's unsynced edit away leaves no entry (issue 21's item 4, found by seed 34 of

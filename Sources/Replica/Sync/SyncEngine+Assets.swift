@@ -68,7 +68,16 @@ final class AssetTransfers {
     /// is deterministic, so a reference stays right; recomputing one reads and seals the whole plaintext).
     var sealedReferences: [String: SealedAssetReference] = [:]
 
+    /// The assets each outbox record of the batches built this session references and this engine can upload (a
+    /// file, a row's bytes, or a sealing of them), by record: a save the cloud refuses for lack of one of them
+    /// (``CloudError/assetNotFound(hash:)``) uploads it again instead of refusing the record.
+    var uploadable: [UUID: Set<String>] = [:]
+    /// How often the cloud refused a record for lack of each asset this session, after which the engine uploaded it
+    /// again (bounded by ``refusalsBeforeRejecting``: a cloud that keeps refusing gets the record rejected, kept).
+    var refusals: [String: Int] = [:]
+
     static let completeFor: Int64 = 10 * 60_000
+    static let refusalsBeforeRejecting = 3
 }
 
 extension Schema.Attribute {
@@ -207,6 +216,7 @@ extension SyncEngine {
                 ExternalStorageError(store: storeName, entity: record.recordType, recordID: record.recordID, attribute: name, problem: what).description
             }
             var mine: [(AssetTransfers.Upload, String)] = []
+            var uploadable: Set<String> = []
             // Encrypted attributes: sealed assets, whose reference names only the sealed bytes.
             sealed: for name in inlineNames.sorted() {
                 guard let value = record.fields[name]?.value else { continue }
@@ -233,6 +243,7 @@ extension SyncEngine {
                 }
                 do {
                     let (reference, sealing) = try sealedReference(plain, source: source, record: record, field: name, cipher: cipher, keyVersion: keyVersion)
+                    uploadable.insert(reference.sealed.hash)
                     record.fields[name]!.value = .text(reference.fieldValue)
                     record.fields[name]!.isEncrypted = true
                     if !isComplete(reference.sealed.hash) {
@@ -269,6 +280,7 @@ extension SyncEngine {
                     // A reference a store without files holds came from the cloud (a tombstone's preserved value): the
                     // zone has it.
                     if case .file = source, store.assets == nil { continue }
+                    uploadable.insert(asset.hash)
                     if isComplete(asset.hash) { continue }
                     mine.append((AssetTransfers.Upload(asset: asset, source: source, records: [(record.recordID, version, record.recordType, name)]), name))
                 }
@@ -277,6 +289,7 @@ extension SyncEngine {
                 try rejectOutgoing(record.recordID, version: version, reason: problem)
                 continue
             }
+            assetTransfers.uploadable[record.recordID] = uploadable.isEmpty ? nil : uploadable
             for (upload, _) in mine {
                 if let index = queued[upload.asset.hash] {
                     queue[index].records += upload.records
@@ -786,6 +799,26 @@ extension SyncEngine {
         default:
             return false
         }
+    }
+
+    /// The cloud refused to save outbox record `id` because its zone does not hold asset `hash` complete (R19: the
+    /// zone was reset since the engine learned it held the asset — e.g. a save that raced the reset — or the asset was
+    /// pruned). Returns `true` when the engine uploads the asset again and sends the record after it (the record stays
+    /// pending); `false` when it cannot — the asset is not one it has the bytes of (a field another app version
+    /// declares), or the cloud refused it ``AssetTransfers/refusalsBeforeRejecting`` times this session — and the record
+    /// is to be rejected with the reason (kept, as for other refusals).
+    func assetRefused(_ id: UUID, hash: String) -> Bool {
+        let uploadable = assetTransfers.uploadable[id]?.contains(hash) ?? false
+        assetTransfers.uploadable[id] = nil
+        guard uploadable, !container.environment.canaries.contains(.missingAssetRefusalRejects) else { return false }
+        let refused = assetTransfers.refusals[hash, default: 0] + 1
+        guard refused <= AssetTransfers.refusalsBeforeRejecting else { return false }
+        assetTransfers.refusals[hash] = refused
+        assetTransfers.complete[hash] = nil
+        for index in assetTransfers.uploads.indices where assetTransfers.uploads[index].asset.hash == hash {
+            assetTransfers.uploads[index].missing = nil
+        }
+        return true
     }
 
     /// A fetch of the whole zone ended (or the zone was created, or may have been: an expired change token): downloads

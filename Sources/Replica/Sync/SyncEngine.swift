@@ -746,6 +746,10 @@ public final class SyncEngine {
                     }
                     conflicts.append(serverRecord)
                 case let .failed(id, error):
+                    if case let .assetNotFound(hash) = error, assetRefused(id, hash: hash) {
+                        // Its asset goes up again, then the record (still pending) follows.
+                        continue
+                    }
                     if error.isTransient {
                         transient = error
                     } else {
