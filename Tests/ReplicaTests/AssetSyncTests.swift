@@ -184,6 +184,27 @@ struct AssetSyncTests {
         #expect(try c.photos() == [AssetPhoto(id: id, title: "reef", image: image)])
     }
 
+    @Test("a version waiting for an asset that went with a reset zone stops waiting when the record's tombstone arrives (files-zone-reset seed 86: its author sent the delete again, never the asset, and the device waited for ever)")
+    func tombstoneEndsWaitForLostAsset() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try AssetDevice(seed: 94), b = try AssetDevice(seed: 95)
+        let id = a.context.insert(AssetPhoto(title: "kelp", image: assetBytes(Self.size, seed: 11))).id
+        try a.context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        // B fetches the record and is about to download its asset.
+        b.engine.setNeedsFetch()
+        for _ in 0..<100 where try b.engine.status().waitingForAsset == 0 { try b.step(cloud) }
+        #expect(try b.engine.status().waitingForAsset == 1)
+        // A deletes it; the zone is reset and A re-creates it, sending the tombstone (the asset is gone for good).
+        a.context.delete(PersistentIdentifier(entityName: AssetPhoto.entityName, id: id))
+        try a.context.save()
+        cloud.resetZone("photos")
+        #expect(try a.sync(cloud).isUpToDate)
+        let status = try b.sync(cloud)
+        #expect(status.isUpToDate && status.waitingForAsset == 0, "\(status)")
+        #expect(try b.photos().isEmpty)
+    }
+
     @Test("dedup: equal bytes in several records, and bytes the zone holds already, are uploaded once")
     func dedup() throws {
         let cloud = InMemoryCloudDatabase()

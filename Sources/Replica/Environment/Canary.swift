@@ -62,6 +62,10 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// after a zone reset the engine saved across) is rejected instead of its asset going up again: no device ever
     /// gets the value (R19).
     case missingAssetRefusalRejects = "missing-asset-refusal-rejects"
+    /// A version of a record waiting for an asset keeps waiting when a newer version of the record (a tombstone, or a
+    /// value that replaces the asset) merges: after a zone reset the older value's asset is gone for good, and the
+    /// device waits for ever (R19).
+    case waitingVersionOutlivesNewer = "waiting-version-outlives-newer"
     /// A local write the cloud did not hold to a field this app version does not declare but whose column another
     /// version sharing the app-group store file added is not logged when a remote write or delete replaces it: an
     /// older extension merging a newer app's unsynced edit away leaves no entry (issue 21's item 4, found by seed 34 of

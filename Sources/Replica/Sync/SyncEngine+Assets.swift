@@ -667,10 +667,20 @@ extension SyncEngine {
     /// write, or a newer one) takes the local value, so nothing is downloaded for it. Otherwise a store file keeps the
     /// reference when it has the asset's file; an in-memory store takes the staged bytes (`arrived` collects their
     /// hashes: the staged chunks are dropped once the merge is done). Tombstones never wait (their preserved values
-    /// are history; a file missing there leaves the reference in it).
-    func resolvingAssets(_ remote: CloudRecord, arrived: inout Set<String>) throws -> CloudRecord? {
-        guard remote.isAlive, let entityIndex = store.entityIndex[remote.recordType] else { return remote }
+    /// are history; a file missing there leaves the reference in it), and end the wait of a version they delete. A
+    /// version waiting already is joined with `fetched` first, so the join waits only for the assets of the values that
+    /// win: an older value's asset, which a zone reset may have taken for good, is never waited for.
+    func resolvingAssets(_ fetched: CloudRecord, arrived: inout Set<String>) throws -> CloudRecord? {
+        guard let entityIndex = store.entityIndex[fetched.recordType] else { return fetched }
         let names = store.entities[entityIndex].attributes.filter(\.isExternalData).map(\.name).sorted()
+        guard !names.isEmpty else { return fetched }
+        guard fetched.isAlive else {
+            try dropWaitingVersions(endedBy: fetched)
+            return fetched
+        }
+        // A version of it waiting already is joined with this one, and the join resolved: it waits only for the assets
+        // of the fields it still needs (after a zone reset, an older value's asset may be gone for good).
+        let remote = try joiningWaitingVersion(fetched)
         guard names.contains(where: { if case .text? = remote.fields[$0]?.value { true } else { false } }) else { return remote }
         var record = remote
         var missing: [CloudAssetReference] = []
@@ -718,6 +728,31 @@ extension SyncEngine {
             return nil
         }
         return record
+    }
+
+    /// `fetched` joined field by field with a waiting version of its record (taken out of `replica_sync_asset_wait`:
+    /// the join waits again if it must), or `fetched` when none waits.
+    private func joiningWaitingVersion(_ fetched: CloudRecord) throws -> CloudRecord {
+        guard try db.scalar(Self.anyWaitingSQL) == .integer(1),
+              case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
+                                                     [fetched.recordID.sqliteValue, .text(fetched.recordType)]),
+              let waiting = ReplicaJSON.decode(CloudRecord.self, json) else { return fetched }
+        if container.environment.canaries.contains(.waitingVersionOutlivesNewer) { return fetched }
+        try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [fetched.recordID.sqliteValue, .text(fetched.recordType)])
+        return SyncLedger.mergeOpaque(waiting, fetched)
+    }
+
+    /// Drops a waiting version of `tombstone`'s record that the delete ends (an incarnation up to the tombstone's): it
+    /// needs its assets no more, and after a zone reset they may be gone for good — its author sends the tombstone
+    /// again, never the asset — so it would wait for ever (files-zone-reset seed 86). A waiting re-insert after the
+    /// delete (a higher causal length) keeps waiting.
+    private func dropWaitingVersions(endedBy tombstone: CloudRecord) throws {
+        guard try db.scalar(Self.anyWaitingSQL) == .integer(1),
+              case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
+                                                     [tombstone.recordID.sqliteValue, .text(tombstone.recordType)]),
+              let waiting = ReplicaJSON.decode(CloudRecord.self, json), waiting.causalLength <= tombstone.causalLength,
+              !container.environment.canaries.contains(.waitingVersionOutlivesNewer) else { return }
+        try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [tombstone.recordID.sqliteValue, .text(tombstone.recordType)])
     }
 
     /// Keeps `remote` until its assets are here, joined field by field with a waiting version of it (so no version

@@ -100,6 +100,8 @@ public enum CanaryCatalog {
         ("sync-now-waits-for-backoff", "runtime-scheduled-sync", "an explicit syncNow waits out the engine's own backoff instead of trying at once"),
         ("sync-now-waits-for-request", "runtime-scheduled-sync", "a bounded syncNow waits for its request in flight past its bound instead of abandoning it"),
         ("cancelled-sync-now-goes-on", "runtime-cancelled-sync", "a pass goes on sending after the task awaiting its syncNow was cancelled"),
+        ("missing-asset-refusal-rejects", "assets-save-across-reset", "a record the cloud refuses for an asset its reset zone lost is rejected instead of the asset going up again"),
+        ("waiting-version-outlives-newer", "files-zone-reset", "a version waiting for an asset keeps waiting after a newer version or the tombstone merged, for an asset a zone reset lost"),
         ("synced-stage-in-place", "synced-stage-refused", "a custom stage that changes a synced attribute in place is not refused, so every device applies it again to values others migrated"),
     ]
 
