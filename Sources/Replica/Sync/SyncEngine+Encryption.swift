@@ -135,6 +135,7 @@ extension SyncEngine {
     public func setEncryptionKeyProvider(_ provider: any FieldKeyProvider) throws {
         if let encryption {
             encryption.keyring.replaceProvider(provider)
+            forgetSealedAssets()
             encryption.phase = .needsMetadata
             encryption.metadataFresh = false
         } else {
@@ -335,8 +336,22 @@ extension SyncEngine {
             return  // still needs a new key provider
         }
         encryption.keyring.forget()
+        forgetSealedAssets()
         encryption.phase = .needsMetadata
         encryption.metadataFresh = false
+    }
+
+    /// Forgets the sealed-asset references computed this session and the sealed uploads queued with them: they were
+    /// sealed under keys this device no longer holds (a key set replaced by a zone reset has the same version numbers
+    /// with other key material, so a reference cached by version would name bytes no stream makes any more, and its
+    /// upload would fail "the bytes do not hash to its name" for ever). The next upload batch seals them again under
+    /// the zone's current keys.
+    func forgetSealedAssets() {
+        assetTransfers.sealedReferences.removeAll()
+        assetTransfers.uploads.removeAll { upload in
+            if case .sealed = upload.source { return true }
+            return false
+        }
     }
 
     /// Adds the encryption error to ``status()`` (which already counts undecryptable records).
@@ -368,6 +383,7 @@ extension SyncEngine {
             return
         }
         encryption.phase = .ready
+        if adoption.keysChanged || adoption.replacedKeySet != nil { forgetSealedAssets() }
         guard let keySet = encryption.keyring.adoptedMetadata?.keySet else { return }
         let keySetText = keySet.map { String($0, radix: 16).leftPadded(to: 2) }.joined()
         let stored = try db.scalar("SELECT value FROM replica_metadata WHERE key = ?", [.text(FieldEncryptionController.keySetMetadataKey)])
