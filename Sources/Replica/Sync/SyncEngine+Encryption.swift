@@ -506,6 +506,7 @@ extension SyncEngine {
     /// read yet (E4), and a version tampered with under newer stamps is not covered, so it stays undecryptable (E5).
     private func holdsEverything(of remote: CloudRecord, failure: FieldEncryptionError) throws -> Bool {
         guard case .undecryptable(_, _, _, _, .authenticationFailed) = failure,
+              !container.environment.canaries.contains(.staleKeySetWritesHeld),
               let state = try SyncLedger.loadAsStored(remote.recordID, db), state.corruptColumns.isEmpty,
               state.causalLength > 0, state.entity == remote.recordType,
               ["pending", "synced", "undecryptable"].contains(state.storedState ?? ""),

@@ -101,6 +101,7 @@ public enum CanaryCatalog {
         ("sync-now-waits-for-request", "runtime-scheduled-sync", "a bounded syncNow waits for its request in flight past its bound instead of abandoning it"),
         ("cancelled-sync-now-goes-on", "runtime-cancelled-sync", "a pass goes on sending after the task awaiting its syncNow was cancelled"),
         ("synced-stage-in-place", "synced-stage-refused", "a custom stage that changes a synced attribute in place is not refused, so every device applies it again to values others migrated"),
+        ("stale-key-set-writes-held", "encrypted-zone-reset", "a write sealed under the key set a zone reset replaced is held as undecryptable even by the device that holds it, so no device ever reads the record"),
     ]
 
     /// Every canary the library has, in the library's order.
