@@ -114,6 +114,32 @@ struct EncryptedAssetTests {
         #expect(try Self.entries(a).map(\.title) == ["last will"])
     }
 
+    @Test("a sealed asset prepared under a key set that a zone reset replaced is sealed again under the new keys, not sent for ever under a hash no stream makes any more")
+    func sealedAssetAfterKeySetReplaced() throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try Self.device("a", seed: 1), b = try Self.device("b", seed: 2)
+        try a.sync(cloud)
+        let scan = assetBytes(3_000, seed: 24)
+        let id = a.context.insert(VaultEntry(title: "deed", scan: scan)).id
+        try a.context.save()
+        // A seals the scan under the zone's key set (version 1) to learn its reference, and asks the zone for it...
+        a.engine.setNeedsFetch()
+        let prepare = try #require(try EncryptedSyncTests.requests(of: a, through: cloud, until: "prepareAssetUpload"))
+        // ...which was reset meanwhile: A re-creates the zone with a new key set (version 1 too, other key material).
+        cloud.resetZone("notes")
+        try a.engine.handle(prepare.id, cloud.performNow(prepare.operation))
+        let status = try a.sync(cloud, maxSteps: 200)
+        #expect(status.isUpToDate)
+        #expect(status.lastError == nil)
+        let field = try #require(cloud.records(in: "notes").first { $0.recordID == id }?.fields["scan"])
+        guard case let .text(text) = field.value, let sealed = SealedAssetReference(fieldValue: text) else {
+            Issue.record("the field does not hold a sealed reference"); return
+        }
+        #expect(cloud.assets(in: "notes").filter(\.isComplete).map(\.asset) == [sealed.sealed])
+        #expect(try b.sync(cloud).isUpToDate)
+        expectSame(try Self.entries(b).first?.scan, scan)
+    }
+
     @Test("a sealed asset moved to another record, or tampered with under a new reference, does not open: the record is kept and reported undecryptable")
     func movedOrTampered() throws {
         let cloud = InMemoryCloudDatabase()

@@ -600,6 +600,52 @@ struct EncryptedSyncTests {
         #expect(leakedCount(of: [Data(secretText("s", 1).utf8), Data(secretText("b", 2).utf8)], in: cloud.storedBytes(of: "notes")) == 0)
     }
 
+    /// Runs `device`'s requests until the next one is `name`; returns it unsent.
+    static func requests(of device: CryptoDevice, through cloud: some ImmediateCloud, until name: String) throws -> SyncRequest? {
+        for _ in 0..<50 {
+            guard let request = try device.engine.nextRequest() else { return nil }
+            device.sent.append(request.operation.name)
+            if request.operation.name == name { return request }
+            try device.engine.handle(request.id, cloud.performNow(request.operation))
+        }
+        return nil
+    }
+
+    @Test("a write sealed under a key set the zone lost in a reset others re-created is sealed again by the device that holds it, and every device reads it")
+    func writeSealedUnderReplacedKeySet() throws {
+        let cloud = InMemoryCloudDatabase()
+        let b = try CryptoDevice("B", seed: 2, encryption: Keys.raw(9))
+        try b.sync(cloud)
+        // A joins: it reads the zone's key set (K1) at the start of its first cycle...
+        let a = try CryptoDevice("A", seed: 1, encryption: Keys.raw(9))
+        let note = a.context.insert(Diary(title: "t", secret: secretText("s", 1), photo: secretBlob(1), mood: 7))
+        try a.context.save()
+        let fetch = try #require(try Self.requests(of: a, through: cloud, until: "fetchZoneChanges"))
+        // ...then the zone is reset and B re-creates it with a new key set (K2), before A's first fetch arrives.
+        cloud.resetZone("notes")
+        #expect(try b.sync(cloud).isUpToDate)
+        try a.engine.handle(fetch.id, cloud.performNow(fetch.operation))
+        // A, still in the cycle that read K1, uploads its record sealed under K1 into the zone of K2.
+        #expect(try a.step(cloud) == "modifyRecords")
+        #expect(cloud.records(in: "notes").map(\.recordID) == [note.id])
+
+        // A reads the keys at its next cycle, finds K2 and reads the zone again: its own write does not open under
+        // K2, but holds nothing A lacks, so A seals it again under K2 rather than holding it as undecryptable.
+        let statusA = try a.sync(cloud)
+        #expect(statusA.undecryptableRecords == 0)
+        #expect(statusA.isUpToDate)
+        #expect(try a.engine.undecryptableRecords().isEmpty)
+        let statusB = try b.sync(cloud)
+        #expect(statusB.isUpToDate)
+        #expect(statusB.undecryptableRecords == 0)
+        expectSame(try b.diaries(), try a.diaries())
+        expectSame(try b.diaries().first?.secret, secretText("s", 1))
+        // A new device with the key reads everything.
+        let c = try CryptoDevice("C", seed: 3, encryption: Keys.raw(9))
+        #expect(try c.sync(cloud).isUpToDate)
+        expectSame(try c.diaries(), try a.diaries())
+    }
+
     @Test("with seeded environments the encrypted cloud is byte-for-byte reproducible")
     func deterministic() throws {
         func run() throws -> Data {

@@ -100,4 +100,10 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// values it holds, values other devices already migrated and synced among them, so the change applies more than
     /// once (100 became 10000).
     case syncedStageInPlace = "synced-stage-in-place"
+    /// A version that does not open although it holds nothing the device lacks — in practice a write sealed under a
+    /// key set the zone no longer has, uploaded by a device that read the zone's keys before another device reset
+    /// and re-created the zone — is held as undecryptable on that device too, instead of being sealed again under
+    /// the zone's keys (E5, E6; the bug of `encrypted-zone-reset-left-undecryptable`, hunted by
+    /// `encrypted-zone-reset`): no device can read the record, and it never syncs again.
+    case staleKeySetWritesHeld = "stale-key-set-writes-held"
 }

@@ -135,6 +135,7 @@ extension SyncEngine {
     public func setEncryptionKeyProvider(_ provider: any FieldKeyProvider) throws {
         if let encryption {
             encryption.keyring.replaceProvider(provider)
+            forgetSealedAssets()
             encryption.phase = .needsMetadata
             encryption.metadataFresh = false
         } else {
@@ -335,8 +336,22 @@ extension SyncEngine {
             return  // still needs a new key provider
         }
         encryption.keyring.forget()
+        forgetSealedAssets()
         encryption.phase = .needsMetadata
         encryption.metadataFresh = false
+    }
+
+    /// Forgets the sealed-asset references computed this session and the sealed uploads queued with them: they were
+    /// sealed under keys this device no longer holds (a key set replaced by a zone reset has the same version numbers
+    /// with other key material, so a reference cached by version would name bytes no stream makes any more, and its
+    /// upload would fail "the bytes do not hash to its name" for ever). The next upload batch seals them again under
+    /// the zone's current keys.
+    func forgetSealedAssets() {
+        assetTransfers.sealedReferences.removeAll()
+        assetTransfers.uploads.removeAll { upload in
+            if case .sealed = upload.source { return true }
+            return false
+        }
     }
 
     /// Adds the encryption error to ``status()`` (which already counts undecryptable records).
@@ -368,6 +383,7 @@ extension SyncEngine {
             return
         }
         encryption.phase = .ready
+        if adoption.keysChanged || adoption.replacedKeySet != nil { forgetSealedAssets() }
         guard let keySet = encryption.keyring.adoptedMetadata?.keySet else { return }
         let keySetText = keySet.map { String($0, radix: 16).leftPadded(to: 2) }.joined()
         let stored = try db.scalar("SELECT value FROM replica_metadata WHERE key = ?", [.text(FieldEncryptionController.keySetMetadataKey)])
@@ -462,9 +478,10 @@ extension SyncEngine {
         let cipher = encryption.keyring.cipher
         guard records.contains(where: cipher.needsCipher) else { return records }
         // Sealed-asset references are opened with their asset (`SyncEngine+Assets.swift`), not by the field cipher.
+        let complete = records
         var records = records
         let aside = Self.takeSealedAssetFields(&records)
-        let opened = try openIncomingFields(records, encryption)
+        let opened = try openIncomingFields(records, complete: complete, encryption)
         guard !aside.isEmpty else { return opened }
         var byID: [UUID: [String: CloudField]] = [:]
         for (index, fields) in aside { byID[records[index].recordID, default: [:]].merge(fields) { a, _ in a } }
@@ -475,7 +492,51 @@ extension SyncEngine {
         }
     }
 
-    private func openIncomingFields(_ records: [CloudRecord], _ encryption: FieldEncryptionController) throws -> [CloudRecord] {
+    /// `complete`: `records` as received, sealed-asset fields included (same order), for ``resealsOwnVersion(_:_:)``.
+    /// Whether `remote`, a version that failed to open with `failure`, holds nothing the local record lacks — the
+    /// local record is alive or deleted here (not a placeholder, not corrupt, not rejected) and its version covers
+    /// `remote`'s: a higher causal length, or the same one with a creation stamp no later and, for every field of
+    /// `remote`, a field here with the same or a newer stamp; no redirect or ended redirect that this one lacks.
+    ///
+    /// Such a version is, in practice, a write sealed under a key set the zone no longer has: a device that read the
+    /// zone's keys, then uploaded after the zone was reset and re-created by another device with a new key set
+    /// (E6). No device can open it, and merging it would change nothing here, so the device that holds it seals it
+    /// again rather than holding it as undecryptable (which would hold it for ever: its writer is the only one that
+    /// can fix it). Only authentication failures qualify: an unknown key version is first a key this device has not
+    /// read yet (E4), and a version tampered with under newer stamps is not covered, so it stays undecryptable (E5).
+    private func holdsEverything(of remote: CloudRecord, failure: FieldEncryptionError) throws -> Bool {
+        guard case .undecryptable(_, _, _, _, .authenticationFailed) = failure,
+              !container.environment.canaries.contains(.staleKeySetWritesHeld),
+              let state = try SyncLedger.loadAsStored(remote.recordID, db), state.corruptColumns.isEmpty,
+              state.causalLength > 0, state.entity == remote.recordType,
+              ["pending", "synced", "undecryptable"].contains(state.storedState ?? ""),
+              let local = try SyncLedger.outgoingRecord(state, store: store, db: db) else { return false }
+        guard local.causalLength >= remote.causalLength,
+              remote.redirect == nil || remote.redirect == local.redirect,
+              Set(remote.endedRedirects).isSubset(of: local.endedRedirects) else { return false }
+        if local.causalLength > remote.causalLength { return true }
+        guard local.created <= remote.created else { return false }
+        return remote.fields.allSatisfy { name, field in local.fields[name].map { field.stamp <= $0.stamp } ?? false }
+    }
+
+    /// Puts records whose unreadable cloud version ``holdsEverything(of:failure:)`` back in the outbox, to replace that
+    /// version (its change tag the base of the upload) with the local one sealed under the zone's current keys.
+    /// During a full resync they count as seen (the zone has them). Inside the caller's transaction.
+    private func sealAgain(_ superseded: [CloudRecord]) throws {
+        for record in superseded {
+            try db.run("""
+                UPDATE replica_sync_record SET pending = 1, local_version = local_version + 1, state = 'pending', reason = NULL,
+                    change_tag = coalesce(?, change_tag)
+                WHERE id = ?
+                """, [record.changeTag.map(SQLiteValue.text) ?? .null, record.recordID.sqliteValue])
+            try db.run("""
+                UPDATE replica_sync_record SET seen = (SELECT value FROM replica_metadata WHERE key = 'resync_generation')
+                WHERE id = ? AND EXISTS (SELECT 1 FROM replica_metadata WHERE key = 'resync_active')
+                """, [record.recordID.sqliteValue])
+        }
+    }
+
+    private func openIncomingFields(_ records: [CloudRecord], complete: [CloudRecord], _ encryption: FieldEncryptionController) throws -> [CloudRecord] {
         let cipher = encryption.keyring.cipher
         let current = cipher.currentKeyVersion
         let (opened, oldest, failures) = cipher.openBatch(records)
@@ -485,7 +546,12 @@ extension SyncEngine {
             }
         }
         var failed: [(CloudRecord, FieldEncryptionError)] = []
+        var superseded: [CloudRecord] = []
         for (index, error) in failures {
+            if try holdsEverything(of: complete[index], failure: error) {
+                superseded.append(complete[index])
+                continue
+            }
             failed.append((records[index], error))
             if case .undecryptable(_, _, _, _, .unknownKeyVersion) = error {
                 // Probably a key another device just added: read the zone's keys again before going on.
@@ -499,8 +565,9 @@ extension SyncEngine {
             }
         }
         let recovered = previouslyFailed.isEmpty ? [] : opened.filter { previouslyFailed.contains($0.recordID) }
-        guard !failed.isEmpty || !recovered.isEmpty else { return opened }
+        guard !failed.isEmpty || !recovered.isEmpty || !superseded.isEmpty else { return opened }
         try db.transaction(.immediate) {
+            try sealAgain(superseded)
             for record in recovered {
                 try db.run("DELETE FROM replica_sync_record WHERE id = ? AND causal_length = 0 AND state = 'undecryptable'", [record.recordID.sqliteValue])
                 // The tag kept is the version that failed, which the merge below has yet to apply: cleared (unless an
