@@ -279,7 +279,6 @@ struct SimulationRegressionTests {
     /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
     /// shrink.
     static let open: [String: String] = [
-        "reset-reupload-image-went-back": "the tablet received the phone's edit of a photo's image but could not download its asset before the zone was reset; re-uploading its local data after the reset, it overwrote the photo with the older image (sealed-files seed 28, 5 steps, no-lost-writes; found 2026-12-07 once the key-set race was fixed; not diagnosed yet)",
     ]
 
     static func regressionFiles() -> [String] {

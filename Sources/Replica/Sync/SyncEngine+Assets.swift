@@ -739,7 +739,11 @@ extension SyncEngine {
               let waiting = ReplicaJSON.decode(CloudRecord.self, json) else { return fetched }
         if container.environment.canaries.contains(.waitingVersionOutlivesNewer) { return fetched }
         try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [fetched.recordID.sqliteValue, .text(fetched.recordType)])
-        return SyncLedger.mergeOpaque(waiting, fetched)
+        // On a tie the fetched value wins: the same write sealed again under a new key set (after a zone reset) names
+        // other sealed bytes, and the waiting one's may be gone with the old zone.
+        var joined = SyncLedger.mergeOpaque(fetched, waiting)
+        joined.changeTag = fetched.changeTag
+        return joined
     }
 
     /// Drops a waiting version of `tombstone`'s record that the delete ends (an incarnation up to the tombstone's): it
