@@ -278,8 +278,7 @@ struct SimulationRegressionTests {
     /// Traces in Simulations/regressions/ of library bugs that are still open, by the bug part of the file name: replaying
     /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
     /// shrink.
-    static let open: [String: String] = [
-    ]
+    static let open: [String: String] = [:]
 
     static func regressionFiles() -> [String] {
         guard let directory = ScenarioCatalog.directory()?.appendingPathComponent("regressions"),
