@@ -492,7 +492,6 @@ extension SyncEngine {
         }
     }
 
-    /// `complete`: `records` as received, sealed-asset fields included (same order), for ``resealsOwnVersion(_:_:)``.
     /// Whether `remote`, a version that failed to open with `failure`, holds nothing the local record lacks — the
     /// local record is alive or deleted here (not a placeholder, not corrupt, not rejected) and its version covers
     /// `remote`'s: a higher causal length, or the same one with a creation stamp no later and, for every field of
@@ -536,6 +535,8 @@ extension SyncEngine {
         }
     }
 
+    /// Opens the encrypted fields of `records`; `complete` is `records` as received, sealed-asset fields included
+    /// (same order), for ``holdsEverything(of:failure:)``.
     private func openIncomingFields(_ records: [CloudRecord], complete: [CloudRecord], _ encryption: FieldEncryptionController) throws -> [CloudRecord] {
         let cipher = encryption.keyring.cipher
         let current = cipher.currentKeyVersion
