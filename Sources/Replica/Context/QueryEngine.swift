@@ -409,13 +409,15 @@ final class QueryEngine: QuerySources, ModelLoading {
         let names = Model.entity.storage.fieldNames
         let external = externalFields(Model.entityName)
         if external.isEmpty { return Self.selectList(names: names, fields: fields, alias: alias) }
-        // Fields kept in files are read through `replica_asset` (their bytes, checked against the reference).
+        // Fields kept in files are read through `replica_asset` (their bytes, checked against the reference), or, for
+        // an `ExternalData` property, through `replica_asset_file` (a handle to the file, not opened).
+        let handles = Model.entity.storage.handleFields
         func literal(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "''") + "'" }
         return ([alias + ".\"id\""] + fields.map { field in
             let column = alias + "." + quoted(names[field])
-            return external.contains(field)
-                ? "replica_asset(\(column), \(alias).\"id\", \(literal(names[field])), \(literal(Model.entityName)))"
-                : column
+            guard external.contains(field) else { return column }
+            let function = handles.contains(field) ? "replica_asset_file" : "replica_asset"
+            return "\(function)(\(column), \(alias).\"id\", \(literal(names[field])), \(literal(Model.entityName)))"
         }).joined(separator: ", ")
     }
 

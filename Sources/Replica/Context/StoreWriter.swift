@@ -157,6 +157,7 @@ struct StoreWriter {
 
     /// Inserts a record. Returns `false` (and records a failure) when it cannot be written.
     private mutating func insert(_ snapshot: Snapshot) throws -> Bool {
+        let snapshot = try inliningExternalData(snapshot)
         let context = try insertContext(for: snapshot.entityName)
         for (field, relationship) in context.requiredReferences where snapshot.values[field].isNull {
             failures.append(.missingRequiredRelationship(entity: context.entity.name, relationship: relationship.name, id: snapshot.persistentModelID))
@@ -218,6 +219,7 @@ struct StoreWriter {
     /// - Throws: ``ReplicaError/recordNotFound(_:)`` when the record does not exist.
     /// Returns the record as stored after the update, or `nil` when nothing was written.
     private mutating func update(_ snapshot: Snapshot, fields: Set<Int>?) throws -> Snapshot? {
+        let snapshot = try inliningExternalData(snapshot)
         let (entity, sql) = entity(snapshot.entityName)
         // The stored row (at most one: the ID is the primary key), read with the ID bound from the statement's buffer.
         let select = try db.cachedStatement(sql.selectByIDKey)
@@ -240,8 +242,11 @@ struct StoreWriter {
         var values = snapshot.values
         let external = store.externalFields[store.entityIndex[snapshot.entityName]!]
         for index in external where fields?.contains(index) ?? true {
-            guard case let .blob(data) = values[index] else { continue }
-            values[index] = .text(AssetStore.reference(for: data))
+            switch values[index] {
+            case let .blob(data): values[index] = .text(AssetStore.reference(for: data))
+            case let .text(text): if let file = FileHandleForm(text: text) { values[index] = .text(file.reference) }
+            default: break
+            }
         }
         var changed: [Int] = []
         for (i, value) in values.enumerated() where current[i + 1] != value && (fields?.contains(i) ?? true) {
@@ -292,6 +297,7 @@ struct StoreWriter {
     /// the bytes the save wrote compare as theirs.
     private static func holds(_ stored: SQLiteValue, wrote: SQLiteValue, external: Bool) -> Bool {
         if external, case let .blob(data) = wrote { return stored == .text(AssetStore.reference(for: data)) }
+        if external, case let .text(text) = wrote, let file = FileHandleForm(text: text) { return stored == .text(file.reference) }
         return stored == wrote
     }
 
@@ -312,16 +318,51 @@ struct StoreWriter {
     /// its file, written now (before the save commits) unless it exists; anything else as it is.
     /// - Throws: ``ReplicaError/externalStorage(_:)`` when the file cannot be written.
     private mutating func externalized(_ value: SQLiteValue, snapshot: Snapshot, field: Int) throws -> SQLiteValue {
-        guard case let .blob(data) = value, let assets = store.assets else { return value }
-        let reference = AssetStore.reference(for: data)
-        do throws(ExternalStorageError.Problem) {
-            if try assets.write(data, reference: reference) { wroteAssetFiles = true }
-        } catch {
-            throw ReplicaError.externalStorage(ExternalStorageError(store: store.configuration.name, entity: snapshot.entityName,
-                                                                    recordID: snapshot.id, attribute: store.statements[store.entityIndex[snapshot.entityName]!].fieldNames[field],
-                                                                    problem: error))
+        guard let assets = store.assets else { return value }
+        do {
+            switch value {
+            case let .blob(data):
+                let reference = AssetStore.reference(for: data)
+                if try assets.write(data, reference: reference) { wroteAssetFiles = true }
+                return .text(reference)
+            case let .text(text):
+                // An `ExternalData` handle: its file is this store's, or is copied here in chunks.
+                guard let file = FileHandleForm(text: text) else { return value }
+                if try assets.adopt(file) { wroteAssetFiles = true }
+                return .text(file.reference)
+            default:
+                return value
+            }
+        } catch let problem as ExternalStorageError.Problem {
+            throw externalStorageError(problem, snapshot: snapshot, field: field)
         }
-        return .text(reference)
+    }
+
+    /// `snapshot` with the ``ExternalData`` file handles of an in-memory store's external-storage fields read into
+    /// bytes (the store keeps them in its rows), checked against their hashes.
+    /// - Throws: ``ReplicaError/externalStorage(_:)`` when a handle's file cannot be read.
+    private func inliningExternalData(_ snapshot: Snapshot) throws -> Snapshot {
+        let fields = store.inlineExternalFields[store.entityIndex[snapshot.entityName]!]
+        guard !fields.isEmpty else { return snapshot }
+        var snapshot = snapshot
+        for field in fields {
+            guard case let .text(text) = snapshot.values[field], let file = FileHandleForm(text: text) else { continue }
+            do {
+                var data = Data()
+                data.reserveCapacity(file.size)
+                try ExternalFileIO.forEachChunk(path: file.path, size: Int64(file.size), hash: file.hash, chunkSize: 1 << 20) { data.append($0) }
+                snapshot.values[field] = .blob(data)
+            } catch let problem as ExternalStorageError.Problem {
+                throw externalStorageError(problem, snapshot: snapshot, field: field)
+            }
+        }
+        return snapshot
+    }
+
+    private func externalStorageError(_ problem: ExternalStorageError.Problem, snapshot: Snapshot, field: Int) -> ReplicaError {
+        ReplicaError.externalStorage(ExternalStorageError(store: store.configuration.name, entity: snapshot.entityName, recordID: snapshot.id,
+                                                          attribute: store.statements[store.entityIndex[snapshot.entityName]!].fieldNames[field],
+                                                          problem: problem))
     }
 
     /// A row's values as undo restores them: external-storage references replaced by their bytes, so that undoing

@@ -37,6 +37,8 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         /// allows (what the declaration check of ``ModelEntity/declarationMismatches()`` reads the model from), or
         /// `nil` when none can be made.
         var sample: ((_ seed: Int, _ declaredDefault: SQLiteValue?) -> SQLiteValue?)?
+        /// For an attribute of type ``ExternalData`` (or its optional): fetched as a handle to its file, not its bytes.
+        var readsHandle = false
 
         /// This member with, for a non-optional attribute that declares no default, the value `model` holds at its
         /// key path as the default (what ``ModelEntity/init(defaults:_:uniquenessConstraints:originalName:)`` does).
@@ -82,6 +84,11 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                                 query: .attribute(attribute, composite: CompositeTypeInfo.of(Value.self)), prefetch: nil)
             member.load = FieldLoad.stored(keyPath)
             member.sample = { seed, declaredDefault in sampleValue(Value.self, seed: seed, declaredDefault: declaredDefault) }
+            if Value.self is any ExternalDataAttribute.Type {
+                precondition(options.contains(.externalStorage),
+                             "Replica: attribute '\(name)' of \(Model.self) is ExternalData: declare it with options: .externalStorage")
+                member.readsHandle = true
+            }
             return member
         }
 
@@ -255,12 +262,16 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         let oneIDLookup: StatementKey
         /// Every field index, `0..<fieldNames.count` (the fields a full-row read selects).
         let allFields: [Int]
+        /// The fields of ``ExternalData`` attributes: a store file's query reads them as handles to their files.
+        let handleFields: Set<Int>
 
         init(schemaEntity: Schema.Entity, fieldEncoders: [(Model) -> SQLiteValue], fieldLoads: [FieldLoad?],
              fieldIndexByKeyPath: [PartialKeyPath<Model>: Int], toManyMembers: [ToManyMember],
              prefetchByName: [String: Prefetch], loaderAttachers: [(inout Model, any ReferenceLoading) -> Void],
-             targetComparers: [(Model, Model) -> Bool], query: EntityQueryInfo, declaredMembers: [DeclaredMember]) {
+             targetComparers: [(Model, Model) -> Bool], query: EntityQueryInfo, declaredMembers: [DeclaredMember],
+             handleFields: Set<Int>) {
             self.schemaEntity = schemaEntity
+            self.handleFields = handleFields
             self.declaredMembers = declaredMembers
             self.fieldNames = schemaEntity.fieldNames
             self.fieldEncoders = fieldEncoders
@@ -360,6 +371,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         var attachers: [(inout Model, any ReferenceLoading) -> Void] = []
         var comparers: [(Model, Model) -> Bool] = []
         var declaredAttributes: [DeclaredMember] = []
+        var handleFields = Set<Int>()
         var declaredToOne: [DeclaredMember] = []
         var declaredToMany: [DeclaredMember] = []
         var queryMembers: [AnyKeyPath: QueryMember] = [
@@ -370,6 +382,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
         for member in members {
             switch member.kind {
             case let .attribute(attribute, encode):
+                if member.readsHandle { handleFields.insert(attributes.count) }
                 attributes.append(attribute)
                 attributeEncoders.append(encode)
                 attributeLoads.append(member.load)
@@ -411,7 +424,7 @@ public struct ModelEntity<Model: PersistentModel>: @unchecked Sendable {
                           loaderAttachers: attachers, targetComparers: comparers,
                           query: EntityQueryInfo(name: Model.entityName, modelType: Model.self, schemaEntity: entity,
                                                  members: queryMembers),
-                          declaredMembers: declaredAttributes + declaredToOne + declaredToMany)
+                          declaredMembers: declaredAttributes + declaredToOne + declaredToMany, handleFields: handleFields)
     }
 
     /// The snapshot of `model`: its ID, every field's stored value and the members of its to-many relationships,

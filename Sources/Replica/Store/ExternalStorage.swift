@@ -168,6 +168,21 @@ final class AssetStore: Sendable {
 
     // MARK: Assets in sync
 
+    /// Makes sure this store holds the file an ``ExternalData`` handle names: this store's own file when the handle
+    /// names it and it is there (O(1)), an existing file of that hash whose bytes hash to its name (as
+    /// ``write(_:reference:)`` reuses one), or else a copy of the handle's file written in chunks and checked as
+    /// ``write(_:chunks:)`` does. Called inside the save's write transaction.
+    /// - Throws: ``ExternalStorageError/Problem`` — the handle's file is missing (its record's value was replaced or
+    ///   deleted since the fetch), of another size or content, or a file operation failed.
+    /// - Returns: whether a file was created.
+    func adopt(_ file: FileHandleForm) throws -> Bool {
+        let asset = file.asset
+        if file.path == path(ofHash: file.hash), hasFile(asset) { return false }
+        if hasFile(asset), !verifiesReuse || verifiesFile(asset) { return false }
+        try write(asset, chunks: { index in try ExternalFileIO.read(path: file.path, range: asset.chunkRange(index), size: asset.size) })
+        return true
+    }
+
     /// Whether the asset's file is there: a regular file of the asset's size (its hash was checked when it was
     /// written). O(1).
     func hasFile(_ asset: CloudAssetReference) -> Bool {
@@ -513,6 +528,39 @@ final class AssetReader {
             if let pointer { Unmanaged<AssetReader>.fromOpaque(pointer).release() }
         })
         if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle) }
+        try registerFileForm(on: connection, reader: reader)
         connection.assetReader = reader
+    }
+
+    /// Registers `replica_asset_file(value, id, attribute, entity)`, what queries read ``ExternalData`` attributes
+    /// through: a reference (TEXT) becomes the description of its file (`FileHandleForm`) without opening it; the
+    /// description of an unsaved value (pending changes), a BLOB or NULL passes through; anything else fails as
+    /// `replica_asset` does (``ExternalStorageError/Problem/malformedReference``).
+    private static func registerFileForm(on connection: Connection, reader: AssetReader) throws {
+        let pointer = Unmanaged.passRetained(reader).toOpaque()
+        let code = sqlite3_create_function_v2(connection.handle, "replica_asset_file", 4, SQLITE_UTF8 | SQLITE_DETERMINISTIC, pointer, { context, _, arguments in
+            guard let arguments, let value = arguments[0] else { sqlite3_result_null(context); return }
+            guard sqlite3_value_type(value) == SQLITE_TEXT else { sqlite3_result_value(context, value); return }
+            let reader = Unmanaged<AssetReader>.fromOpaque(sqlite3_user_data(context)!).takeUnretainedValue()
+            let text = String(statementValue: value)
+            if text.hasPrefix(FileHandleForm.prefix) { sqlite3_result_value(context, value); return }
+            guard let (hash, size) = AssetStore.parse(text) else {
+                func argument(_ index: Int) -> String {
+                    guard let argument = arguments[index], sqlite3_value_type(argument) == SQLITE_TEXT else { return "?" }
+                    return String(statementValue: argument)
+                }
+                reader.lastError = ExternalStorageError(store: reader.assets.storeName, entity: argument(3),
+                                                        recordID: arguments[1].flatMap { UUID(statementValue: $0) },
+                                                        attribute: argument(2), problem: .malformedReference)
+                sqlite3_result_error(context, AssetReader.failureMessage, -1)
+                return
+            }
+            let form = FileHandleForm(hash: hash, size: size, storeName: reader.assets.storeName,
+                                      path: reader.assets.path(ofHash: hash)).text
+            sqlite3_result_text(context, form, -1, SQLFunctions.sqliteTransient)
+        }, nil, nil, { pointer in
+            if let pointer { Unmanaged<AssetReader>.fromOpaque(pointer).release() }
+        })
+        if code != SQLITE_OK { throw SQLiteError(code: code, connection: connection.handle) }
     }
 }

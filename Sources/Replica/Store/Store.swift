@@ -55,6 +55,9 @@ final class Store: Sendable {
     /// Per entity (``entities`` order): the field indices of its external-storage data attributes when ``assets``
     /// is set, else empty.
     let externalFields: [[Int]]
+    /// Per entity: the field indices of its external-storage data attributes when ``assets`` is `nil` (an in-memory
+    /// store keeps their bytes in its rows), else empty: a save reads an ``ExternalData`` file handle there into bytes.
+    let inlineExternalFields: [[Int]]
     /// The files queries read external-storage references from: ``assets`` (`nil` when no row can hold a reference).
     let readAssets: AssetStore?
     /// Per entity: the field indices queries read through ``readAssets`` (``externalFields``).
@@ -195,6 +198,7 @@ final class Store: Sendable {
                 entity.attributes.indices.filter { entity.attributes[$0].options.contains(.externalStorage) && entity.attributes[$0].type == .data }
             }
             externalFields = assets == nil ? entities.map { _ in [] } : declaredExternal
+            inlineExternalFields = assets == nil ? declaredExternal : entities.map { _ in [] }
             readAssets = assets
             readExternalFields = readAssets == nil ? entities.map { _ in [] } : declaredExternal
             // Files a save wrote before it crashed (or rolled back) are referenced by no committed row, nor are those
