@@ -14,6 +14,10 @@ import Replica
 //   (`replica-bench --child B16m up|down DIR`): the child opens the device's store and the cloud, takes its resident
 //   set size as the baseline, starts a new peak, syncs, and reports the peak above the baseline (streamed: never the
 //   whole asset in memory).
+// - B16l: peak memory of the local path of one 200 MB value through the lazy handle, in a child process
+//   (`--child B16m local DIR`): `ExternalData(contentsOf:)` hashes a 200 MB file, the save copies it into the store's
+//   asset directory, a fetch in a new context returns a handle and `forEachChunk` reads the bytes back (checked
+//   against the hash). Streamed: never the whole value in memory.
 
 /// A photo whose image is kept as an asset.
 struct BenchPhoto: PersistentModel, Codable, Equatable {
@@ -204,6 +208,7 @@ func largeAssetSyncTrial(_ megabytes: Int, direction: String) throws -> Trial {
 /// The B16m child's work: open the device (its store under `DIR/device`) and the cloud (`DIR/cloud.sqlite`), take
 /// the baseline, sync until idle, report the photos the device then holds. Never returns.
 func largeAssetSyncChild(direction: String, directory: URL) -> Never {
+    if direction == "local" { largeAssetLocalChild(directory: directory) }
     do {
         guard direction == "up" || direction == "down" else {
             FileHandle.standardError.write(Data("replica-bench --child B16m: unknown direction \(direction)\n".utf8))
@@ -231,6 +236,97 @@ func largeAssetSyncChild(direction: String, directory: URL) -> Never {
         exit(0)
     } catch {
         FileHandle.standardError.write(Data("replica-bench --child B16m \(direction): \(error)\n".utf8))
+        exit(1)
+    }
+}
+
+// MARK: - B16l: peak memory of a 200 MB value through the lazy handle
+
+/// `BenchPhoto`'s entity with the image read as a handle.
+struct BenchLazyPhoto: PersistentModel, Codable {
+    static var entityName: String { "BenchPhoto" }
+    var id = UUID.unassigned
+    var title: String = ""
+    var image: ExternalData?
+
+    static let entity = ModelEntity<BenchLazyPhoto>([
+        .attribute("title", \.title, default: ""),
+        .attribute("image", \.image, options: .externalStorage),
+    ])
+}
+
+/// B16l, measured in a child process.
+func largeAssetLocalTrial(_ megabytes: Int) throws -> Trial {
+    let directory = trialDirectory("B16l")
+    var report: StreamReport?
+    return Trial(run: {}, check: {
+        guard let report else { throw CheckFailed("B16l: the child reported nothing") }
+        try require(report.count == megabytes * megabyte, "B16l: the child read \(report.count) bytes back")
+    }, cleanup: { try? FileManager.default.removeItem(at: directory) }, measured: {
+        try? FileManager.default.removeItem(at: directory)
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try writeSourceFile(directory.appendingPathComponent("source.bin"), megabytes: megabytes)
+        let decoded = try childReport(["--child", "B16m", "local", directory.path], label: "B16l")
+        report = decoded
+        return Measurement(sample: Sample(cpu: decoded.cpu, wall: decoded.wall), peakMB: decoded.peakAboveBaselineMB, items: nil)
+    }, note: {
+        report.map { "child baseline \(format($0.baselineMB, 1)) MB; \(format(Double(megabytes) / $0.wall, 1)) MB/s (hash, copy with fsync, read back)" }
+    })
+}
+
+/// Writes `megabytes` MB of xorshift bytes to `url`, 1 MB at a time.
+private func writeSourceFile(_ url: URL, megabytes: Int) throws {
+    guard FileManager.default.createFile(atPath: url.path, contents: nil) else { throw CheckFailed("B16l: cannot create \(url.path)") }
+    let handle = try FileHandle(forWritingTo: url)
+    defer { try? handle.close() }
+    var state: UInt64 = 161
+    var chunk = Data(count: megabyte)
+    for _ in 0..<megabytes {
+        chunk.withUnsafeMutableBytes { raw in
+            for i in raw.bindMemory(to: UInt64.self).indices {
+                state ^= state << 13
+                state ^= state >> 7
+                state ^= state << 17
+                raw.bindMemory(to: UInt64.self)[i] = state
+            }
+        }
+        try handle.write(contentsOf: chunk)
+    }
+}
+
+/// The B16l child: baseline, then import `DIR/source.bin`, save, fetch in a new context and stream it back; reports
+/// the bytes read back as `count`. Never returns.
+func largeAssetLocalChild(directory: URL) -> Never {
+    do {
+        let store = directory.appendingPathComponent("device")
+        try FileManager.default.createDirectory(at: store, withIntermediateDirectories: true)
+        let container = try makeStore(store, [BenchLazyPhoto.self], synced: true)
+        _ = try ModelContext(container).fetchCount(FetchDescriptor<BenchLazyPhoto>())
+        let baseline = Memory.residentBytes() ?? 0
+        Memory.resetPeak()
+        var read = 0
+        var checksum: UInt64 = 0
+        let sample = try measureProcess {
+            let context = ModelContext(container)
+            let photo = BenchLazyPhoto(title: "large", image: try ExternalData(contentsOf: directory.appendingPathComponent("source.bin")))
+            let id = context.insert(photo).id
+            try context.save()
+            guard let image = try ModelContext(container).model(BenchLazyPhoto.self, id: id)?.image, !image.isLoaded else {
+                throw CheckFailed("the fetched photo holds no handle")
+            }
+            try image.forEachChunk { chunk in
+                read += chunk.count
+                checksum &+= UInt64(chunk.first ?? 0)
+            }
+        }
+        let peak = Memory.peakBytes() ?? 0
+        let report = StreamReport(cpu: sample.cpu, wall: sample.wall, baselineMB: Double(baseline) / 1_048_576,
+                                  peakAboveBaselineMB: Double(max(0, peak - baseline)) / 1_048_576,
+                                  count: read, checksum: Int(truncatingIfNeeded: checksum))
+        FileHandle.standardOutput.write(try JSONEncoder().encode(report) + Data("\n".utf8))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("replica-bench --child B16m local: \(error)\n".utf8))
         exit(1)
     }
 }

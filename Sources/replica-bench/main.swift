@@ -194,6 +194,10 @@ let workloads: [Workload] = [
              count: { $0.scaled(200) },
              replica: { size in try largeAssetSyncTrial(size.scaled(200), direction: "down") }, raw: nil,
              measuresMemory: true, repetitions: (full: 3, quick: 1)),
+    Workload(id: "B16l", title: "import, save and stream back one 200 MB value through ExternalData: peak memory (child process)",
+             target: .peakRSSAbove(32), count: { $0.scaled(200) },
+             replica: { size in try largeAssetLocalTrial(size.scaled(200)) }, raw: nil,
+             measuresMemory: true, repetitions: (full: 3, quick: 1)),
     // The sync runtime (RuntimeWorkloads.swift): the "≤ 5 ms plus the debounce" and "no CPU while idle".
     Workload(id: "B17", title: "CloudSync, in-memory cloud: save → sent, beyond a 20 ms debounce", target: .atMostMilliseconds(5),
              count: { $0.scaled(200) },
