@@ -1,5 +1,9 @@
 import Foundation
 
+/// Marks the attribute value types a store file's query reads as handles to their files, not their bytes:
+/// ``ExternalData`` and `ExternalData?` (Store/ExternalData.swift conforms them; see `QueryEngine.selectList`). Internal.
+protocol ExternalDataAttribute {}
+
 /// The typed description of a model's entity: each attribute and relationship bound to its key path.
 ///
 /// Built once per model type (a `static let`). Encoding a model to a ``Snapshot`` goes through the stored key paths

@@ -289,9 +289,8 @@ struct ExternalDataOrigin {
     }
 }
 
-/// Marks `ExternalData` and `ExternalData?`: attributes of these types are fetched as handles (see
-/// `QueryEngine.selectList`). Internal.
-protocol ExternalDataAttribute {}
+// `ExternalDataAttribute` is declared in Model/ (ModelEntity reads it); the type lives here, beside the asset store
+// whose files it reads.
 extension ExternalData: ExternalDataAttribute {}
 extension Optional: ExternalDataAttribute where Wrapped == ExternalData {}
 
