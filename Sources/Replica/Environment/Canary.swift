@@ -66,6 +66,10 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// value that replaces the asset) merges: after a zone reset the older value's asset is gone for good, and the
     /// device waits for ever (R19).
     case waitingVersionOutlivesNewer = "waiting-version-outlives-newer"
+    /// When a fetched version of a record is joined with a version of it waiting for an asset, the waiting value wins
+    /// a tie: the same write sealed again under the key set a zone reset made names other sealed bytes, and the
+    /// waiting one's went with the old zone — "asset not found" for ever, or an image going back (R19).
+    case waitingValueWinsTie = "waiting-value-wins-tie"
     /// A local write the cloud did not hold to a field this app version does not declare but whose column another
     /// version sharing the app-group store file added is not logged when a remote write or delete replaces it: an
     /// older extension merging a newer app's unsynced edit away leaves no entry (issue 21's item 4, found by seed 34 of

@@ -555,7 +555,7 @@ extension SyncEngine {
         try db.transaction(.immediate) {
             try db.run("DELETE FROM replica_sync_asset_chunk WHERE hash = ?", [.text(asset.hash)])
             for (record, _) in failed {
-                try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [record.recordID.sqliteValue, .text(record.recordType)])
+                try dropWaitingVersion(of: record)
             }
             if !failed.isEmpty { try markUndecryptable(failed) }
         }
@@ -733,15 +733,13 @@ extension SyncEngine {
     /// `fetched` joined field by field with a waiting version of its record (taken out of `replica_sync_asset_wait`:
     /// the join waits again if it must), or `fetched` when none waits.
     private func joiningWaitingVersion(_ fetched: CloudRecord) throws -> CloudRecord {
-        guard try db.scalar(Self.anyWaitingSQL) == .integer(1),
-              case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
-                                                     [fetched.recordID.sqliteValue, .text(fetched.recordType)]),
-              let waiting = ReplicaJSON.decode(CloudRecord.self, json) else { return fetched }
+        guard try db.scalar(Self.anyWaitingSQL) == .integer(1), let waiting = try waitingVersion(of: fetched) else { return fetched }
         if container.environment.canaries.contains(.waitingVersionOutlivesNewer) { return fetched }
-        try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [fetched.recordID.sqliteValue, .text(fetched.recordType)])
+        try dropWaitingVersion(of: fetched)
         // On a tie the fetched value wins: the same write sealed again under a new key set (after a zone reset) names
         // other sealed bytes, and the waiting one's may be gone with the old zone.
-        var joined = SyncLedger.mergeOpaque(fetched, waiting)
+        var joined = container.environment.canaries.contains(.waitingValueWinsTie)
+            ? SyncLedger.mergeOpaque(waiting, fetched) : SyncLedger.mergeOpaque(fetched, waiting)
         joined.changeTag = fetched.changeTag
         return joined
     }
@@ -751,12 +749,22 @@ extension SyncEngine {
     /// again, never the asset — so it would wait for ever (files-zone-reset seed 86). A waiting re-insert after the
     /// delete (a higher causal length) keeps waiting.
     private func dropWaitingVersions(endedBy tombstone: CloudRecord) throws {
-        guard try db.scalar(Self.anyWaitingSQL) == .integer(1),
-              case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
-                                                     [tombstone.recordID.sqliteValue, .text(tombstone.recordType)]),
-              let waiting = ReplicaJSON.decode(CloudRecord.self, json), waiting.causalLength <= tombstone.causalLength,
+        guard try db.scalar(Self.anyWaitingSQL) == .integer(1), let waiting = try waitingVersion(of: tombstone),
+              waiting.causalLength <= tombstone.causalLength,
               !container.environment.canaries.contains(.waitingVersionOutlivesNewer) else { return }
-        try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [tombstone.recordID.sqliteValue, .text(tombstone.recordType)])
+        try dropWaitingVersion(of: tombstone)
+    }
+
+    /// The version of `record`'s record (same ID and record type) waiting for its assets, if any.
+    private func waitingVersion(of record: CloudRecord) throws -> CloudRecord? {
+        guard case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
+                                                    [record.recordID.sqliteValue, .text(record.recordType)]) else { return nil }
+        return ReplicaJSON.decode(CloudRecord.self, json)
+    }
+
+    /// Removes the version of `record`'s record waiting for its assets.
+    private func dropWaitingVersion(of record: CloudRecord) throws {
+        try db.run("DELETE FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?", [record.recordID.sqliteValue, .text(record.recordType)])
     }
 
     /// Keeps `remote` until its assets are here, joined field by field with a waiting version of it (so no version
@@ -764,9 +772,7 @@ extension SyncEngine {
     /// upload replaces the cloud's version instead of conflicting with it while the asset downloads.
     private func waitForAssets(_ remote: CloudRecord) throws {
         var record = remote
-        if case let .text(json)? = try db.scalar("SELECT record FROM replica_sync_asset_wait WHERE id = ? AND record_type = ?",
-                                                 [remote.recordID.sqliteValue, .text(remote.recordType)]),
-           let existing = ReplicaJSON.decode(CloudRecord.self, json) {
+        if let existing = try waitingVersion(of: remote) {
             record = SyncLedger.mergeOpaque(existing, remote)
         }
         let needed = assetReferenceTexts(in: record).joined(separator: "\n")

@@ -102,6 +102,7 @@ public enum CanaryCatalog {
         ("cancelled-sync-now-goes-on", "runtime-cancelled-sync", "a pass goes on sending after the task awaiting its syncNow was cancelled"),
         ("missing-asset-refusal-rejects", "assets-save-across-reset", "a record the cloud refuses for an asset its reset zone lost is rejected instead of the asset going up again"),
         ("waiting-version-outlives-newer", "files-zone-reset", "a version waiting for an asset keeps waiting after a newer version or the tombstone merged, for an asset a zone reset lost"),
+        ("waiting-value-wins-tie", "sealed-files", "joining a fetched version with one waiting for its asset lets the waiting value win a tie, whose sealed bytes a zone reset took"),
         ("synced-stage-in-place", "synced-stage-refused", "a custom stage that changes a synced attribute in place is not refused, so every device applies it again to values others migrated"),
         ("stale-key-set-writes-held", "encrypted-zone-reset", "a write sealed under the key set a zone reset replaced is held as undecryptable even by the device that holds it, so no device ever reads the record"),
     ]
