@@ -1,0 +1,597 @@
+import Foundation
+import Testing
+@_spi(Simulation) @testable import Replica
+
+// Edge cases of `ExternalData` (the lazy handle to an external-storage value): a new user's walk through the API,
+// then attempts to make it lose data, trap, or return wrong bytes.
+
+/// A photo library's photo, as a new user would write it from the documentation of `ExternalData`.
+struct LibraryPhoto: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var title = ""
+    var image: ExternalData?
+
+    static let entity = ModelEntity<LibraryPhoto>([
+        .attribute("title", \.title, default: ""),
+        .attribute("image", \.image, options: .externalStorage),
+    ])
+}
+
+/// The `AssetPhoto` entity of the asset-sync tests, its image read through a handle.
+struct LazyAssetPhoto: PersistentModel, Codable, Equatable {
+    static var entityName: String { "AssetPhoto" }
+    var id = UUID.unassigned
+    var title: String = ""
+    var image: ExternalData?
+    static let entity = ModelEntity<LazyAssetPhoto>([
+        .attribute("title", \.title, default: ""),
+        .attribute("image", \.image, options: .externalStorage),
+    ])
+}
+
+/// The `KeptScan` entity of the external-storage tests (image preserved in the tombstone), read through a handle.
+struct LazyKeptScan: PersistentModel, Codable, Equatable {
+    static var entityName: String { "KeptScan" }
+    var id = UUID.unassigned
+    var title: String = ""
+    var image: ExternalData?
+    static let entity = ModelEntity<LazyKeptScan>([
+        .attribute("title", \.title, default: ""),
+        .attribute("image", \.image, options: [.externalStorage, .preserveValueOnDeletion]),
+    ])
+}
+
+/// `count` bytes that differ for every `seed`.
+private func edgeBytes(_ count: Int, seed: UInt64) -> Data {
+    var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
+    var result = [UInt8](repeating: 0, count: count)
+    for index in 0..<count {
+        state ^= state << 13
+        state ^= state >> 7
+        state ^= state << 17
+        result[index] = UInt8(truncatingIfNeeded: state)
+    }
+    return Data(result)
+}
+
+/// The `ExternalStorageError` that `body` throws, or `nil` when it throws another error or none.
+private func edgeProblem(_ body: () throws -> Void) -> ExternalStorageError? {
+    do {
+        try body()
+        return nil
+    } catch let ReplicaError.externalStorage(error) {
+        return error
+    } catch {
+        return nil
+    }
+}
+
+/// One synced device of store "photos" whose schema declares `AssetPhoto` through `model`.
+private final class EdgeDevice {
+    let container: ModelContainer
+    let engine: SyncEngine
+    let clock: ManualClock
+    let directory: URL
+
+    init(seed: UInt64, model: any PersistentModel.Type, inMemory: Bool = false) throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("replica-edge-\(UUID().uuidString)")
+        let environment = ReplicaEnvironment.seeded(seed: seed, directory: directory)
+        clock = environment.clock as! ManualClock
+        container = try ModelContainer(for: Schema([model]), configurations: [
+            ModelConfiguration("photos", isStoredInMemoryOnly: inMemory, cloudKitDatabase: .private("iCloud.test")),
+        ], environment: environment)
+        engine = try SyncEngine(container: container, storeName: "photos")
+    }
+
+    deinit { try? FileManager.default.removeItem(at: directory) }
+
+    @discardableResult
+    func sync(_ cloud: InMemoryCloudDatabase, maxSteps: Int = 2_000) throws -> SyncStatus {
+        engine.setNeedsFetch()
+        for _ in 0..<maxSteps {
+            if let request = try engine.nextRequest() {
+                try engine.handle(request.id, cloud.performNow(request.operation))
+            } else if let wake = engine.wakeTime {
+                clock.set(milliseconds: wake)
+            } else {
+                break
+            }
+        }
+        return try engine.status()
+    }
+}
+
+@Suite("External data edge cases")
+struct ExternalDataEdgeTests {
+    let directory = TestDirectory()
+
+    func container(_ name: String = "photos", url: URL? = nil, inMemory: Bool = false, allowsSave: Bool = true,
+                   models: [any PersistentModel.Type] = [LibraryPhoto.self]) throws -> ModelContainer {
+        let schema = Schema(models)
+        let configuration = url.map { ModelConfiguration(name, schema: schema, url: $0, allowsSave: allowsSave) }
+            ?? ModelConfiguration(name, schema: schema, isStoredInMemoryOnly: inMemory, allowsSave: allowsSave)
+        return try ModelContainer(for: schema, configurations: [configuration], environment: directory.environment())
+    }
+
+    func file(_ name: String, _ data: Data) throws -> URL {
+        let url = directory.url.appendingPathComponent(name)
+        try data.write(to: url)
+        return url
+    }
+
+    func assetFiles(_ name: String = "photos") -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory.storeURL(name).path + "-assets")) ?? []).sorted()
+    }
+
+    // MARK: A new user's photo library
+
+    @Test("usage: import a photo from a file, list without loading, show one, rename, copy into another record, delete")
+    func photoLibrary() throws {
+        let container = try container()
+        let context = ModelContext(container)
+        let jpeg = edgeBytes(3 << 20 | 77, seed: 1)
+        let camera = try file("IMG_0001.jpg", jpeg)
+
+        // Import: the file is hashed now, copied at the save.
+        let photo = context.insert(LibraryPhoto(title: "Beach", image: try ExternalData(contentsOf: camera)))
+        context.insert(LibraryPhoto(title: "Empty"))
+        try context.save()
+        // The camera file may go once saved.
+        try FileManager.default.removeItem(at: camera)
+
+        // The list: titles and sizes, no bytes read.
+        let list = try ModelContext(container).fetch(FetchDescriptor<LibraryPhoto>(sortBy: [SortDescriptor(\.title)]))
+        #expect(list.map(\.title) == ["Beach", "Empty"])
+        #expect(list.map { $0.image?.count } == [jpeg.count, nil])
+        #expect(list[0].image?.isLoaded == false)
+
+        // Show one: the bytes, whole and a header range.
+        #expect(try list[0].image?.data() == jpeg)
+        #expect(try list[0].image?.read(0..<4) == jpeg.prefix(4))
+
+        // Rename: the image is not written again.
+        var beach = list[0]
+        beach.title = "Beach, 2026"
+        context.update(beach)
+        try context.save()
+        #expect(assetFiles() == [beach.image!.sha256])
+
+        // Copy the image into another record: one file for both.
+        var empty = list[1]
+        empty.image = beach.image
+        context.update(empty)
+        try context.save()
+        #expect(assetFiles() == [beach.image!.sha256])
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: empty.id)?.image?.data() == jpeg)
+
+        // Delete the original: the copy still reads; delete both: the file goes.
+        context.delete(try #require(try context.model(LibraryPhoto.self, id: photo.id)))
+        try context.save()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: empty.id)?.image?.data() == jpeg)
+        context.delete(try #require(try context.model(LibraryPhoto.self, id: empty.id)))
+        try context.save()
+        #expect(assetFiles() == [])
+        #expect(try context.fetchCount(FetchDescriptor<LibraryPhoto>()) == 0)
+    }
+
+    // MARK: Sizes
+
+    @Test("empty, 1 MiB and 1 MiB + 1 values round-trip through import, save, fetch, every read, and a copy into another store",
+          arguments: [0, 1 << 20, (1 << 20) + 1])
+    func sizes(_ size: Int) throws {
+        let value = edgeBytes(size, seed: UInt64(size) + 3)
+        let source = try file("source-\(size).bin", value)
+        let container = try container()
+        let context = ModelContext(container)
+        let imported = try ExternalData(contentsOf: source)
+        #expect(imported.count == size)
+        let fromFile = context.insert(LibraryPhoto(title: "file", image: imported)).id
+        let fromBytes = context.insert(LibraryPhoto(title: "bytes", image: ExternalData(value))).id
+        try context.save()
+        for id in [fromFile, fromBytes] {
+            let handle = try #require(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image)
+            #expect(handle.count == size)
+            #expect(try handle.data() == value)
+            var chunks: [Int] = []
+            try handle.forEachChunk { chunks.append($0.count) }
+            #expect(chunks == (size == 0 ? [] : size <= 1 << 20 ? [size] : [1 << 20, size - (1 << 20)]))
+            #expect(try handle.read(0..<size + 10) == value)
+            let out = directory.url.appendingPathComponent("out-\(size).bin")
+            try handle.write(to: out)
+            #expect(try Data(contentsOf: out) == value)
+
+            let other = try self.container("other-\(size)")
+            let otherContext = ModelContext(other)
+            let copy = otherContext.insert(LibraryPhoto(title: "copy", image: handle)).id
+            try otherContext.save()
+            #expect(try ModelContext(other).model(LibraryPhoto.self, id: copy)?.image?.data() == value)
+        }
+    }
+
+    // MARK: Names and paths
+
+    @Test("store names with ':' and non-ASCII characters, and directories with spaces and colons, read handles and save them",
+          arguments: ["a:b", "photos ✓ 写真", "\u{301}accent-first", "\u{200D}zwj", "٠:", "x:99:evil"])
+    func awkwardNames(_ name: String) throws {
+        let folder = directory.url.appendingPathComponent("dir with space:colon/and:\u{301}more", isDirectory: true)
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        let url = folder.appendingPathComponent("store:\(name.count).store")
+        let image = edgeBytes(70_000, seed: 11)
+        for (container, label) in [(try container(name), "default location"), (try container(name, url: url), "explicit url")] {
+            let context = ModelContext(container)
+            let id = context.insert(LibraryPhoto(title: "t", image: ExternalData(image))).id
+            try context.save()
+            let fetched = try ModelContext(container).model(LibraryPhoto.self, id: id)
+            let handle = try #require(fetched?.image, "\(label)")
+            #expect(!handle.isLoaded)
+            #expect(try handle.data() == image, "\(label)")
+            var renamed = try #require(fetched)
+            renamed.title = "renamed"
+            context.update(renamed)
+            try context.save()
+            let copy = context.insert(LibraryPhoto(title: "copy", image: handle)).id
+            try context.save()
+            #expect(try ModelContext(container).model(LibraryPhoto.self, id: copy)?.image?.data() == image, "\(label)")
+        }
+    }
+
+    // MARK: Read-only stores, closed containers
+
+    @Test("a store opened read-only fetches handles that read; a handle outlives its container")
+    func readOnlyAndClosed() throws {
+        let image = edgeBytes(123_456, seed: 12)
+        let id: UUID
+        do {
+            let context = ModelContext(try container())
+            id = context.insert(LibraryPhoto(title: "r", image: ExternalData(image))).id
+            try context.save()
+        }
+        var handle: ExternalData?
+        do {
+            let readOnly = try container(allowsSave: false)
+            handle = try ModelContext(readOnly).model(LibraryPhoto.self, id: id)?.image
+            #expect(try handle?.data() == image)
+        }
+        // The container is gone: the handle still names the file.
+        #expect(try handle?.data() == image)
+        let context = ModelContext(try container())
+        let copy = context.insert(LibraryPhoto(title: "copy", image: handle)).id
+        try context.save()
+        #expect(try context.model(LibraryPhoto.self, id: copy)?.image?.data() == image)
+    }
+
+    // MARK: Imports
+
+    @Test("an imported file deleted, truncated or grown before the save fails the save; nothing is stored, and the store stays usable")
+    func importedFileChanged() throws {
+        let image = edgeBytes(300_000, seed: 13)
+        let container = try container()
+        let context = ModelContext(container)
+        let damages: [(URL) throws -> Void] = [
+            { url in try FileManager.default.removeItem(at: url) },
+            { url in try image.prefix(1000).write(to: url) },
+            { url in try (image + Data([1])).write(to: url) },
+        ]
+        for (index, damage) in damages.enumerated() {
+            let source = try file("import-\(index).bin", image)
+            context.insert(LibraryPhoto(title: "i\(index)", image: try ExternalData(contentsOf: source)))
+            try damage(source)
+            let problem = edgeProblem { try context.save() }?.problem
+            #expect(problem != nil, "damage \(index)")
+            context.rollback()
+            #expect(try context.fetchCount(FetchDescriptor<LibraryPhoto>()) == 0)
+            #expect(assetFiles().allSatisfy { !$0.hasSuffix(".tmp") })
+        }
+        context.insert(LibraryPhoto(title: "ok", image: ExternalData(image)))
+        try context.save()
+        #expect(try context.fetch(FetchDescriptor<LibraryPhoto>()).first?.image?.data() == image)
+    }
+
+    @Test("a value imported through a relative file URL is saved, not written to the row as an unreadable description")
+    func relativeImport() throws {
+        let image = edgeBytes(20_000, seed: 24)
+        let absolute = try file("relative.bin", image)
+        // The same file named relative to the working directory (a URL made from a string, not a file path).
+        let depth = FileManager.default.currentDirectoryPath.split(separator: "/").count
+        let relative = String(repeating: "../", count: depth) + absolute.path.dropFirst()
+        let url = try #require(URL(string: relative))
+        let value = try ExternalData(contentsOf: url)
+        #expect(value.count == image.count)
+        let container = try container()
+        let context = ModelContext(container)
+        let id = context.insert(LibraryPhoto(title: "relative", image: value)).id
+        do {
+            try context.save()
+        } catch {
+            // Refusing the value is acceptable; storing something unreadable is not.
+            context.rollback()
+            return
+        }
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image?.data() == image)
+        #expect(try ModelContext(try self.container(models: [LibraryPhoto.self])).fetchCount(FetchDescriptor<LibraryPhoto>()) == 1)
+    }
+
+    @Test("importing a FIFO (or any file that is not regular) throws notRegularFile at once instead of blocking")
+    func importFIFO() throws {
+        let fifo = directory.url.appendingPathComponent("pipe")
+        #expect(mkfifo(fifo.path, 0o600) == 0)
+        final class Outcome: @unchecked Sendable {
+            let lock = NSLock()
+            var problem: ExternalStorageError.Problem??
+        }
+        let outcome = Outcome()
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let problem = edgeProblem { _ = try ExternalData(contentsOf: fifo) }?.problem
+            outcome.lock.withLock { outcome.problem = .some(problem) }
+            done.signal()
+        }
+        let returned = done.wait(timeout: .now() + 3) == .success
+        #expect(returned, "ExternalData(contentsOf:) blocked on a FIFO")
+        if !returned {
+            // Unblock the reader: a writer opens the FIFO (and closes it at once).
+            let writer = open(fifo.path, O_WRONLY | O_NONBLOCK)
+            if writer >= 0 { close(writer) }
+            _ = done.wait(timeout: .now() + 10)
+        }
+        #expect(outcome.lock.withLock { outcome.problem } == .some(.notRegularFile))
+    }
+
+    @Test("errors and descriptions name neither the bytes nor the directory of an imported file")
+    func errorsDoNotLeakPaths() throws {
+        let secretFolder = directory.url.appendingPathComponent("secret-folder-name", isDirectory: true)
+        try FileManager.default.createDirectory(at: secretFolder, withIntermediateDirectories: true)
+        let source = secretFolder.appendingPathComponent("doc.bin")
+        try Data("top secret bytes".utf8).write(to: source)
+        let value = try ExternalData(contentsOf: source)
+        #expect(!value.description.contains("secret"))
+        #expect(!String(describing: value).contains("secret-folder"))
+        #expect(!String(reflecting: value).contains("secret-folder"), "debugDescription / reflection shows the path")
+        try FileManager.default.removeItem(at: source)
+        let errors: [any Error] = [
+            try #require({ () -> (any Error)? in do { _ = try value.data(); return nil } catch { return error } }()),
+            try #require({ () -> (any Error)? in do { _ = try value.read(0..<3); return nil } catch { return error } }()),
+            try #require({ () -> (any Error)? in
+                let context = ModelContext(try container())
+                context.insert(LibraryPhoto(title: "s", image: value))
+                do { try context.save(); return nil } catch { return error }
+            }()),
+        ]
+        for error in errors {
+            #expect(!String(describing: error).contains("secret-folder"))
+            #expect(!String(describing: error).contains("top secret"))
+        }
+    }
+
+    // MARK: Undo and redo
+
+    @Test("undo and redo of an insert from an imported file, after the file was removed, bring the bytes back")
+    func undoRedoImported() throws {
+        let image = edgeBytes(200_000, seed: 14)
+        let container = try container()
+        let context = ModelContext(container)
+        context.undoManager = ModelUndoManager()
+        let source = try file("undo.bin", image)
+        let id = context.insert(LibraryPhoto(title: "u", image: try ExternalData(contentsOf: source))).id
+        try context.save()
+        try FileManager.default.removeItem(at: source)
+        let undo = try #require(context.undoManager)
+        _ = try undo.undo()
+        #expect(try context.fetchCount(FetchDescriptor<LibraryPhoto>()) == 0)
+        #expect(assetFiles() == [])
+        _ = try undo.redo()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image?.data() == image)
+        _ = try undo.undo()
+        _ = try undo.redo()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image?.data() == image)
+    }
+
+    @Test("undo and redo of a handle copied into another record and the source deleted")
+    func undoRedoCopiedHandle() throws {
+        let image = edgeBytes(150_000, seed: 15)
+        let other = edgeBytes(10_000, seed: 16)
+        let container = try container()
+        let context = ModelContext(container)
+        context.undoManager = ModelUndoManager()
+        let a = context.insert(LibraryPhoto(title: "a", image: ExternalData(image))).id
+        let b = context.insert(LibraryPhoto(title: "b", image: ExternalData(other))).id
+        try context.save()
+        let undo = try #require(context.undoManager)
+        var fetchedB = try #require(try context.model(LibraryPhoto.self, id: b))
+        fetchedB.image = try context.model(LibraryPhoto.self, id: a)?.image
+        context.update(fetchedB)
+        context.delete(try #require(try context.model(LibraryPhoto.self, id: a)))
+        try context.save()
+        #expect(assetFiles() == [ExternalData(image).sha256])
+        _ = try undo.undo()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: a)?.image?.data() == image)
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: b)?.image?.data() == other)
+        _ = try undo.redo()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: a) == nil)
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: b)?.image?.data() == image)
+        _ = try undo.undo()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: b)?.image?.data() == other)
+    }
+
+    // MARK: Overlay, predicates, propertiesToFetch, history, live queries
+
+    @Test("pending handles pass the overlay with predicates, sorting and propertiesToFetch; history and tombstones read them")
+    func overlayAndHistory() throws {
+        let image = edgeBytes(90_000, seed: 17)
+        let container = try container(models: [LibraryPhoto.self, LazyKeptScan.self])
+        let context = ModelContext(container)
+        let source = try file("pending.bin", image)
+        context.insert(LibraryPhoto(title: "b", image: try ExternalData(contentsOf: source)))
+        context.insert(LibraryPhoto(title: "a"))
+        let withImage = try context.fetch(FetchDescriptor<LibraryPhoto>(predicate: #Predicate { $0.image != nil }, sortBy: [SortDescriptor(\.title)]))
+        #expect(withImage.map(\.title) == ["b"])
+        #expect(try withImage.first?.image?.data() == image)
+        #expect(try context.fetchCount(FetchDescriptor<LibraryPhoto>(predicate: #Predicate { $0.image == nil })) == 1)
+        var titles = FetchDescriptor<LibraryPhoto>(sortBy: [SortDescriptor(\.title, order: .reverse)])
+        titles.propertiesToFetch = [\.title]
+        #expect(try context.fetch(titles).map { $0.image == nil } == [true, true])
+        try context.save()
+        #expect(try context.fetch(FetchDescriptor<LibraryPhoto>(predicate: #Predicate { $0.image != nil })).first?.image?.data() == image)
+
+        // A tombstone's preserved value reads as a handle's bytes.
+        let kept = context.insert(LazyKeptScan(title: "k", image: try ExternalData(contentsOf: source)))
+        try context.save()
+        let token = try context.currentHistoryToken(of: "photos")
+        context.delete(kept)
+        try context.save()
+        let tombstones = try context.fetchHistory(HistoryDescriptor(after: token)).flatMap(\.changes).compactMap { change -> HistoryTombstone? in
+            if case let .delete(_, tombstone) = change { return tombstone }
+            return nil
+        }
+        #expect(tombstones.count == 1)
+        #expect(try tombstones.first?.value("image", as: ExternalData.self).data() == image)
+        #expect(try tombstones.first?.value("image", as: ExternalData?.self)?.data() == image)
+    }
+
+    @Test("a live query of models with handles delivers a changed image, and its handles read the bytes")
+    func liveQuery() throws {
+        let first = edgeBytes(40_000, seed: 18), second = edgeBytes(40_000, seed: 19)
+        let container = try container()
+        let context = ModelContext(container)
+        let id = context.insert(LibraryPhoto(title: "l", image: ExternalData(first))).id
+        try context.save()
+        let live = try SynchronousLiveQuery(container.observe(FetchDescriptor<LibraryPhoto>()), context: ModelContext(container))
+        #expect(try live.value.first?.image?.data() == first)
+        var photo = try #require(try context.model(LibraryPhoto.self, id: id))
+        photo.image = ExternalData(second)
+        context.update(photo)
+        try context.save()
+        #expect(try live.refresh())
+        #expect(try live.value.first?.image?.data() == second)
+        // Same bytes again from a file: nothing changes.
+        photo.image = try ExternalData(contentsOf: try file("same.bin", second))
+        context.update(photo)
+        try context.save()
+        #expect(try live.refresh() == false)
+    }
+
+    // MARK: Several contexts and containers
+
+    @Test("contexts on several threads saving handles of one file and of each other's records lose nothing")
+    func concurrentContexts() async throws {
+        let image = edgeBytes(500_000, seed: 20)
+        let container = try container()
+        let source = try file("shared.bin", image)
+        let seedContext = ModelContext(container)
+        let original = seedContext.insert(LibraryPhoto(title: "original", image: ExternalData(image))).id
+        try seedContext.save()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for worker in 0..<4 {
+                group.addTask {
+                    let context = ModelContext(container)
+                    for round in 0..<5 {
+                        let handle = worker % 2 == 0 ? try ExternalData(contentsOf: source)
+                            : try #require(try context.model(LibraryPhoto.self, id: original)?.image)
+                        context.insert(LibraryPhoto(title: "w\(worker)-\(round)", image: handle))
+                        try context.save()
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let all = try ModelContext(container).fetch(FetchDescriptor<LibraryPhoto>())
+        #expect(all.count == 21)
+        for photo in all { #expect(try photo.image?.data() == image) }
+        #expect(assetFiles() == [ExternalData(image).sha256])
+    }
+
+    @Test("one store file opened by two containers (an app and its extension): a handle from one saves into the other; a delete in one leaves the other's copy")
+    func twoContainers() throws {
+        let image = edgeBytes(250_000, seed: 21)
+        let url = directory.url.appendingPathComponent("group/shared.store")
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        let app = try container("shared", url: url), extensionContainer = try container("shared", url: url)
+        let appContext = ModelContext(app), extensionContext = ModelContext(extensionContainer)
+        let id = appContext.insert(LibraryPhoto(title: "app", image: ExternalData(image))).id
+        try appContext.save()
+        let handle = try #require(try extensionContext.model(LibraryPhoto.self, id: id)?.image)
+        let copy = extensionContext.insert(LibraryPhoto(title: "ext", image: handle)).id
+        try extensionContext.save()
+        appContext.delete(try #require(try appContext.model(LibraryPhoto.self, id: id)))
+        try appContext.save()
+        #expect(try appContext.model(LibraryPhoto.self, id: copy)?.image?.data() == image)
+        #expect(try extensionContext.model(LibraryPhoto.self, id: copy)?.image?.data() == image)
+    }
+
+    // MARK: Sync
+
+    @Test("a value saved through a handle (imported, and copied between records) uploads once and arrives whole on another device, read as Data and as ExternalData",
+          arguments: [false, true])
+    func syncedHandles(inMemory: Bool) throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try EdgeDevice(seed: 1, model: LazyAssetPhoto.self, inMemory: inMemory)
+        let dataDevice = try EdgeDevice(seed: 2, model: AssetPhoto.self)
+        let handleDevice = try EdgeDevice(seed: 3, model: LazyAssetPhoto.self, inMemory: inMemory)
+        let image = edgeBytes(CloudAssetReference.chunkSize * 2 + 5, seed: 22)
+        let source = try file("sync.bin", image)
+        let context = ModelContext(a.container)
+        let id = context.insert(LazyAssetPhoto(title: "one", image: try ExternalData(contentsOf: source))).id
+        let second = context.insert(LazyAssetPhoto(title: "two")).id
+        try context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        // Copied into the second record through a handle fetched from the store.
+        var two = try #require(try context.model(LazyAssetPhoto.self, id: second))
+        two.image = try context.model(LazyAssetPhoto.self, id: id)?.image
+        context.update(two)
+        try context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        #expect(cloud.assets(in: "photos").count == 1)
+        let records = try cloud.records(in: "photos")
+        #expect(records.count == 2)
+        for record in records {
+            #expect(record.fields["image"]?.value == .text(CloudAssetReference(of: image).fieldValue))
+        }
+
+        #expect(try dataDevice.sync(cloud).isUpToDate)
+        let asData = try ModelContext(dataDevice.container).fetch(FetchDescriptor<AssetPhoto>())
+        #expect(asData.count == 2)
+        #expect(asData.allSatisfy { $0.image == image })
+
+        #expect(try handleDevice.sync(cloud).isUpToDate)
+        let asHandles = try ModelContext(handleDevice.container).fetch(FetchDescriptor<LazyAssetPhoto>())
+        #expect(asHandles.count == 2)
+        for photo in asHandles { #expect(try photo.image?.data() == image) }
+
+        // The receiving device renames through its handle: no asset moves again.
+        var renamed = try #require(asHandles.first)
+        renamed.title = "renamed"
+        let receiving = ModelContext(handleDevice.container)
+        receiving.update(renamed)
+        try receiving.save()
+        #expect(try handleDevice.sync(cloud).isUpToDate)
+        #expect(try a.sync(cloud).isUpToDate)
+        #expect(try ModelContext(a.container).model(LazyAssetPhoto.self, id: renamed.id)?.title == "renamed")
+        #expect(try ModelContext(a.container).model(LazyAssetPhoto.self, id: renamed.id)?.image?.data() == image)
+    }
+
+    @Test("a synced record whose field holds a file description (not an asset reference) never becomes a handle to a local file")
+    func remoteFileDescription() throws {
+        let cloud = InMemoryCloudDatabase()
+        let device = try EdgeDevice(seed: 4, model: LazyAssetPhoto.self)
+        // A file of this device the remote record names by path, size and hash.
+        let secret = edgeBytes(5_000, seed: 23)
+        let secretURL = try file("private-notes.bin", secret)
+        let form = FileHandleForm(hash: ExternalData(secret).sha256, size: secret.count, storeName: "x", path: secretURL.path)
+        let id = UUID(uuidString: "018f0000-0000-7000-8000-000000000001")!
+        let stamp = FieldStamp(incarnation: 1, clock: HLC(physical: 1_000, logical: 0, replica: UUID(uuidString: "018f0000-0000-7000-8000-0000000000aa")!))
+        try cloud.createZone("photos")
+        _ = try cloud.modifyRecords([CloudRecord(recordID: id, recordType: "AssetPhoto", causalLength: 1, created: stamp, fields: [
+            "title": CloudField(value: .text("planted"), stamp: stamp), "image": CloudField(value: .text(form.text), stamp: stamp),
+        ])], in: "photos")
+        _ = try device.sync(cloud)
+        let context = ModelContext(device.container)
+        let handle: ExternalData?
+        do {
+            handle = try context.model(LazyAssetPhoto.self, id: id)?.image
+        } catch {
+            handle = nil  // refusing to read it is fine
+        }
+        #expect((try? handle?.read(0..<secret.count)) != secret, "a remote record made the app read a local file")
+        #expect((try? handle?.data()) != secret, "a remote record made the app read a local file")
+    }
+}
