@@ -317,25 +317,27 @@ struct FileHandleForm: Sendable, Hashable {
         self.path = path
     }
 
-    /// Parses the stored form; `nil` when `text` is not one.
+    /// Parses the stored form; `nil` when `text` is not one. Reads UTF-8 bytes, not `Character`s: a store name that
+    /// begins with a combining mark (or a ZWJ) would join the colon before it into one grapheme, which a
+    /// `Character` search for ":" does not find.
     init?(text: String) {
         guard text.hasPrefix(Self.prefix) else { return nil }
-        var rest = Substring(text.utf8.dropFirst(Self.prefix.utf8.count))
-        func field() -> Substring? {
-            guard let colon = rest.firstIndex(of: ":") else { return nil }
-            let value = rest[rest.startIndex..<colon]
+        var rest = text.utf8.dropFirst(Self.prefix.utf8.count)
+        func field() -> String? {
+            guard let colon = rest.firstIndex(of: UInt8(ascii: ":")) else { return nil }
+            let value = String(decoding: rest[rest.startIndex..<colon], as: UTF8.self)
             rest = rest[rest.index(after: colon)...]
             return value
         }
-        guard let hash = field(), AssetStore.isHexDigest(String(hash)),
-              let sizeText = field(), sizeText.utf8.count <= 18, let size = Int(sizeText), size >= 0,
-              let lengthText = field(), lengthText.utf8.count <= 9, let length = Int(lengthText), length >= 0,
-              rest.utf8.count > length else { return nil }
-        let nameEnd = rest.utf8.index(rest.startIndex, offsetBy: length)
-        guard let name = String(rest.utf8[rest.startIndex..<nameEnd]) else { return nil }
-        let path = String(rest[nameEnd...])
-        guard path.hasPrefix("/") else { return nil }
-        self.init(hash: String(hash), size: size, storeName: name, path: path)
+        guard let hash = field(), AssetStore.isHexDigest(hash),
+              let sizeText = field(), sizeText.utf8.count <= 18, sizeText.utf8.allSatisfy({ (48...57).contains($0) }),
+              let size = Int(sizeText),
+              let lengthText = field(), lengthText.utf8.count <= 9, lengthText.utf8.allSatisfy({ (48...57).contains($0) }),
+              let length = Int(lengthText), rest.count > length else { return nil }
+        let nameEnd = rest.index(rest.startIndex, offsetBy: length)
+        guard let name = String(rest[rest.startIndex..<nameEnd]), let path = String(rest[nameEnd...]),
+              path.hasPrefix("/") else { return nil }
+        self.init(hash: hash, size: size, storeName: name, path: path)
     }
 
     /// The stored form.
