@@ -63,7 +63,10 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
     ///   (the error's store names the file's last path component).
     /// - Complexity: O(size) time, O(1 MiB) memory.
     public init(contentsOf url: URL) throws {
-        let path = url.standardizedFileURL.path
+        // A relative URL (`URL(string:)`) is pinned to the working directory now: the stored form names an absolute
+        // path, and the save must read the file this hashed.
+        var path = url.standardizedFileURL.path
+        if !path.hasPrefix("/") { path = FileManager.default.currentDirectoryPath + "/" + path }
         let origin = ExternalDataOrigin(store: "imported file '\(url.lastPathComponent)'", entity: "", recordID: nil, attribute: "")
         do {
             let (hash, size) = try ExternalFileIO.hashFile(atPath: path)
