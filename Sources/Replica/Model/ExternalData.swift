@@ -406,7 +406,9 @@ enum ExternalFileIO {
 
     /// Opens the regular file at `path` for reading, checking its size when `size` is given.
     private static func openRegular(_ path: String, size: Int64?) throws(ExternalStorageError.Problem) -> Int32 {
-        let fd = open(path, O_RDONLY)
+        // O_NONBLOCK: opening a FIFO without a writer would block; it is refused below as not a regular file (the
+        // flag changes nothing for a regular file's reads).
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno) }
         var info = stat()
         guard fstat(fd, &info) == 0 else {
