@@ -41,6 +41,69 @@ struct LazyKeptScan: PersistentModel, Codable, Equatable {
     ])
 }
 
+/// The `VaultEntry` entity of the encrypted-asset tests (a sealed asset), its scan read through a handle.
+struct LazyVaultEntry: PersistentModel, Codable, Equatable {
+    static var entityName: String { "VaultEntry" }
+    var id = UUID.unassigned
+    var title: String = ""
+    var scan: ExternalData?
+    static let entity = ModelEntity<LazyVaultEntry>([
+        .attribute("title", \.title, default: ""),
+        .attribute("scan", \.scan, options: [.externalStorage, .allowsCloudEncryption]),
+    ])
+}
+
+/// Version 1 of an album: a photo with an image.
+enum AlbumV1: VersionedSchema {
+    static let versionIdentifier = Schema.Version(1, 0, 0)
+    static var models: [any PersistentModel.Type] { [Photo.self] }
+    struct Photo: PersistentModel, Codable {
+        static var entityName: String { "AlbumPhoto" }
+        var id = UUID.unassigned
+        var title = ""
+        var image: ExternalData?
+        static let entity = ModelEntity<Photo>([
+            .attribute("title", \.title, default: ""),
+            .attribute("image", \.image, options: .externalStorage),
+        ])
+    }
+}
+
+/// Version 2: the image moves to `original`, and `edited` starts as a copy of it (a custom stage does both).
+enum AlbumV2: VersionedSchema {
+    static let versionIdentifier = Schema.Version(2, 0, 0)
+    static var models: [any PersistentModel.Type] { [Photo.self] }
+    struct Photo: PersistentModel, Codable {
+        static var entityName: String { "AlbumPhoto" }
+        var id = UUID.unassigned
+        var title = ""
+        var image: ExternalData?
+        var original: ExternalData?
+        var edited: ExternalData?
+        static let entity = ModelEntity<Photo>([
+            .attribute("title", \.title, default: ""),
+            .attribute("image", \.image, options: .externalStorage),
+            .attribute("original", \.original, options: .externalStorage),
+            .attribute("edited", \.edited, options: .externalStorage),
+        ])
+    }
+}
+
+enum AlbumPlan: SchemaMigrationPlan {
+    static var schemas: [any VersionedSchema.Type] { [AlbumV1.self, AlbumV2.self] }
+    static var stages: [MigrationStage] {
+        [.custom(fromVersion: AlbumV1.self, toVersion: AlbumV2.self, willMigrate: nil, didMigrate: { context in
+            for var photo in try context.fetch(AlbumV2.Photo.self) {
+                photo.original = photo.image
+                photo.edited = photo.image
+                photo.image = nil
+                context.update(photo)
+            }
+            try context.save()
+        })]
+    }
+}
+
 /// `count` bytes that differ for every `seed`.
 private func edgeBytes(_ count: Int, seed: UInt64) -> Data {
     var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
@@ -411,6 +474,90 @@ struct ExternalDataEdgeTests {
         #expect(try ModelContext(container).model(LibraryPhoto.self, id: b)?.image?.data() == image)
         _ = try undo.undo()
         #expect(try ModelContext(container).model(LibraryPhoto.self, id: b)?.image?.data() == other)
+    }
+
+    @Test("renaming a photo with an undo manager does not read its image file (only changed fields are kept for undo)")
+    func undoRenameReadsNoImage() throws {
+        let image = edgeBytes(4 << 20, seed: 25)
+        let container = try container()
+        let context = ModelContext(container)
+        context.undoManager = ModelUndoManager()
+        let id = context.insert(LibraryPhoto(title: "before", image: ExternalData(image))).id
+        try context.save()
+        let path = directory.storeURL("photos").path + "-assets/" + ExternalData(image).sha256
+        // An access time before the modification time: relatime updates it at the next read.
+        var info = stat()
+        #expect(stat(path, &info) == 0)
+        let old = info.st_mtim.tv_sec - 1_000
+        var times = [timespec(tv_sec: old, tv_nsec: 0), info.st_mtim]
+        #expect(utimensat(AT_FDCWD, path, &times, 0) == 0)
+        var photo = try #require(try context.model(LibraryPhoto.self, id: id))
+        photo.title = "after"
+        context.update(photo)
+        try context.save()
+        #expect(stat(path, &info) == 0)
+        #expect(info.st_atim.tv_sec == old, "the save read the unchanged image (O(size) per rename)")
+        // Undo still sets the title back, and the image is untouched.
+        _ = try #require(context.undoManager).undo()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.title == "before")
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image?.data() == image)
+    }
+
+    // MARK: Migration
+
+    @Test("a custom migration stage moves and copies handles between attributes; the bytes survive and one file stays")
+    func migrationWithHandles() throws {
+        let image = edgeBytes(1_500_000, seed: 26)
+        let url = directory.url.appendingPathComponent("album.store")
+        let id: UUID
+        do {
+            let v1 = try ModelContainer(for: AlbumV1.schema, configurations: [ModelConfiguration("album", url: url)],
+                                        environment: directory.environment())
+            let context = ModelContext(v1)
+            id = context.insert(AlbumV1.Photo(title: "p", image: try ExternalData(contentsOf: try file("album.bin", image)))).id
+            try context.save()
+        }
+        let v2 = try ModelContainer(for: AlbumV2.schema, migrationPlan: AlbumPlan.self,
+                                    configurations: [ModelConfiguration("album", url: url)], environment: directory.environment())
+        let photo = try #require(try ModelContext(v2).model(AlbumV2.Photo.self, id: id))
+        #expect(photo.image == nil)
+        #expect(try photo.original?.data() == image)
+        #expect(try photo.edited?.data() == image)
+        let files = try FileManager.default.contentsOfDirectory(atPath: url.path + "-assets")
+        #expect(files == [ExternalData(image).sha256])
+        // Reopened (a collection runs): still there.
+        let again = try ModelContainer(for: AlbumV2.schema, migrationPlan: AlbumPlan.self,
+                                       configurations: [ModelConfiguration("album", url: url)], environment: directory.environment())
+        #expect(try ModelContext(again).model(AlbumV2.Photo.self, id: id)?.edited?.data() == image)
+    }
+
+    // MARK: Sealed assets
+
+    @Test("a sealed asset saved through handles (imported, then copied into another record) arrives on other devices, read as Data and as ExternalData")
+    func sealedHandles() throws {
+        let cloud = InMemoryCloudDatabase()
+        let key = [UInt8](repeating: 7, count: 32)
+        let a = try CryptoDevice("a", seed: 1, encryption: try FieldEncryption.rawKey(key), models: [LazyVaultEntry.self])
+        let b = try CryptoDevice("b", seed: 2, encryption: try FieldEncryption.rawKey(key), models: [VaultEntry.self])
+        let c = try CryptoDevice("c", seed: 3, encryption: try FieldEncryption.rawKey(key), models: [LazyVaultEntry.self])
+        let scan = edgeBytes(CloudAssetReference.chunkSize + 17, seed: 27)
+        let first = a.context.insert(LazyVaultEntry(title: "1", scan: try ExternalData(contentsOf: try file("scan.bin", scan)))).id
+        let second = a.context.insert(LazyVaultEntry(title: "2")).id
+        try a.context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        var two = try #require(try a.context.model(LazyVaultEntry.self, id: second))
+        two.scan = try a.context.model(LazyVaultEntry.self, id: first)?.scan
+        a.context.update(two)
+        try a.context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        #expect(try b.sync(cloud).isUpToDate)
+        let onB = try ModelContext(b.container).fetch(FetchDescriptor<VaultEntry>())
+        #expect(onB.count == 2)
+        #expect(onB.allSatisfy { $0.scan == scan })
+        #expect(try c.sync(cloud).isUpToDate)
+        let onC = try ModelContext(c.container).fetch(FetchDescriptor<LazyVaultEntry>())
+        #expect(onC.count == 2)
+        for entry in onC { #expect(try entry.scan?.data() == scan) }
     }
 
     // MARK: Overlay, predicates, propertiesToFetch, history, live queries
