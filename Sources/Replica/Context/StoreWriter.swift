@@ -287,7 +287,11 @@ struct StoreWriter {
             }
             try statement.run(changed.map { values[$0] } + [snapshot.id.sqliteValue])
         }
-        if capturesPreviousValues { changes.previousValues[changes.updated.count] = resolvedForUndo(Array(current.dropFirst()), external: external) }
+        // Only the changed fields' previous values are ever restored (Undo's inverse): resolving an unchanged
+        // external field would read its whole file at every save of the record (a rename read the image).
+        if capturesPreviousValues {
+            changes.previousValues[changes.updated.count] = resolvedForUndo(Array(current.dropFirst()), external: external.filter(changed.contains))
+        }
         if let linksBefore, !changedLinks.isEmpty { changes.previousLinks[changes.updated.count] = linksBefore }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
