@@ -104,6 +104,17 @@ enum AlbumPlan: SchemaMigrationPlan {
     }
 }
 
+/// A deduplicated attachment: no two records may hold the same bytes.
+struct UniqueAttachment: PersistentModel, Codable {
+    var id = UUID.unassigned
+    var name = ""
+    var content: ExternalData?
+    static let entity = ModelEntity<UniqueAttachment>([
+        .attribute("name", \.name, default: ""),
+        .attribute("content", \.content, options: [.externalStorage, .unique]),
+    ])
+}
+
 /// `count` bytes that differ for every `seed`.
 private func edgeBytes(_ count: Int, seed: UInt64) -> Data {
     var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
@@ -501,6 +512,49 @@ struct ExternalDataEdgeTests {
         _ = try #require(context.undoManager).undo()
         #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.title == "before")
         #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image?.data() == image)
+    }
+
+    @Test("two concurrent write(to:) of one destination both succeed, and the file holds one of the values whole")
+    func concurrentExports() throws {
+        let first = ExternalData(edgeBytes(3 << 20, seed: 28)), second = ExternalData(edgeBytes(3 << 20, seed: 29))
+        let destination = directory.url.appendingPathComponent("export.jpg")
+        final class Failures: @unchecked Sendable {
+            let lock = NSLock()
+            var errors: [String] = []
+        }
+        let failures = Failures()
+        for _ in 0..<6 {
+            let group = DispatchGroup()
+            for value in [first, second] {
+                group.enter()
+                Thread.detachNewThread {
+                    do { try value.write(to: destination) } catch { failures.lock.withLock { failures.errors.append("\(error)") } }
+                    group.leave()
+                }
+            }
+            group.wait()
+            let written = try Data(contentsOf: destination)
+            let values = [try first.data(), try second.data()]
+            #expect(values.contains(written))
+        }
+        #expect(failures.lock.withLock { failures.errors } == [])
+    }
+
+    @Test("a unique external attribute: inserting bytes another record holds updates that record (an upsert), through Data and through a handle")
+    func uniqueContent() throws {
+        let bytes = edgeBytes(30_000, seed: 30)
+        let container = try container(models: [UniqueAttachment.self])
+        let context = ModelContext(container)
+        context.insert(UniqueAttachment(name: "first", content: ExternalData(bytes)))
+        try context.save()
+        context.insert(UniqueAttachment(name: "second", content: ExternalData(bytes)))
+        try? context.save()
+        context.rollback()
+        context.insert(UniqueAttachment(name: "third", content: try ExternalData(contentsOf: try file("unique.bin", bytes))))
+        try? context.save()
+        context.rollback()
+        let all = try ModelContext(container).fetch(FetchDescriptor<UniqueAttachment>())
+        #expect(all.count == 1, "two records hold the same unique bytes")
     }
 
     // MARK: Migration
