@@ -164,14 +164,18 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
     }
 
     /// Writes the bytes to a new file at `url`, streamed in 1 MiB chunks and checked against the hash, for sharing or
-    /// handing to an API that takes a file. The file appears complete or not at all (written beside `url`, synced,
-    /// and renamed into place with `rename(2)`); an existing file at `url` is replaced.
+    /// handing to an API that takes a file. The file appears complete or not at all (written beside `url` under a
+    /// temporary name of its own, synced, and renamed into place with `rename(2)`); an existing file at `url` is
+    /// replaced (of two writes at once, the later rename wins).
     /// - Parameter url: the destination file.
     /// - Throws: ``ReplicaError/externalStorage(_:)`` when reading fails (nothing is left at `url`), or a
     ///   `CocoaError` from `FileManager` when the destination cannot be written.
     /// - Complexity: O(``count``) time, O(1 MiB) memory.
     public func write(to url: URL) throws {
-        let temporary = url.deletingLastPathComponent().appendingPathComponent("." + url.lastPathComponent + ".replica-tmp")
+        // A temporary name of this call's own: two writes of one destination at once must not share (and rename) one
+        // half-written file.
+        let temporary = url.deletingLastPathComponent().appendingPathComponent(
+            "." + url.lastPathComponent + "." + UUID().uuidString.prefix(8) + ".replica-tmp")
         guard FileManager.default.createFile(atPath: temporary.path, contents: nil) else {
             throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: temporary.path])
         }
