@@ -282,6 +282,24 @@ struct ExternalDataEdgeTests {
         }
     }
 
+    @Test("forEachChunk(size: .max) reads the value in one chunk (a loaded value and a file), without trapping or allocating the chunk size")
+    func hugeChunkSize() throws {
+        let value = edgeBytes(100_000, seed: 31)
+        let container = try container()
+        let context = ModelContext(container)
+        let id = context.insert(LibraryPhoto(title: "c", image: ExternalData(value))).id
+        try context.save()
+        let handle = try #require(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image)
+        for item in [ExternalData(value), handle, try ExternalData(contentsOf: try file("chunk.bin", value))] {
+            var chunks: [Data] = []
+            try item.forEachChunk(size: .max) { chunks.append($0) }
+            #expect(chunks == [value])
+            chunks = []
+            try item.forEachChunk(size: 1 << 40) { chunks.append($0) }
+            #expect(chunks == [value])
+        }
+    }
+
     // MARK: Names and paths
 
     @Test("store names with ':' and non-ASCII characters, and directories with spaces and colons, read handles and save them",
