@@ -150,13 +150,15 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
         case let .bytes(data):
             var offset = data.startIndex
             while offset < data.endIndex {
-                let end = min(offset + size, data.endIndex)
+                let end = offset + min(size, data.endIndex - offset)  // no overflow for a size near Int.max
                 try body(data.subdata(in: offset..<end))
                 offset = end
             }
         case let .file(file):
             do {
-                try ExternalFileIO.forEachChunk(path: file.path, size: Int64(file.size), hash: file.hash, chunkSize: size, body)
+                // The buffer is one chunk: never larger than the value (`size: .max` means one chunk, not Int.max bytes).
+                try ExternalFileIO.forEachChunk(path: file.path, size: Int64(file.size), hash: file.hash,
+                                                chunkSize: min(size, max(file.size, 1)), body)
             } catch let problem as ExternalStorageError.Problem {
                 throw ReplicaError.externalStorage(origin.error(problem))
             }
