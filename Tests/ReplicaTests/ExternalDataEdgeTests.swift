@@ -327,6 +327,23 @@ struct ExternalDataEdgeTests {
         }
     }
 
+    @Test("a store at an explicit URL whose configuration name holds a NUL character still reads its handles")
+    func nulInName() throws {
+        let image = edgeBytes(5_000, seed: 34)
+        let container: ModelContainer
+        do {
+            container = try self.container("nul\u{0}name", url: directory.url.appendingPathComponent("nul.store"))
+        } catch {
+            // Refusing the name is fine, for that reason.
+            #expect("\(error)".contains("NUL"))
+            return
+        }
+        let context = ModelContext(container)
+        let id = context.insert(LibraryPhoto(title: "n", image: ExternalData(image))).id
+        try context.save()
+        #expect(try ModelContext(container).model(LibraryPhoto.self, id: id)?.image?.data() == image)
+    }
+
     // MARK: Read-only stores, closed containers
 
     @Test("a store opened read-only fetches handles that read; a handle outlives its container")
@@ -830,6 +847,29 @@ struct ExternalDataEdgeTests {
         #expect(try a.sync(cloud).isUpToDate)
         #expect(try ModelContext(a.container).model(LazyAssetPhoto.self, id: renamed.id)?.title == "renamed")
         #expect(try ModelContext(a.container).model(LazyAssetPhoto.self, id: renamed.id)?.image?.data() == image)
+    }
+
+    @Test("an empty value synced to another device reads there as an empty handle, and copies into another record", arguments: [false, true])
+    func syncedEmptyValue(fromHandle: Bool) throws {
+        let cloud = InMemoryCloudDatabase()
+        let a = try EdgeDevice(seed: 5, model: fromHandle ? LazyAssetPhoto.self : AssetPhoto.self)
+        let b = try EdgeDevice(seed: 6, model: LazyAssetPhoto.self)
+        let context = ModelContext(a.container)
+        let id = fromHandle ? context.insert(LazyAssetPhoto(title: "empty", image: try ExternalData(contentsOf: try file("empty.bin", Data())))).id
+            : context.insert(AssetPhoto(title: "empty", image: Data())).id
+        try context.save()
+        #expect(try a.sync(cloud).isUpToDate)
+        #expect(try b.sync(cloud).isUpToDate)
+        let receiving = ModelContext(b.container)
+        let handle = try #require(try receiving.model(LazyAssetPhoto.self, id: id)?.image)
+        #expect(handle.count == 0)
+        #expect(try handle.data() == Data())
+        var chunks = 0
+        try handle.forEachChunk { _ in chunks += 1 }
+        #expect(chunks == 0)
+        let copy = receiving.insert(LazyAssetPhoto(title: "copy", image: handle)).id
+        try receiving.save()
+        #expect(try ModelContext(b.container).model(LazyAssetPhoto.self, id: copy)?.image?.data() == Data())
     }
 
     @Test("a synced record whose field holds a file description (not an asset reference) never becomes a handle to a local file")
