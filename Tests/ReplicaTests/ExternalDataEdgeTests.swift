@@ -728,6 +728,29 @@ struct ExternalDataEdgeTests {
         #expect(try tombstones.first?.value("image", as: ExternalData?.self)?.data() == image)
     }
 
+    @Test("a model fetched without its image (propertiesToFetch), renamed and saved, keeps the image; a Hashable set of handles works")
+    func partialFetchKeepsImage() throws {
+        let image = edgeBytes(80_000, seed: 35)
+        let container = try container()
+        let context = ModelContext(container)
+        let id = context.insert(LibraryPhoto(title: "partial", image: ExternalData(image))).id
+        try context.save()
+        var descriptor = FetchDescriptor<LibraryPhoto>()
+        descriptor.propertiesToFetch = [\.title]
+        let editing = ModelContext(container)
+        var photo = try #require(try editing.fetch(descriptor).first)
+        #expect(photo.image == nil)
+        photo.title = "renamed"
+        editing.update(photo)
+        try editing.save()
+        let reread = try #require(try ModelContext(container).model(LibraryPhoto.self, id: id))
+        #expect(reread.title == "renamed")
+        #expect(try reread.image?.data() == image)
+        // Handles of one size hash alike but compare by content.
+        let set: Set<ExternalData> = [ExternalData(image), try #require(reread.image), ExternalData(edgeBytes(80_000, seed: 36))]
+        #expect(set.count == 2)
+    }
+
     @Test("a live query of models with handles delivers a changed image, and its handles read the bytes")
     func liveQuery() throws {
         let first = edgeBytes(40_000, seed: 18), second = edgeBytes(40_000, seed: 19)
