@@ -287,7 +287,11 @@ struct StoreWriter {
             }
             try statement.run(changed.map { values[$0] } + [snapshot.id.sqliteValue])
         }
-        if capturesPreviousValues { changes.previousValues[changes.updated.count] = resolvedForUndo(Array(current.dropFirst()), external: external) }
+        // Only the changed fields' previous values are ever restored (Undo's inverse): resolving an unchanged
+        // external field would read its whole file at every save of the record (a rename read the image).
+        if capturesPreviousValues {
+            changes.previousValues[changes.updated.count] = resolvedForUndo(Array(current.dropFirst()), external: external.filter(changed.contains))
+        }
         if let linksBefore, !changedLinks.isEmpty { changes.previousLinks[changes.updated.count] = linksBefore }
         changes.updated.append((stored, changed.map { names[$0] } + changedLinks))
         return stored
@@ -327,7 +331,11 @@ struct StoreWriter {
                 return .text(reference)
             case let .text(text):
                 // An `ExternalData` handle: its file is this store's, or is copied here in chunks.
-                guard let file = FileHandleForm(text: text) else { return value }
+                guard let file = FileHandleForm(text: text) else {
+                    // A file description that does not parse is never stored as it is (no fetch could read it).
+                    if text.hasPrefix(FileHandleForm.prefix) { throw ExternalStorageError.Problem.malformedReference }
+                    return value
+                }
                 if try assets.adopt(file) { wroteAssetFiles = true }
                 return .text(file.reference)
             default:
@@ -346,8 +354,12 @@ struct StoreWriter {
         guard !fields.isEmpty else { return snapshot }
         var snapshot = snapshot
         for field in fields {
-            guard case let .text(text) = snapshot.values[field], let file = FileHandleForm(text: text) else { continue }
+            guard case let .text(text) = snapshot.values[field] else { continue }
             do {
+                guard let file = FileHandleForm(text: text) else {
+                    if text.hasPrefix(FileHandleForm.prefix) { throw ExternalStorageError.Problem.malformedReference }
+                    continue
+                }
                 var data = Data()
                 data.reserveCapacity(file.size)
                 try ExternalFileIO.forEachChunk(path: file.path, size: Int64(file.size), hash: file.hash, chunkSize: 1 << 20) { data.append($0) }

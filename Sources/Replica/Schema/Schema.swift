@@ -172,11 +172,12 @@ extension Schema {
             public static let preserveValueOnDeletion = Options(rawValue: 1 << 1)
             /// The value is sealed with XChaCha20-Poly1305 before it enters a cloud record.
             public static let allowsCloudEncryption = Options(rawValue: 1 << 2)
-            /// The value is large and kept outside the row: in a local store file, each `Data` value is a file beside the
-            /// store (`<store file>-assets/<sha256>`), the row holding its reference; the model still holds `Data`, read
-            /// when the model is fetched (leave the attribute out of ``FetchDescriptor/propertiesToFetch`` to skip it).
-            /// In-memory stores keep the bytes in memory and synced stores inline, behind the same API.
-            /// See Specs/external-storage.md.
+            /// The value is large and kept outside the row: in a store file (local or synced), each value is a file
+            /// beside the store (`<store file>-assets/<sha256>`), the row holding its reference. A `Data` property is
+            /// read whole when the model is fetched (leave the attribute out of ``FetchDescriptor/propertiesToFetch`` to
+            /// skip it); declare the property ``ExternalData`` instead to fetch a handle and read the bytes only when
+            /// needed, in chunks. In-memory stores keep the bytes in their rows, behind the same API. A synced store
+            /// sends the value as an asset, outside its record (<doc:Syncing>). Only for `Data` attributes.
             public static let externalStorage = Options(rawValue: 1 << 3)
         }
 

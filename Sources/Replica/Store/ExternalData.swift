@@ -63,7 +63,10 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
     ///   (the error's store names the file's last path component).
     /// - Complexity: O(size) time, O(1 MiB) memory.
     public init(contentsOf url: URL) throws {
-        let path = url.standardizedFileURL.path
+        // A relative URL (`URL(string:)`) is pinned to the working directory now: the stored form names an absolute
+        // path, and the save must read the file this hashed.
+        var path = url.standardizedFileURL.path
+        if !path.hasPrefix("/") { path = FileManager.default.currentDirectoryPath + "/" + path }
         let origin = ExternalDataOrigin(store: "imported file '\(url.lastPathComponent)'", entity: "", recordID: nil, attribute: "")
         do {
             let (hash, size) = try ExternalFileIO.hashFile(atPath: path)
@@ -147,13 +150,15 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
         case let .bytes(data):
             var offset = data.startIndex
             while offset < data.endIndex {
-                let end = min(offset + size, data.endIndex)
+                let end = offset + min(size, data.endIndex - offset)  // no overflow for a size near Int.max
                 try body(data.subdata(in: offset..<end))
                 offset = end
             }
         case let .file(file):
             do {
-                try ExternalFileIO.forEachChunk(path: file.path, size: Int64(file.size), hash: file.hash, chunkSize: size, body)
+                // The buffer is one chunk: never larger than the value (`size: .max` means one chunk, not Int.max bytes).
+                try ExternalFileIO.forEachChunk(path: file.path, size: Int64(file.size), hash: file.hash,
+                                                chunkSize: min(size, max(file.size, 1)), body)
             } catch let problem as ExternalStorageError.Problem {
                 throw ReplicaError.externalStorage(origin.error(problem))
             }
@@ -161,14 +166,18 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
     }
 
     /// Writes the bytes to a new file at `url`, streamed in 1 MiB chunks and checked against the hash, for sharing or
-    /// handing to an API that takes a file. The file appears complete or not at all (written beside `url`, synced,
-    /// and renamed into place with `rename(2)`); an existing file at `url` is replaced.
+    /// handing to an API that takes a file. The file appears complete or not at all (written beside `url` under a
+    /// temporary name of its own, synced, and renamed into place with `rename(2)`); an existing file at `url` is
+    /// replaced (of two writes at once, the later rename wins).
     /// - Parameter url: the destination file.
     /// - Throws: ``ReplicaError/externalStorage(_:)`` when reading fails (nothing is left at `url`), or a
     ///   `CocoaError` from `FileManager` when the destination cannot be written.
     /// - Complexity: O(``count``) time, O(1 MiB) memory.
     public func write(to url: URL) throws {
-        let temporary = url.deletingLastPathComponent().appendingPathComponent("." + url.lastPathComponent + ".replica-tmp")
+        // A temporary name of this call's own: two writes of one destination at once must not share (and rename) one
+        // half-written file.
+        let temporary = url.deletingLastPathComponent().appendingPathComponent(
+            "." + url.lastPathComponent + "." + UUID().uuidString.prefix(8) + ".replica-tmp")
         guard FileManager.default.createFile(atPath: temporary.path, contents: nil) else {
             throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: temporary.path])
         }
@@ -316,25 +325,27 @@ struct FileHandleForm: Sendable, Hashable {
         self.path = path
     }
 
-    /// Parses the stored form; `nil` when `text` is not one.
+    /// Parses the stored form; `nil` when `text` is not one. Reads UTF-8 bytes, not `Character`s: a store name that
+    /// begins with a combining mark (or a ZWJ) would join the colon before it into one grapheme, which a
+    /// `Character` search for ":" does not find.
     init?(text: String) {
         guard text.hasPrefix(Self.prefix) else { return nil }
-        var rest = Substring(text.utf8.dropFirst(Self.prefix.utf8.count))
-        func field() -> Substring? {
-            guard let colon = rest.firstIndex(of: ":") else { return nil }
-            let value = rest[rest.startIndex..<colon]
+        var rest = text.utf8.dropFirst(Self.prefix.utf8.count)
+        func field() -> String? {
+            guard let colon = rest.firstIndex(of: UInt8(ascii: ":")) else { return nil }
+            let value = String(decoding: rest[rest.startIndex..<colon], as: UTF8.self)
             rest = rest[rest.index(after: colon)...]
             return value
         }
-        guard let hash = field(), AssetStore.isHexDigest(String(hash)),
-              let sizeText = field(), sizeText.utf8.count <= 18, let size = Int(sizeText), size >= 0,
-              let lengthText = field(), lengthText.utf8.count <= 9, let length = Int(lengthText), length >= 0,
-              rest.utf8.count > length else { return nil }
-        let nameEnd = rest.utf8.index(rest.startIndex, offsetBy: length)
-        guard let name = String(rest.utf8[rest.startIndex..<nameEnd]) else { return nil }
-        let path = String(rest[nameEnd...])
-        guard path.hasPrefix("/") else { return nil }
-        self.init(hash: String(hash), size: size, storeName: name, path: path)
+        guard let hash = field(), AssetStore.isHexDigest(hash),
+              let sizeText = field(), sizeText.utf8.count <= 18, sizeText.utf8.allSatisfy({ (48...57).contains($0) }),
+              let size = Int(sizeText),
+              let lengthText = field(), lengthText.utf8.count <= 9, lengthText.utf8.allSatisfy({ (48...57).contains($0) }),
+              let length = Int(lengthText), rest.count > length else { return nil }
+        let nameEnd = rest.index(rest.startIndex, offsetBy: length)
+        guard let name = String(rest[rest.startIndex..<nameEnd]), let path = String(rest[nameEnd...]),
+              path.hasPrefix("/") else { return nil }
+        self.init(hash: hash, size: size, storeName: name, path: path)
     }
 
     /// The stored form.
@@ -400,7 +411,9 @@ enum ExternalFileIO {
 
     /// Opens the regular file at `path` for reading, checking its size when `size` is given.
     private static func openRegular(_ path: String, size: Int64?) throws(ExternalStorageError.Problem) -> Int32 {
-        let fd = open(path, O_RDONLY)
+        // O_NONBLOCK: opening a FIFO without a writer would block; it is refused below as not a regular file (the
+        // flag changes nothing for a regular file's reads).
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno) }
         var info = stat()
         guard fstat(fd, &info) == 0 else {
