@@ -54,6 +54,8 @@ struct SimulationScenarioTests {
          "schema.entities[0].attributes[0].type", "'strng' is not one of"),
         (#"{"schema": {"entities": [{"name": "A", "attributes": [{"name": "x", "type": "string"}]}]}, "stores": [{"name": "s", "kind": "synced", "entities": ["A"]}], "devices": [{"name": "d"}], "steps": 1}"#,
          "stores[0].entities[0]", "must be optional or have a default"),
+        (#"{"schema": "people", "stores": [{"name": "p", "kind": "local", "entities": ["Person", "Address"]}], "devices": [{"name": "a"}], "steps": 5, "workload": {"largeAssetPercent": 101}}"#,
+         "workload.largeAssetPercent", "out of range"),
         (#"{"schema": "trips", "steps": 1,"#, "(file)", "not valid JSON"),
     ])
     func malformed(json: String, field: String, problem: String) throws {
@@ -128,12 +130,13 @@ struct SimulationTraceTests {
         // The hash trips (with 3 steps) had before the operations and faults added for the defects of Simulations/delete-reinsert-one-save.json and its kin existed.
         #expect(trips.hash == "a0dc8bb247b27b7a")
         for key in ["deleteReinsert", "copies", "staleCopy", "batchDelete", "reopen", "corruptStamps", "corruptUnknown", "corruptClock",
-                    "corruptCausalLength", "hostileRecord", "zoneDelete", "zoneDeletionPolicy"] {
+                    "corruptCausalLength", "hostileRecord", "zoneDelete", "zoneDeletionPolicy", "largeAssetPercent"] {
             #expect(!trips.canonicalJSON.contains("\"\(key)\""), "\(key)")
         }
         var changed = trips
         changed.workload.deleteReinsert = 3
         changed.faults.hostileRecord = 0.25
+        changed.workload.largeAssetPercent = 30
         let decoded = try JSONDecoder().decode(Scenario.self, from: Data(changed.canonicalJSON.utf8))
         #expect(decoded == changed)
         #expect(decoded.hash != trips.hash)
