@@ -143,7 +143,23 @@ public struct Scenario: Codable, Hashable, Sendable {
         public var uniqueKeys = 4
         /// Percentage of optional attribute writes that write null.
         public var nullPercent = 10
+        /// Percentage of `.externalStorage` data writes (that are not null) that write a large value: one of
+        /// ``largeAssetSizes``, around and beyond one cloud chunk (`CloudAssetReference.chunkSize`), so
+        /// uploads and downloads take several chunks and sealed assets several secretstream messages. The rest write
+        /// 512 bytes. Came later: left out of the canonical JSON while 0.
+        public var largeAssetPercent = 0
         public init() {}
+
+        /// The sizes of large external-storage values, smallest first (a draw of 0 is the simplest), at the chunk
+        /// boundaries of plain assets (chunks of `CloudAssetReference.chunkSize`, C) and of sealed ones (chunk 0 seals
+        /// C − 41 plaintext bytes behind the 24-byte stream header, every later chunk C − 17): one sealed chunk exactly
+        /// (C − 41), one byte into a second sealed message (C − 40), a second message of 24 bytes (C − 17), one plain
+        /// chunk exactly (C), one byte into a second plain chunk (C + 1), two sealed chunks exactly (2C − 58), and three
+        /// chunks either way (2C + 5).
+        public static let largeAssetSizes: [Int] = {
+            let chunk = CloudAssetReference.chunkSize
+            return [chunk - 41, chunk - 40, chunk - 17, chunk, chunk + 1, 2 * chunk - 58, 2 * chunk + 5]
+        }()
 
         /// Every operation weight, in `WorkloadOperation` order (index 0 is the simplest).
         var weights: [Int] {
@@ -162,6 +178,7 @@ public struct Scenario: Codable, Hashable, Sendable {
         /// The numbers that are not weights, by JSON key.
         static var otherFields: [(String, WritableKeyPath<Workload, Int>)] { [
             ("maxFieldsPerUpdate", \.maxFieldsPerUpdate), ("uniqueKeys", \.uniqueKeys), ("nullPercent", \.nullPercent),
+            ("largeAssetPercent", \.largeAssetPercent),
         ] }
         /// Keys written even when 0 (the fields every trace so far holds).
         static let alwaysEncoded: Set<String> = ["insert", "update", "delete", "reinsert", "relationshipEdit", "uniqueCollision",

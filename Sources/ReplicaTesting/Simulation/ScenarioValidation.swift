@@ -13,6 +13,7 @@ extension Scenario {
         static let maxFieldsPerUpdate = 1...16
         static let uniqueKeys = 1...1_000
         static let nullPercent = 0...100
+        static let largeAssetPercent = 0...100
         static let rate: ClosedRange<Double> = 0...1
         static let clockMs = 0...86_400_000
         static let steps = 1...100_000
@@ -312,6 +313,7 @@ struct ScenarioChecker {
         try range(workload.maxFieldsPerUpdate, "workload.maxFieldsPerUpdate", Scenario.Limits.maxFieldsPerUpdate)
         try range(workload.uniqueKeys, "workload.uniqueKeys", Scenario.Limits.uniqueKeys)
         try range(workload.nullPercent, "workload.nullPercent", Scenario.Limits.nullPercent)
+        try range(workload.largeAssetPercent, "workload.largeAssetPercent", Scenario.Limits.largeAssetPercent)
         if workload.insert == 0 { throw fail("workload.insert", "must be positive (nothing else can happen without inserts)") }
     }
 

@@ -439,6 +439,15 @@ extension SimulationRun {
         return try access.values(context, id: id) != nil ? id.sqliteValue : .null
     }
 
+    /// `count` bytes of `unit` repeated (the last copy cut short), built by doubling: a large value costs a few
+    /// copies, not a closure call per byte.
+    static func repeated(_ unit: [UInt8], count: Int) -> Data {
+        var data = Data(unit.prefix(count))
+        data.reserveCapacity(count)
+        while data.count < count { data.append(data.prefix(min(data.count, count - data.count))) }
+        return data
+    }
+
     /// A value no other write of the run produces (except booleans and nulls), so values identify their writes.
     func newValue(_ attribute: Schema.Attribute, store: Scenario.Store, collide: Bool) throws -> SQLiteValue {
         if attribute.isOptional, scenario.workload.nullPercent > 0, try dice.chance(Double(scenario.workload.nullPercent) / 100) {
@@ -464,8 +473,13 @@ extension SimulationRun {
             return .integer(Int64(n % 2))
         case .data:
             let unit = Array("blob-\(n);".utf8)
-            let size = attribute.options.contains(.externalStorage) ? 512 : 24
-            return .blob(Data((0..<size).map { unit[$0 % unit.count] }))
+            guard attribute.options.contains(.externalStorage) else { return .blob(Data((0..<24).map { unit[$0 % unit.count] })) }
+            let percent = scenario.workload.largeAssetPercent
+            if percent > 0, try dice.chance(Double(percent) / 100) {
+                let sizes = Scenario.Workload.largeAssetSizes
+                return .blob(Self.repeated(unit, count: sizes[try dice.below(sizes.count)]))
+            }
+            return .blob(Data((0..<512).map { unit[$0 % unit.count] }))
         case .uuid:
             return .blob(Data(repeating: UInt8(truncatingIfNeeded: n), count: 16))
         case .url:
