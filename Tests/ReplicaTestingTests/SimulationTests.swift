@@ -304,10 +304,7 @@ struct SimulationRegressionTests {
     /// Traces in Simulations/regressions/ of library bugs that are still open, by the bug part of the file name: replaying
     /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
     /// shrink.
-    static let open: [String: String] = [
-        "waiting-version-replaced-by-own-upload": "a device's own upload of a record whose fetched version waits for an asset replaces "
-            + "the cloud's version, losing the newer fields only the waiting version holds (large-files seed 328; Simulations/README.md)",
-    ]
+    static let open: [String: String] = [:]
 
     static func regressionFiles() -> [String] {
         guard let directory = ScenarioCatalog.directory()?.appendingPathComponent("regressions"),

@@ -205,6 +205,47 @@ struct AssetSyncTests {
         #expect(try b.photos().isEmpty)
     }
 
+    @Test("a device waiting for an asset a reset took merges the re-created zone's complete version now: its upload never sends its own older title over the newer one (large-files seed 328)")
+    func uploadWhileJoinWaitsKeepsNewerFields() throws {
+        let cloud = InMemoryCloudDatabase()
+        let phone = try AssetDevice(seed: 96), tablet = try AssetDevice(seed: 97), laptop = try AssetDevice(seed: 98)
+        let id = phone.context.insert(AssetPhoto(title: "first", image: assetBytes(Self.size, seed: 12))).id
+        try phone.context.save()
+        #expect(try phone.sync(cloud).isUpToDate)
+        #expect(try tablet.sync(cloud).isUpToDate)
+        #expect(try laptop.sync(cloud).isUpToDate)
+        // The laptop replaces the image; the phone fetches that version and waits for its asset.
+        var edited = try #require(try laptop.photos().first)
+        edited.image = assetBytes(Self.size, seed: 13)
+        laptop.context.update(edited)
+        try laptop.context.save()
+        #expect(try laptop.sync(cloud).isUpToDate)
+        phone.engine.setNeedsFetch()
+        for _ in 0..<100 where try phone.engine.status().waitingForAsset == 0 { try phone.step(cloud) }
+        #expect(try phone.engine.status().waitingForAsset == 1)
+        // The tablet, which never fetched the laptop's image, renames the photo; the zone is reset and the tablet
+        // re-creates it with its version (the newer title, the older image: complete, its asset uploaded again).
+        var renamed = try #require(try tablet.photos().first)
+        renamed.title = "renamed on the tablet"
+        tablet.context.update(renamed)
+        try tablet.context.save()
+        cloud.resetZone("photos")
+        #expect(try tablet.sync(cloud).isUpToDate)
+        // The phone fetches the tablet's version: joined with the waiting one, the laptop's image still wins and its
+        // asset is gone, so the join waits; the tablet's version alone is complete and merges now.
+        let status = try phone.sync(cloud)
+        #expect(status.waitingForAsset == 1, "\(status)")
+        #expect(try cloud.records(in: "photos").first { $0.recordID == id }?.fields["title"]?.value == .text("renamed on the tablet"))
+        #expect(try phone.photos().map(\.title) == ["renamed on the tablet"])
+        // Once the laptop sends its image again, every device converges on the newest of each field.
+        #expect(try laptop.sync(cloud).isUpToDate)
+        #expect(try phone.sync(cloud).isUpToDate)
+        #expect(try tablet.sync(cloud).isUpToDate)
+        for device in [phone, tablet, laptop] {
+            #expect(try device.photos() == [AssetPhoto(id: id, title: "renamed on the tablet", image: assetBytes(Self.size, seed: 13))])
+        }
+    }
+
     @Test("dedup: equal bytes in several records, and bytes the zone holds already, are uploaded once")
     func dedup() throws {
         let cloud = InMemoryCloudDatabase()

@@ -681,7 +681,25 @@ extension SyncEngine {
         // A version of it waiting already is joined with this one, and the join resolved: it waits only for the assets
         // of the fields it still needs (after a zone reset, an older value's asset may be gone for good).
         let remote = try joiningWaitingVersion(fetched)
-        guard names.contains(where: { if case .text? = remote.fields[$0]?.value { true } else { false } }) else { return remote }
+        let (record, missing) = try resolvingAssetFields(remote, names: names, entityIndex: entityIndex, arrived: &arrived)
+        guard missing.isEmpty else {
+            try waitForAssets(remote)
+            // The join waits for an asset of the waiting version. The fetched version alone — the cloud's, whose change
+            // tag the wait adopts — may be complete: merged now, so that the local row, and what this device uploads
+            // under that tag, never falls behind it (large-files seed 328: the device's own older title replaced a newer
+            // one in the cloud while the join waited for an asset a zone reset took).
+            guard remote != fetched else { return nil }
+            let (alone, missingAlone) = try resolvingAssetFields(fetched, names: names, entityIndex: entityIndex, arrived: &arrived)
+            return missingAlone.isEmpty ? alone : nil
+        }
+        return record
+    }
+
+    /// `remote` with each asset reference of its external-storage fields `names` resolved (see
+    /// ``resolvingAssets(_:arrived:)``), and the assets it still lacks.
+    private func resolvingAssetFields(_ remote: CloudRecord, names: [String], entityIndex: Int,
+                                      arrived: inout Set<String>) throws -> (CloudRecord, [CloudAssetReference]) {
+        guard names.contains(where: { if case .text? = remote.fields[$0]?.value { true } else { false } }) else { return (remote, []) }
         var record = remote
         var missing: [CloudAssetReference] = []
         var local: SyncLedger.RecordState?? = nil
@@ -723,11 +741,7 @@ extension SyncEngine {
             }
             missing.append(asset)
         }
-        guard missing.isEmpty else {
-            try waitForAssets(remote)
-            return nil
-        }
-        return record
+        return (record, missing)
     }
 
     /// `fetched` joined field by field with a waiting version of its record (taken out of `replica_sync_asset_wait`:
