@@ -18,38 +18,6 @@ struct LazyScan: PersistentModel, Codable, Equatable {
     ])
 }
 
-/// `count` bytes that differ for every `seed`.
-private func bytes(_ count: Int, seed: UInt64) -> Data {
-    var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
-    var result = [UInt8](repeating: 0, count: count)
-    for index in 0..<count {
-        state ^= state << 13
-        state ^= state >> 7
-        state ^= state << 17
-        result[index] = UInt8(truncatingIfNeeded: state)
-    }
-    return Data(result)
-}
-
-/// The lowercase hex SHA-256 of `data`, with libsodium's one-shot call (independent of Replica's).
-private func sha256(_ data: Data) -> String {
-    var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
-    data.withUnsafeBytes { _ = crypto_hash_sha256(&digest, $0.bindMemory(to: UInt8.self).baseAddress, UInt64($0.count)) }
-    return digest.map { String(format: "%02x", $0) }.joined()
-}
-
-/// The problem of a `ReplicaError.externalStorage` that `body` throws, or `nil` when it throws another error or none.
-private func storageProblem(_ body: () throws -> Void) -> ExternalStorageError? {
-    do {
-        try body()
-        return nil
-    } catch let ReplicaError.externalStorage(error) {
-        return error
-    } catch {
-        return nil
-    }
-}
-
 @Suite("External data handles")
 struct ExternalDataTests {
     let directory = TestDirectory()
@@ -71,7 +39,7 @@ struct ExternalDataTests {
 
     @Test("a fetched model holds a handle, not the bytes; whole, ranged, chunked and file reads return the bytes a Data property saved")
     func fetchHoldsHandle() throws {
-        let image = bytes(3 << 20 | 123, seed: 1)
+        let image = externalBytes(3 << 20 | 123, seed: 1)
         let id: UUID
         do {
             // Written through the `Data` declaration: the stored form is the same.
@@ -85,7 +53,7 @@ struct ExternalDataTests {
         let handle = try #require(fetched.image)
         #expect(!handle.isLoaded)
         #expect(handle.count == image.count)
-        #expect(handle.sha256 == sha256(image))
+        #expect(handle.sha256 == libsodiumSHA256(image))
         #expect(handle == ExternalData(image))
         #expect(try handle.data() == image)
         #expect(try handle.read(1_048_570..<1_048_600) == image.subdata(in: 1_048_570..<1_048_600))
@@ -112,11 +80,11 @@ struct ExternalDataTests {
 
     @Test("saving a fetched handle unchanged writes nothing; into another record it shares the file")
     func unchangedHandleWritesNothing() throws {
-        let image = bytes(200_000, seed: 2)
+        let image = externalBytes(200_000, seed: 2)
         let context = ModelContext(try container())
         let id = context.insert(LazyScan(title: "one", image: ExternalData(image))).id
         try context.save()
-        let before = try FileManager.default.attributesOfItem(atPath: assetPath(sha256(image)))[.systemFileNumber] as? Int
+        let before = try FileManager.default.attributesOfItem(atPath: assetPath(libsodiumSHA256(image)))[.systemFileNumber] as? Int
         var fetched = try #require(try ModelContext(try container()).model(LazyScan.self, id: id))
         #expect(fetched.image?.isLoaded == false)
         let token = try #require(try context.fetchHistory(HistoryDescriptor()).last?.token)
@@ -125,18 +93,18 @@ struct ExternalDataTests {
         try context.save()
         let changes = try context.fetchHistory(HistoryDescriptor(after: token)).flatMap(\.changes)
         #expect(changes == [.update(PersistentIdentifier(entityName: "Scan", id: id), updatedAttributes: ["title"])])
-        let after = try FileManager.default.attributesOfItem(atPath: assetPath(sha256(image)))[.systemFileNumber] as? Int
+        let after = try FileManager.default.attributesOfItem(atPath: assetPath(libsodiumSHA256(image)))[.systemFileNumber] as? Int
         #expect(before == after)
         // The handle saved into a new record of the same store: one file for both.
         let copy = context.insert(LazyScan(title: "copy", image: fetched.image))
         try context.save()
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
         #expect(try ModelContext(try container()).model(LazyScan.self, id: copy.id)?.image?.data() == image)
     }
 
     @Test("a handle saved into another store file is copied there; into an in-memory store, read into its row")
     func handleIntoOtherStores() throws {
-        let image = bytes(2_500_000, seed: 3)
+        let image = externalBytes(2_500_000, seed: 3)
         let context = ModelContext(try container())
         let id = context.insert(LazyScan(title: "source", image: ExternalData(image))).id
         try context.save()
@@ -147,7 +115,7 @@ struct ExternalDataTests {
         let otherContext = ModelContext(other)
         let copied = otherContext.insert(LazyScan(title: "copied", image: handle))
         try otherContext.save()
-        #expect(assetFiles("other") == [sha256(image)])
+        #expect(assetFiles("other") == [libsodiumSHA256(image)])
         let reread = try #require(try ModelContext(other).model(LazyScan.self, id: copied.id)?.image)
         #expect(!reread.isLoaded)
         #expect(try reread.data() == image)
@@ -168,41 +136,41 @@ struct ExternalDataTests {
 
     @Test("a value made from a file is hashed in chunks and copied at save; a file changed before the save fails it, leaving nothing")
     func importFromFile() throws {
-        let image = bytes(2 << 20 | 9, seed: 4)
+        let image = externalBytes(2 << 20 | 9, seed: 4)
         let source = directory.url.appendingPathComponent("camera.bin")
         try image.write(to: source)
         let value = try ExternalData(contentsOf: source)
         #expect(!value.isLoaded)
         #expect(value.count == image.count)
-        #expect(value.sha256 == sha256(image))
+        #expect(value.sha256 == libsodiumSHA256(image))
         let context = ModelContext(try container())
         let id = context.insert(LazyScan(title: "imported", image: value)).id
         // Before the save, a fetch sees the pending value (its file description passes through the overlay).
         #expect(try context.fetch(FetchDescriptor<LazyScan>()).first?.image == value)
         try context.save()
-        #expect(assetFiles() == [sha256(image)])
-        #expect(try Data(contentsOf: URL(fileURLWithPath: assetPath(sha256(image)))) == image)
+        #expect(assetFiles() == [libsodiumSHA256(image)])
+        #expect(try Data(contentsOf: URL(fileURLWithPath: assetPath(libsodiumSHA256(image)))) == image)
         #expect(try ModelContext(try container()).model(LazyScan.self, id: id)?.image?.data() == image)
 
         // The same file, changed (same size) after the handle was made.
-        let second = try ExternalData(contentsOf: { try bytes(100, seed: 5).write(to: source); return source }())
-        try bytes(100, seed: 6).write(to: source)
+        let second = try ExternalData(contentsOf: { try externalBytes(100, seed: 5).write(to: source); return source }())
+        try externalBytes(100, seed: 6).write(to: source)
         context.insert(LazyScan(title: "changed", image: second))
-        let error = storageProblem { try context.save() }
+        let error = externalStorageProblem { try context.save() }
         #expect(error?.problem == .hashMismatch)
         #expect(error?.attribute == "image")
         context.rollback()
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
         #expect(try context.fetchCount(FetchDescriptor<LazyScan>()) == 1)
 
         let missing = directory.url.appendingPathComponent("nothing-here.bin")
-        #expect(storageProblem { _ = try ExternalData(contentsOf: missing) }?.problem == .missingFile)
-        #expect(storageProblem { _ = try ExternalData(contentsOf: directory.url) }?.problem == .notRegularFile)
+        #expect(externalStorageProblem { _ = try ExternalData(contentsOf: missing) }?.problem == .missingFile)
+        #expect(externalStorageProblem { _ = try ExternalData(contentsOf: directory.url) }?.problem == .notRegularFile)
     }
 
     @Test("a handle whose record was deleted since the fetch throws missingFile, naming the record, for reads and saves")
     func staleHandle() throws {
-        let image = bytes(50_000, seed: 7)
+        let image = externalBytes(50_000, seed: 7)
         let context = ModelContext(try container())
         let model = context.insert(LazyScan(title: "gone", image: ExternalData(image)))
         try context.save()
@@ -210,42 +178,42 @@ struct ExternalDataTests {
         context.delete(model)
         try context.save()
         #expect(assetFiles() == [])
-        let read = storageProblem { _ = try handle.data() }
+        let read = externalStorageProblem { _ = try handle.data() }
         #expect(read?.problem == .missingFile)
         #expect(read?.recordID == model.id)
         #expect(read?.entity == "Scan")
         #expect(read?.attribute == "image")
         #expect(read?.store == "scans")
         context.insert(LazyScan(title: "again", image: handle))
-        #expect(storageProblem { try context.save() }?.problem == .missingFile)
+        #expect(externalStorageProblem { try context.save() }?.problem == .missingFile)
     }
 
     @Test("a damaged file: whole and chunked reads throw hashMismatch, a ranged read returns the bytes as they are")
     func damagedFile() throws {
-        let image = bytes(1_500_000, seed: 8)
+        let image = externalBytes(1_500_000, seed: 8)
         let context = ModelContext(try container())
         let id = context.insert(LazyScan(title: "bad", image: ExternalData(image))).id
         try context.save()
         var damaged = image
         damaged[700_000] ^= 0xFF
-        try damaged.write(to: URL(fileURLWithPath: assetPath(sha256(image))))
+        try damaged.write(to: URL(fileURLWithPath: assetPath(libsodiumSHA256(image))))
         let handle = try #require(try ModelContext(try container()).model(LazyScan.self, id: id)?.image)
-        #expect(storageProblem { _ = try handle.data() }?.problem == .hashMismatch)
+        #expect(externalStorageProblem { _ = try handle.data() }?.problem == .hashMismatch)
         var received = 0
-        #expect(storageProblem { try handle.forEachChunk { received += $0.count } }?.problem == .hashMismatch)
+        #expect(externalStorageProblem { try handle.forEachChunk { received += $0.count } }?.problem == .hashMismatch)
         #expect(received == image.count)
         #expect(try handle.read(699_999..<700_002) == damaged.subdata(in: 699_999..<700_002))
         let exported = directory.url.appendingPathComponent("export.bin")
-        #expect(storageProblem { try handle.write(to: exported) }?.problem == .hashMismatch)
+        #expect(externalStorageProblem { try handle.write(to: exported) }?.problem == .hashMismatch)
         #expect(!FileManager.default.fileExists(atPath: exported.path))
         // Truncated: the size check fails before any byte is read.
-        try image.prefix(10).write(to: URL(fileURLWithPath: assetPath(sha256(image))))
-        #expect(storageProblem { _ = try handle.data() }?.problem == .sizeMismatch(expected: image.count, found: 10))
+        try image.prefix(10).write(to: URL(fileURLWithPath: assetPath(libsodiumSHA256(image))))
+        #expect(externalStorageProblem { _ = try handle.data() }?.problem == .sizeMismatch(expected: image.count, found: 10))
     }
 
     @Test("an in-memory store's handles hold the bytes; the same API reads them")
     func inMemoryHandles() throws {
-        let image = bytes(40_000, seed: 9)
+        let image = externalBytes(40_000, seed: 9)
         let memory = try container("memory", inMemory: true)
         let context = ModelContext(memory)
         let id = context.insert(LazyScan(title: "m", image: ExternalData(image))).id
@@ -261,7 +229,7 @@ struct ExternalDataTests {
 
     @Test("a handle encodes as its bytes, and its description never shows them")
     func codableAndDescription() throws {
-        let image = bytes(1_000, seed: 10)
+        let image = externalBytes(1_000, seed: 10)
         let context = ModelContext(try container())
         let id = context.insert(LazyScan(title: "c", image: ExternalData(image))).id
         try context.save()
@@ -272,6 +240,6 @@ struct ExternalDataTests {
         #expect(try decoded.image?.data() == image)
         #expect(decoded == model)
         #expect(model.image?.description == "ExternalData(1000 bytes, in a file)")
-        #expect(!(model.image?.description.contains(sha256(image)) ?? true))
+        #expect(!(model.image?.description.contains(libsodiumSHA256(image)) ?? true))
     }
 }

@@ -5,26 +5,6 @@ import Foundation
 import Testing
 @testable import Replica
 
-/// `count` bytes that differ for every `seed`.
-private func bytes(_ count: Int, seed: UInt64) -> Data {
-    var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
-    var result = [UInt8](repeating: 0, count: count)
-    for index in 0..<count {
-        state ^= state << 13
-        state ^= state >> 7
-        state ^= state << 17
-        result[index] = UInt8(truncatingIfNeeded: state)
-    }
-    return Data(result)
-}
-
-/// The lowercase hex SHA-256 of `data` (libsodium's one-shot call).
-private func sha256(_ data: Data) -> String {
-    var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
-    data.withUnsafeBytes { _ = crypto_hash_sha256(&digest, $0.bindMemory(to: UInt8.self).baseAddress, UInt64($0.count)) }
-    return digest.map { String(format: "%02x", $0) }.joined()
-}
-
 /// `Scan` as a schema that does not mark the image `.externalStorage` declares it (a widget's).
 private struct PlainScan: PersistentModel, Codable, Equatable {
     static var entityName: String { "Scan" }
@@ -108,7 +88,7 @@ struct ExternalStorageFaultTests {
 
     /// A local store with two scans; returns their IDs and images.
     func seedTwo() throws -> (good: UUID, bad: UUID, goodImage: Data, badImage: Data) {
-        let goodImage = bytes(5000, seed: 1), badImage = bytes(6000, seed: 2)
+        let goodImage = externalBytes(5000, seed: 1), badImage = externalBytes(6000, seed: 2)
         let context = ModelContext(try container())
         let good = context.insert(Scan(title: "good", image: goodImage)).id
         let bad = context.insert(Scan(title: "bad", image: badImage)).id
@@ -117,7 +97,7 @@ struct ExternalStorageFaultTests {
     }
 
     func damage(_ image: Data, missing: Bool) throws {
-        let file = assetDirectory.appendingPathComponent(sha256(image))
+        let file = assetDirectory.appendingPathComponent(libsodiumSHA256(image))
         if missing {
             try FileManager.default.removeItem(at: file)
         } else {
@@ -145,7 +125,7 @@ struct ExternalStorageFaultTests {
         var descriptor = FetchDescriptor<Scan>(predicate: #Predicate { $0.title == "bad" })
         descriptor.propertiesToFetch = [\Scan.title]
         var bad = try #require(try context.fetch(descriptor).first)
-        let replacement = bytes(7000, seed: 9)
+        let replacement = externalBytes(7000, seed: 9)
         bad.image = replacement
         context.update(bad)
         try context.save()
@@ -177,7 +157,7 @@ struct ExternalStorageFaultTests {
 
     @Test("R5: a save of bytes whose file was damaged (same size) rewrites the file; both records read back")
     func damagedFileRewritten() throws {
-        let image = bytes(8000, seed: 3)
+        let image = externalBytes(8000, seed: 3)
         let first: UUID
         do {
             let context = ModelContext(try container())
@@ -191,12 +171,12 @@ struct ExternalStorageFaultTests {
         let reader = ModelContext(try container())
         #expect(try reader.model(Scan.self, id: second)?.image == image)
         #expect(try reader.model(Scan.self, id: first)?.image == image)
-        #expect(try Data(contentsOf: assetDirectory.appendingPathComponent(sha256(image))) == image)
+        #expect(try Data(contentsOf: assetDirectory.appendingPathComponent(libsodiumSHA256(image))) == image)
     }
 
     @Test("R6: a lightweight stage that drops an external attribute removes its files")
     func droppedAttributeFilesRemoved() throws {
-        let secret = Data("SECRET-PASSPORT-SCAN".utf8) + bytes(3000, seed: 4)
+        let secret = Data("SECRET-PASSPORT-SCAN".utf8) + externalBytes(3000, seed: 4)
         let assets = URL(fileURLWithPath: directory.storeURL().path + "-assets")
         do {
             let v1 = try ModelContainer(for: DocsV1.schema, migrationPlan: nil, environment: directory.environment(seed: 1))
@@ -204,7 +184,7 @@ struct ExternalStorageFaultTests {
             context.insert(DocsV1.Doc(title: "passport", scan: secret))
             try context.save()
         }
-        #expect(assetFiles(assets) == [sha256(secret)])
+        #expect(assetFiles(assets) == [libsodiumSHA256(secret)])
         let v2 = try ModelContainer(for: DocsV2.schema, migrationPlan: DocsPlan.self, environment: directory.environment(seed: 2))
         #expect(try ModelContext(v2).fetch(DocsV2.Doc.self).map(\.title) == ["passport"])
         #expect(assetFiles(assets).isEmpty, "the dropped attribute's file is still there")
@@ -213,7 +193,7 @@ struct ExternalStorageFaultTests {
     @Test("R6: a schema without the entity, or without its external attribute, keeps the files other schemas reference")
     func subsetSchemasKeepFiles() throws {
         let seeded = try seedTwo()
-        let files = [sha256(seeded.goodImage), sha256(seeded.badImage)].sorted()
+        let files = [libsodiumSHA256(seeded.goodImage), libsodiumSHA256(seeded.badImage)].sorted()
         let memos = Schema([Memo.self, KeptScan.self])
         _ = try ModelContainer(for: memos, configurations: [ModelConfiguration("scans", schema: memos)], environment: directory.environment(seed: 2))
         #expect(assetFiles() == files)
@@ -238,7 +218,7 @@ struct ExternalStorageFaultTests {
     @Test("R11: an asset path that is a directory is reported as not a regular file")
     func directoryInPlace() throws {
         let seeded = try seedTwo()
-        let file = assetDirectory.appendingPathComponent(sha256(seeded.badImage))
+        let file = assetDirectory.appendingPathComponent(libsodiumSHA256(seeded.badImage))
         try FileManager.default.removeItem(at: file)
         try FileManager.default.createDirectory(at: file, withIntermediateDirectories: false)
         let context = ModelContext(try container())

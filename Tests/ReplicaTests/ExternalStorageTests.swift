@@ -27,26 +27,6 @@ struct KeptScan: PersistentModel, Codable, Equatable {
     ])
 }
 
-/// `count` bytes that differ for every `seed` (not compressible, not all equal).
-private func bytes(_ count: Int, seed: UInt64) -> Data {
-    var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
-    var result = [UInt8](repeating: 0, count: count)
-    for index in 0..<count {
-        state ^= state << 13
-        state ^= state >> 7
-        state ^= state << 17
-        result[index] = UInt8(truncatingIfNeeded: state)
-    }
-    return Data(result)
-}
-
-/// The lowercase hex SHA-256 of `data`, computed here with libsodium's one-shot call (independent of Replica's).
-private func sha256(_ data: Data) -> String {
-    var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
-    data.withUnsafeBytes { _ = crypto_hash_sha256(&digest, $0.bindMemory(to: UInt8.self).baseAddress, UInt64($0.count)) }
-    return digest.map { String(format: "%02x", $0) }.joined()
-}
-
 @Suite("External storage")
 struct ExternalStorageTests {
     let directory = TestDirectory()
@@ -78,14 +58,14 @@ struct ExternalStorageTests {
 
     @Test("a 5 MB value is written to a file beside the store, not into the SQLite file, and reads back")
     func roundTrip() throws {
-        let image = bytes(5 << 20, seed: 1)
+        let image = externalBytes(5 << 20, seed: 1)
         let id: UUID
         do {
             let context = ModelContext(try container())
             id = context.insert(Scan(title: "big", image: image, thumbnail: Data([1, 2, 3]))).id
             try context.save()
         }
-        let hash = sha256(image)
+        let hash = libsodiumSHA256(image)
         #expect(assetFiles() == [hash])
         let file = try Data(contentsOf: assetDirectory.appendingPathComponent(hash))
         #expect(file == image)
@@ -109,24 +89,24 @@ struct ExternalStorageTests {
     @Test("equal values share one file; replacing or deleting a value removes its file once nothing references it")
     func sharingAndReplacing() throws {
         let context = ModelContext(try container())
-        let a = bytes(70_000, seed: 2), b = bytes(90_000, seed: 3)
+        let a = externalBytes(70_000, seed: 2), b = externalBytes(90_000, seed: 3)
         var first = context.insert(Scan(title: "one", image: a))
         let second = context.insert(Scan(title: "two", image: a))
         try context.save()
-        #expect(assetFiles() == [sha256(a)])
+        #expect(assetFiles() == [libsodiumSHA256(a)])
         first.image = b
         context.update(first)
         try context.save()
-        #expect(assetFiles() == [sha256(a), sha256(b)].sorted())
+        #expect(assetFiles() == [libsodiumSHA256(a), libsodiumSHA256(b)].sorted())
         context.delete(second)
         try context.save()
-        #expect(assetFiles() == [sha256(b)])
+        #expect(assetFiles() == [libsodiumSHA256(b)])
         // An unchanged value is not written again: the row keeps its reference, the file its inode.
-        let before = try FileManager.default.attributesOfItem(atPath: assetDirectory.appendingPathComponent(sha256(b)).path)[.systemFileNumber] as? Int
+        let before = try FileManager.default.attributesOfItem(atPath: assetDirectory.appendingPathComponent(libsodiumSHA256(b)).path)[.systemFileNumber] as? Int
         first.title = "renamed"
         context.update(first)
         try context.save()
-        let after = try FileManager.default.attributesOfItem(atPath: assetDirectory.appendingPathComponent(sha256(b)).path)[.systemFileNumber] as? Int
+        let after = try FileManager.default.attributesOfItem(atPath: assetDirectory.appendingPathComponent(libsodiumSHA256(b)).path)[.systemFileNumber] as? Int
         #expect(before == after)
         first.image = nil
         context.update(first)
@@ -142,7 +122,7 @@ struct ExternalStorageTests {
         let container = try ModelContainer(for: schema, configurations: [ModelConfiguration("mem", schema: schema, isStoredInMemoryOnly: true)],
                                            environment: directory.environment())
         let context = ModelContext(container)
-        let image = bytes(300_000, seed: 4)
+        let image = externalBytes(300_000, seed: 4)
         let id = context.insert(Scan(title: "m", image: image)).id
         try context.save()
         #expect(try ModelContext(container).model(Scan.self, id: id)?.image == image)
@@ -153,17 +133,17 @@ struct ExternalStorageTests {
     @Test("a synced store keeps external-storage values in files too (they sync as assets)")
     func syncedStoreFiles() throws {
         let context = ModelContext(try container(synced: true))
-        let image = bytes(10_000, seed: 5)
+        let image = externalBytes(10_000, seed: 5)
         let id = context.insert(Scan(title: "s", image: image)).id
         try context.save()
         #expect(try rawImage(id) == ("text", .text(CloudAssetReference(of: image).fieldValue)))
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
         #expect(try context.model(Scan.self, id: id)?.image == image)
     }
 
     @Test("a local store that kept files keeps them when it is opened synced; a value written inline earlier stays readable")
     func localThenSynced() throws {
-        let image = bytes(20_000, seed: 6), inline = bytes(3_000, seed: 7)
+        let image = externalBytes(20_000, seed: 6), inline = externalBytes(3_000, seed: 7)
         let id: UUID, old: UUID
         do {
             let context = ModelContext(try container())
@@ -178,19 +158,19 @@ struct ExternalStorageTests {
         #expect(try rawImage(id).type == "text")
         #expect(try context.model(Scan.self, id: id)?.image == image)
         #expect(try context.model(Scan.self, id: old)?.image == inline)
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
     }
 
     @Test("a missing or damaged file is a typed error naming store, entity, record and attribute")
     func missingAndCorruptFiles() throws {
-        let image = bytes(50_000, seed: 7)
+        let image = externalBytes(50_000, seed: 7)
         let id: UUID
         do {
             let context = ModelContext(try container())
             id = context.insert(Scan(title: "x", image: image)).id
             try context.save()
         }
-        let file = assetDirectory.appendingPathComponent(sha256(image))
+        let file = assetDirectory.appendingPathComponent(libsodiumSHA256(image))
         var damaged = image
         damaged[100] ^= 0xFF
         try damaged.write(to: file)
@@ -214,7 +194,7 @@ struct ExternalStorageTests {
 
     @Test("a crash between writing the file and committing leaves a file the next open removes; committed files stay")
     func crashBeforeCommit() throws {
-        let kept = bytes(40_000, seed: 8), lost = bytes(60_000, seed: 9)
+        let kept = externalBytes(40_000, seed: 8), lost = externalBytes(60_000, seed: 9)
         let faults = ArmedFaults()
         do {
             let context = ModelContext(try container(faults: faults))
@@ -224,58 +204,58 @@ struct ExternalStorageTests {
             context.insert(Scan(title: "lost", image: lost))
             #expect(throws: ArmedFaults.Injected.self) { try context.save() }
             // The file was written before the commit that never came.
-            #expect(assetFiles() == [sha256(kept), sha256(lost)].sorted())
+            #expect(assetFiles() == [libsodiumSHA256(kept), libsodiumSHA256(lost)].sorted())
         }
         // A write that crashed halfway leaves its temporary file too.
-        try Data(count: 7).write(to: assetDirectory.appendingPathComponent(sha256(lost) + ".tmp"))
+        try Data(count: 7).write(to: assetDirectory.appendingPathComponent(libsodiumSHA256(lost) + ".tmp"))
         let context = ModelContext(try container())
-        #expect(assetFiles() == [sha256(kept)])
+        #expect(assetFiles() == [libsodiumSHA256(kept)])
         #expect(try context.fetch(FetchDescriptor<Scan>()).map(\.image) == [kept])
     }
 
     @Test("a file referenced from a column an earlier schema's attribute left behind is kept")
     func leftoverColumnKeepsFile() throws {
-        let old = bytes(12_000, seed: 14)
+        let old = externalBytes(12_000, seed: 14)
         let id: UUID
         do {
             let context = ModelContext(try container())
-            id = context.insert(Scan(title: "o", image: bytes(100, seed: 15))).id
+            id = context.insert(Scan(title: "o", image: externalBytes(100, seed: 15))).id
             try context.save()
         }
         // As an earlier schema with a data attribute `scan` (no longer declared) would have left the table.
         let db = try rawConnection(storeURL)
         try db.execute("ALTER TABLE \"Scan\" ADD COLUMN \"scan\" BLOB")
         try db.run("UPDATE \"Scan\" SET \"scan\" = ? WHERE id = ?", [.text(AssetStore.reference(for: old)), id.sqliteValue])
-        try old.write(to: assetDirectory.appendingPathComponent(sha256(old)))
+        try old.write(to: assetDirectory.appendingPathComponent(libsodiumSHA256(old)))
         _ = try container(seed: 2)
-        #expect(assetFiles() == [sha256(old), sha256(bytes(100, seed: 15))].sorted())
+        #expect(assetFiles() == [libsodiumSHA256(old), libsodiumSHA256(externalBytes(100, seed: 15))].sorted())
     }
 
     @Test("a save that fails validation removes the files it wrote")
     func failedSave() throws {
         let context = ModelContext(try container())
-        let saved = context.insert(Scan(title: "a", image: bytes(1000, seed: 10)))
+        let saved = context.insert(Scan(title: "a", image: externalBytes(1000, seed: 10)))
         try context.save()
-        var duplicate = Scan(title: "dup", image: bytes(2000, seed: 11))
+        var duplicate = Scan(title: "dup", image: externalBytes(2000, seed: 11))
         duplicate.id = saved.id
         context.insert(duplicate)
         #expect(throws: ReplicaError.self) { try context.save() }
-        #expect(assetFiles() == [sha256(bytes(1000, seed: 10))])
+        #expect(assetFiles() == [libsodiumSHA256(externalBytes(1000, seed: 10))])
     }
 
     @Test("a preserved value's file stays while a history tombstone references it, and goes with that history")
     func tombstoneReferences() throws {
-        let image = bytes(30_000, seed: 12)
+        let image = externalBytes(30_000, seed: 12)
         let context = ModelContext(try container())
         let scan = context.insert(KeptScan(title: "k", image: image))
         try context.save()
         let afterInsert = try context.currentHistoryToken(of: "scans")
         context.delete(scan)
         try context.save()
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
         // Reopening (a collection) keeps it too; the tombstone reads the bytes.
         let reopened = ModelContext(try container())
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
         let deletes = try reopened.fetchHistory(HistoryDescriptor(after: afterInsert)).flatMap(\.changes).compactMap { change -> HistoryTombstone? in
             if case let .delete(_, tombstone) = change { return tombstone }
             return nil
@@ -290,7 +270,7 @@ struct ExternalStorageTests {
     func undoRestoresFile() throws {
         let context = ModelContext(try container())
         context.undoManager = ModelUndoManager()
-        let image = bytes(25_000, seed: 13)
+        let image = externalBytes(25_000, seed: 13)
         let scan = context.insert(Scan(title: "u", image: image))
         try context.save()
         context.delete(scan)
@@ -298,7 +278,7 @@ struct ExternalStorageTests {
         #expect(assetFiles() == [])
         try #require(context.undoManager).undo()
         try context.save()
-        #expect(assetFiles() == [sha256(image)])
+        #expect(assetFiles() == [libsodiumSHA256(image)])
         #expect(try ModelContext(try container()).model(Scan.self, id: scan.id)?.image == image)
     }
 
@@ -312,7 +292,7 @@ struct ExternalStorageTests {
         var order: [UUID] = []
         for step in 0..<120 {
             let choice = random.next() % 10
-            let value = bytes(Int(random.next() % 4096) + 1, seed: random.next() % 12)
+            let value = externalBytes(Int(random.next() % 4096) + 1, seed: random.next() % 12)
             switch choice {
             case 0...3:
                 let scan = context.insert(Scan(title: "s\(step)", image: value))
@@ -336,7 +316,7 @@ struct ExternalStorageTests {
                 faults.arm(.beforeCommit(store: "scans"))
                 context.insert(Scan(title: "crash", image: value))
                 if let id = order.first, var scan = try context.model(Scan.self, id: id) {
-                    scan.image = bytes(100, seed: random.next())
+                    scan.image = externalBytes(100, seed: random.next())
                     context.update(scan)
                 }
                 #expect(throws: ArmedFaults.Injected.self) { try context.save() }
@@ -347,14 +327,14 @@ struct ExternalStorageTests {
                 container = nil
                 container = try self.container(seed: UInt64(step) + 100, faults: faults)
                 context = ModelContext(container!)
-                #expect(Set(assetFiles()) == Set(live.values.map(sha256)))
+                #expect(Set(assetFiles()) == Set(live.values.map(libsodiumSHA256)))
             }
             // No referenced file is ever missing.
-            #expect(Set(live.values.map(sha256)).isSubset(of: Set(assetFiles())), "step \(step)")
+            #expect(Set(live.values.map(libsodiumSHA256)).isSubset(of: Set(assetFiles())), "step \(step)")
         }
         container = nil
         context = ModelContext(try self.container(seed: 999))
-        #expect(Set(assetFiles()) == Set(live.values.map(sha256)))
+        #expect(Set(assetFiles()) == Set(live.values.map(libsodiumSHA256)))
         let fetched = try context.fetch(FetchDescriptor<Scan>())
         #expect(Dictionary(uniqueKeysWithValues: fetched.map { ($0.id, $0.image!) }) == live)
     }

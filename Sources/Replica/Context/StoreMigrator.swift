@@ -164,6 +164,7 @@ enum StoreMigrator {
             try step(.copied)
             var staged = configuration
             staged.explicitURL = copy
+            staged.isMigrationCopy = true
             staged.schema = nil
             func container(_ schema: Schema) throws -> ModelContainer {
                 let names = Set(entityNames(schema))

@@ -403,6 +403,18 @@ struct StoreWriter {
 
     // MARK: Uniqueness
 
+    /// `value` of field `field` of `entityName` as a row of this store holds it, for comparing with stored rows
+    /// (uniqueness, upserts): an external-storage value of a store file is the reference to its file (bytes are hashed,
+    /// no file is written); anything else is itself.
+    func comparableStoredValue(_ value: SQLiteValue, field: Int, entity entityName: String) -> SQLiteValue {
+        guard let index = store.entityIndex[entityName], store.externalFields[index].contains(field) else { return value }
+        switch value {
+        case let .blob(data): return .text(AssetStore.reference(for: data))
+        case let .text(text): return FileHandleForm(text: text).map { .text($0.reference) } ?? value
+        default: return value
+        }
+    }
+
     /// The kinds of ``Connection/cachedStatement(owner:kind:variant:sql:)`` statements a writer caches per entity.
     private static let updateStatementKind = 0
     private static let uniquenessStatementKind = 1
@@ -411,7 +423,7 @@ struct StoreWriter {
         let (entity, sql) = entity(snapshot.entityName)
         for (position, constraint) in entity.uniquenessConstraints.enumerated() where !constraint.isEmpty {
             let indices = constraint.compactMap { name in sql.fieldIndex[name] }
-            let values = indices.map { snapshot.values[$0] }
+            let values = indices.map { comparableStoredValue(snapshot.values[$0], field: $0, entity: snapshot.entityName) }
             // As in SQL, a key with a NULL part never collides.
             if values.contains(where: \.isNull) { continue }
             let statement = try db.cachedStatement(owner: sql, kind: Self.uniquenessStatementKind, variant: [position]) {

@@ -38,8 +38,11 @@ extension StoreWriter {
     }
 
     /// The key of `snapshot` for one constraint, or `nil` when a part is NULL (as in SQL, such a key never collides).
-    private static func key(_ snapshot: Snapshot, _ constraint: (position: Int, fields: [Int])) -> Key? {
-        let values = constraint.fields.map { $0 < snapshot.values.count ? snapshot.values[$0] : .null }
+    /// An external-storage part is its stored form (the reference a row holds), so keys compare with rows.
+    private func key(_ snapshot: Snapshot, _ constraint: (position: Int, fields: [Int])) -> Key? {
+        let values = constraint.fields.map { field in
+            field < snapshot.values.count ? comparableStoredValue(snapshot.values[field], field: field, entity: snapshot.entityName) : .null
+        }
         if values.contains(where: \.isNull) { return nil }
         return Key(entity: snapshot.entityName, constraint: constraint.position, values: values)
     }
@@ -76,11 +79,11 @@ extension StoreWriter {
                 updates[result[index].id] = index
                 for constraint in constraints(snapshot.entityName)
                 where fields.map({ set in constraint.fields.contains(where: set.contains) }) ?? true {
-                    if let key = Self.key(snapshot, constraint), claimed[key] == nil { claimed[key] = index }
+                    if let key = self.key(snapshot, constraint), claimed[key] == nil { claimed[key] = index }
                 }
             case let .replace(snapshot)?:
                 for constraint in constraints(snapshot.entityName) {
-                    if let key = Self.key(snapshot, constraint), claimed[key] == nil { claimed[key] = index }
+                    if let key = self.key(snapshot, constraint), claimed[key] == nil { claimed[key] = index }
                 }
             case .insert?, .delete?, nil:
                 break
@@ -96,7 +99,7 @@ extension StoreWriter {
             var inBatch: [Int] = []
             var stored: [UUID] = []
             for constraint in entityConstraints {
-                guard let key = Self.key(snapshot, constraint) else { continue }
+                guard let key = self.key(snapshot, constraint) else { continue }
                 if let position = claimed[key] {
                     if !inBatch.contains(position) { inBatch.append(position) }
                     continue
@@ -106,7 +109,7 @@ extension StoreWriter {
                     if wasDeleted(pid) { continue }
                     if let position = updates[pid] {
                         // Its pending update decides its key.
-                        guard let update = result[position].change?.snapshot, Self.key(update, constraint) == key else { continue }
+                        guard let update = result[position].change?.snapshot, self.key(update, constraint) == key else { continue }
                         if !inBatch.contains(position) { inBatch.append(position) }
                     } else if !stored.contains(id) {
                         stored.append(id)
@@ -116,7 +119,7 @@ extension StoreWriter {
             guard inBatch.count + stored.count == 1 else {
                 // A new key, or an ambiguous one (the uniqueness check reports it): the insert holds its keys.
                 for constraint in entityConstraints {
-                    if let key = Self.key(snapshot, constraint), claimed[key] == nil { claimed[key] = index }
+                    if let key = self.key(snapshot, constraint), claimed[key] == nil { claimed[key] = index }
                 }
                 continue
             }
@@ -146,7 +149,7 @@ extension StoreWriter {
             redirects[snapshot.id] = existing
             upserts.append((snapshot.persistentModelID, PersistentIdentifier(entityName: snapshot.entityName, id: existing)))
             for constraint in entityConstraints {
-                if let key = Self.key(merged, constraint), claimed[key] == nil { claimed[key] = target }
+                if let key = self.key(merged, constraint), claimed[key] == nil { claimed[key] = target }
             }
         }
         guard !redirects.isEmpty else { return batch }

@@ -78,14 +78,16 @@ final class AssetStore: Sendable {
 
     static let prefix = "replica-asset:sha256:"
 
-    /// The asset directory of the store file at `url` (a migration's `.migrating` copy shares the store's).
-    init(storeURL url: URL, storeName: String, verifiesReuse: Bool = true) {
+    /// The asset directory of the store file at `url`: `<url>-assets/`, or, for the copy a migration stage works on
+    /// (`migrationCopy`: `<store file>.migrating`), the store's own, which the copy never collects. A store whose file
+    /// name merely ends in `.migrating` has a directory of its own (before, the suffix alone decided, and such a store
+    /// shared — and lost to — the directory of the file named without it).
+    init(storeURL url: URL, storeName: String, verifiesReuse: Bool = true, migrationCopy: Bool = false) {
         var path = url.path
-        let migrating = path.hasSuffix(".migrating")
-        if migrating { path.removeLast(".migrating".count) }
+        if migrationCopy, path.hasSuffix(".migrating") { path.removeLast(".migrating".count) }
         directory = URL(fileURLWithPath: path + "-assets", isDirectory: true)
         self.storeName = storeName
-        collects = !migrating
+        collects = !migrationCopy
         self.verifiesReuse = verifiesReuse
     }
 
@@ -201,30 +203,12 @@ final class AssetStore: Sendable {
         try read(asset, range: asset.chunkRange(index))
     }
 
-    /// Bytes `range` of the asset's file, read with `pread`.
-    /// - Throws: ``ExternalStorageError/Problem`` when the file is missing, shorter, or cannot be read.
+    /// Bytes `range` of the asset's file, read with `pread` (through ``ExternalFileIO``, as an ``ExternalData``
+    /// handle reads its file).
+    /// - Throws: ``ExternalStorageError/Problem`` when the file is missing, not a regular file, of another size than the
+    ///   asset's, or cannot be read.
     func read(_ asset: CloudAssetReference, range: Range<Int64>) throws(ExternalStorageError.Problem) -> Data {
-        let count = Int(range.upperBound - range.lowerBound)
-        let fd = open(path(ofHash: asset.hash), O_RDONLY)
-        guard fd >= 0 else { throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno) }
-        defer { close(fd) }
-        var data = Data(count: count)
-        var failure: ExternalStorageError.Problem?
-        data.withUnsafeMutableBytes { buffer in
-            var offset = 0
-            while offset < count {
-                let read = pread(fd, buffer.baseAddress! + offset, count - offset, off_t(range.lowerBound) + off_t(offset))
-                if read < 0 && errno == EINTR { continue }
-                guard read > 0 else {
-                    failure = read == 0 ? .sizeMismatch(expected: Int(asset.size), found: Int(range.lowerBound) + offset)
-                        : .fileOperationFailed(operation: "reading the file", code: errno)
-                    return
-                }
-                offset += read
-            }
-        }
-        if let failure { throw failure }
-        return data
+        try ExternalFileIO.read(path: path(ofHash: asset.hash), range: range, size: asset.size)
     }
 
     /// Writes the asset's file from its chunks (`chunk(i)` for each index, in order), durably, as ``write(_:reference:)``

@@ -50,6 +50,10 @@ public struct ModelConfiguration: Sendable, Hashable {
     /// stage's old schema, by which renames through original names tell a swap to make from one made already (see
     /// ``StoreRenames``). Internal.
     var migrationSource: Schema?
+    /// Set by a migration stage on the configuration of the store copy (`<store file>.migrating`) it works on: the
+    /// copy shares the store's asset directory and never collects it (see ``AssetStore``). A store whose own file
+    /// name ends in `.migrating` is not a copy. Internal.
+    var isMigrationCopy = false
 
     /// A configuration whose file lives in the environment's default store directory or, with `groupContainer`,
     /// in the app group's shared directory.

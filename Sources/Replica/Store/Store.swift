@@ -150,7 +150,7 @@ final class Store: Sendable {
             var isNew = false
             let fileURL: URL? = if case let .file(url) = location { url } else { nil }
             let assetStore = fileURL.map {
-                AssetStore(storeURL: $0, storeName: name, verifiesReuse: true)
+                AssetStore(storeURL: $0, storeName: name, verifiesReuse: true, migrationCopy: configuration.isMigrationCopy)
             }
             if configuration.allowsSave {
                 // A new in-memory store starts as a copy of the schema (see `cloneFreshSchema`), or as the emptied
