@@ -19,12 +19,18 @@ import Foundation
 ///     ])
 /// }
 ///
-/// photo.image = ExternalData(jpegBytes)                          // bytes in memory, written to a file at save
-/// photo.image = try ExternalData(contentsOf: cameraFileURL)      // streamed: the save copies the file in chunks
-/// let bytes = try fetched.image?.data()                          // reads the file now, checked against its hash
+/// var photo = context.insert(Photo(title: "beach", image: ExternalData(jpegBytes)))  // written to a file at save
+/// photo.image = try ExternalData(contentsOf: cameraFileURL)  // streamed: the save copies the file in 1 MiB chunks
+/// context.update(photo)
+/// try context.save()
+/// let fetched = try context.fetch(FetchDescriptor<Photo>())  // handles: no file is opened
+/// let bytes = try fetched.first?.image?.data()                // reads the file now, checked against its hash
 /// ```
 ///
-/// A store file keeps the value in a file beside the store (Specs/external-storage.md); a fetch of a model with an
+/// Declaring `ExternalData` on an attribute without ``Schema/Attribute/Options/externalStorage`` is a programmer
+/// error: building the entity traps with a message naming the attribute.
+///
+/// A store file keeps the value in a file beside the store (`<store file>-assets/<sha256>`); a fetch of a model with an
 /// `ExternalData` property opens no file (O(1) per row). An in-memory store keeps the bytes in its row, and its
 /// fetched handles hold them: the same API either way (``isLoaded`` tells which).
 ///
