@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// The value of a ``Schema/Attribute/Options/externalStorage`` attribute as a handle: a fetched model holds the
 /// file's size and content hash, not its bytes, until the app reads them — whole (``data()``), by range
@@ -181,9 +182,11 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
     /// - Complexity: O(``count``) time, O(1 MiB) memory.
     public func write(to url: URL) throws {
         // A temporary name of this call's own: two writes of one destination at once must not share (and rename) one
-        // half-written file.
+        // half-written file. The process ID and a per-process counter make it unique without randomness (DESIGN.md
+        // principle 1).
+        let serial = ExternalData.temporaryFileSerial.add(1, ordering: .relaxed).newValue
         let temporary = url.deletingLastPathComponent().appendingPathComponent(
-            "." + url.lastPathComponent + "." + UUID().uuidString.prefix(8) + ".replica-tmp")
+            "." + url.lastPathComponent + ".\(getpid()).\(serial).replica-tmp")
         guard FileManager.default.createFile(atPath: temporary.path, contents: nil) else {
             throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: temporary.path])
         }
@@ -205,6 +208,9 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
             throw error
         }
     }
+
+    /// Numbers the temporary files of ``write(to:)`` in this process.
+    private static let temporaryFileSerial = Atomic<UInt64>(0)
 
     // MARK: AttributeValue
 
