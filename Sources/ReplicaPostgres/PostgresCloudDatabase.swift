@@ -145,7 +145,8 @@ public final class PostgresCloudDatabase: CloudDatabase, CustomStringConvertible
             tags.append(record.changeTag)
             alive.append(record.isAlive)
             // The assets it references, which the zone must hold complete (the server cannot read the body's fields).
-            assets.append(record.assetReferences.filter { $0 != Self.emptyAsset }.map { "\($0.hash):\($0.size)" }.joined(separator: ","))
+            let references = writer.lastRecordMayReferenceAssets ? record.assetReferences : []
+            assets.append(references.isEmpty ? "" : references.filter { $0 != Self.emptyAsset }.map { "\($0.hash):\($0.size)" }.joined(separator: ","))
         }
         var header: [UInt8] = []
         PGParameter.arrayHeader(count: ids.count, hasNull: false, element: .bytea, into: &header)

@@ -178,6 +178,8 @@ final class PGConnection: @unchecked Sendable {
     /// - Throws: ``PGFailure``: `server` with the SQLSTATE, or `connectionLost` when the connection broke.
     func query(_ sql: String, _ parameters: [PGParameter], prepare: Bool) throws(PGFailure) -> PGRows {
         var buffer: [UInt8] = []
+        // Room for every value at once (a batch's bodies are tens of kilobytes), instead of growing by doubling.
+        buffer.reserveCapacity(parameters.reduce(1) { $0 + $1.encodedSize })
         var ranges: [Range<Int>?] = []
         for parameter in parameters {
             let start = buffer.count

@@ -40,6 +40,22 @@ enum PGParameter {
         }
     }
 
+    /// The size of the binary form in bytes (0 for NULL). O(elements) for arrays.
+    var encodedSize: Int {
+        switch self {
+        case .null: return 0
+        case .int8, .float8: return 8
+        case .int4: return 4
+        case let .text(value): return value.utf8.count
+        case let .bytea(value): return value.count
+        case let .textArray(values): return 20 + values.reduce(0) { $0 + 4 + ($1?.utf8.count ?? 0) }
+        case let .uuidArray(values): return 20 + 20 * values.count
+        case let .boolArray(values): return 20 + 5 * values.count
+        case let .byteaArray(values): return 20 + values.reduce(0) { $0 + 4 + $1.count }
+        case let .encoded(_, bytes): return bytes.count
+        }
+    }
+
     /// Appends the binary form to `buffer`; returns `false` for NULL (nothing appended).
     func encode(into buffer: inout [UInt8]) -> Bool {
         switch self {

@@ -65,6 +65,28 @@ struct CloudRecordBodyTests {
         }
     }
 
+    @Test("the writer notes each record with a text field that may be an asset reference (a cloud reads only those records' fields again for assets), and only text counts")
+    func writerNotesPossibleAssetReferences() throws {
+        var writer = CloudRecordBody.Writer()
+        var bytes: [UInt8] = []
+        let asset = CloudAssetReference(of: Data([1, 2, 3]))
+        let cases: [(SQLiteValue, Bool)] = [
+            (.text(asset.fieldValue), true), (.text(SealedAssetReference(keyVersion: 2, sealed: asset).fieldValue), true),
+            (.text("replica-asset: not a reference"), true), (.text("replica-asset"), false), (.text(" replica-asset:sha256:"), false),
+            (.blob(Data(asset.fieldValue.utf8)), false), (.integer(7), false),
+        ]
+        for (value, noted) in cases {
+            var record = Self.small
+            record.fields["c"] = CloudField(value: value, stamp: Self.stamp)
+            try writer.append(record, to: &bytes)
+            #expect(writer.lastRecordMayReferenceAssets == noted, "\(value)")
+            // Never missed: a record with references is always noted.
+            #expect(record.assetReferences.isEmpty || writer.lastRecordMayReferenceAssets)
+        }
+        try writer.append(Self.small, to: &bytes)
+        #expect(!writer.lastRecordMayReferenceAssets, "the note is the last record's, not sticky")
+    }
+
     @Test("every value kind and edge survives exactly: Int64 and real extremes, NaN's bits, -0, empty and non-ASCII text, NUL, empty and long blobs, empty names, encrypted flags")
     func edgeValues() throws {
         let values: [SQLiteValue] = [.null, .integer(.min), .integer(.max), .integer(0), .real(-0.0), .real(.nan), .real(.infinity),

@@ -111,6 +111,11 @@ public enum CloudRecordBody {
         private var stamps: [FieldStamp] = []
         private var stampIndices: [Int] = []
 
+        /// Whether the record written last has a text field whose bytes start with `replica-asset:`, the start of
+        /// every asset reference's text form: when `false`, its ``CloudRecord/assetReferences`` is empty, and a cloud
+        /// need not walk its fields again to find them (when `true`, it may still be empty: the text may not parse).
+        public private(set) var lastRecordMayReferenceAssets = false
+
         public init() {}
 
         /// Appends the binary body of `record` to `buffer`.
@@ -156,6 +161,8 @@ public enum CloudRecordBody {
             }
             let start = buffer.count
             buffer.append(contentsOf: repeatElement(0, count: size))
+            var mayReferenceAssets = false
+            defer { lastRecordMayReferenceAssets = mayReferenceAssets }
             buffer.withUnsafeMutableBytes { whole in
                 var out = Output(base: whole.baseAddress! + start)
                 out.byte(CloudRecordBody.marker)
@@ -200,7 +207,7 @@ public enum CloudRecordBody {
                         case let .text(text):
                             out.byte(3 | encrypted)
                             out.varint(stampIndex)
-                            out.string(text)
+                            if out.string(text) { mayReferenceAssets = true }
                         case let .blob(data):
                             out.byte(4 | encrypted)
                             out.varint(stampIndex)
@@ -520,6 +527,9 @@ private func stringSize(_ text: String) -> Int {
     return varintSize(count) + count
 }
 
+/// The bytes every asset reference's text form starts with (``CloudAssetReference/fieldValue``).
+private let assetPrefix: [UInt8] = Array("replica-asset:".utf8)
+
 /// Writes into memory the caller sized exactly.
 private struct Output {
     var base: UnsafeMutableRawPointer
@@ -558,12 +568,15 @@ private struct Output {
         uuid(stamp.clock.replica)
     }
 
-    mutating func string(_ text: String) {
+    /// Writes `text` (its byte count, then its UTF-8) and returns whether its bytes start with `replica-asset:`.
+    @discardableResult
+    mutating func string(_ text: String) -> Bool {
         var text = text
-        text.withUTF8 { utf8 in
+        return text.withUTF8 { utf8 in
             varint(utf8.count)
             if !utf8.isEmpty { base.copyMemory(from: utf8.baseAddress!, byteCount: utf8.count) }
             base += utf8.count
+            return utf8.count >= assetPrefix.count && assetPrefix.withUnsafeBytes { memcmp(utf8.baseAddress!, $0.baseAddress!, $0.count) == 0 }
         }
     }
 
