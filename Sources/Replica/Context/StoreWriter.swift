@@ -407,7 +407,8 @@ struct StoreWriter {
     /// (uniqueness, upserts): an external-storage value of a store file is the reference to its file (bytes are hashed,
     /// no file is written); anything else is itself.
     func comparableStoredValue(_ value: SQLiteValue, field: Int, entity entityName: String) -> SQLiteValue {
-        guard let index = store.entityIndex[entityName], store.externalFields[index].contains(field) else { return value }
+        guard !store.comparesExternalValuesAsBytes, let index = store.entityIndex[entityName],
+              store.externalFields[index].contains(field) else { return value }
         switch value {
         case let .blob(data): return .text(AssetStore.reference(for: data))
         case let .text(text): return FileHandleForm(text: text).map { .text($0.reference) } ?? value

@@ -110,4 +110,8 @@ public enum Canary: String, CaseIterable, Sendable, Hashable, Codable {
     /// the zone's keys (E5, E6; the bug of `encrypted-zone-reset-left-undecryptable`, hunted by
     /// `encrypted-zone-reset`): no device can read the record, and it never syncs again.
     case staleKeySetWritesHeld = "stale-key-set-writes-held"
+    /// The uniqueness check and the upsert of a save compare an external-storage value's bytes with the rows, which
+    /// hold the reference to its file: an insert of a unique external value another record holds is neither an
+    /// upsert nor refused, and two records hold it (the bug fixed in 60bf88d, found by a person, not a seed).
+    case uniqueExternalComparedAsBytes = "unique-external-compared-as-bytes"
 }

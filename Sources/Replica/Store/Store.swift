@@ -32,6 +32,8 @@ final class Store: Sendable {
     let statements: [EntityStatements]
     /// The outbox query of this store's entities (``SyncLedger/outboxSQL(entities:)``).
     let outboxSQL: StatementKey
+    /// Canary ``Canary/uniqueExternalComparedAsBytes``: saves compare external-storage values with rows as bytes.
+    let comparesExternalValuesAsBytes: Bool
     /// What the store was made from (shared by every store with these entities): its template and the connections
     /// of in-memory stores that went away, for the next one.
     private let layout: StoreLayout
@@ -93,6 +95,7 @@ final class Store: Sendable {
         self.layout = layout
         self.statements = layout.statements
         self.outboxSQL = environment.canaries.contains(.unknownEntityRefused) ? SyncLedger.outboxSQL(entities: nil) : layout.outboxSQL
+        comparesExternalValuesAsBytes = environment.canaries.contains(.uniqueExternalComparedAsBytes)
         let name = configuration.name
         func loadIssue(_ reason: String) -> ReplicaError { .loadIssueModelContainer(configuration: name, reason: reason) }
 

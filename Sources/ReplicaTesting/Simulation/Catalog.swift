@@ -105,6 +105,7 @@ public enum CanaryCatalog {
         ("waiting-value-wins-tie", "sealed-files", "joining a fetched version with one waiting for its asset lets the waiting value win a tie, whose sealed bytes a zone reset took"),
         ("synced-stage-in-place", "synced-stage-refused", "a custom stage that changes a synced attribute in place is not refused, so every device applies it again to values others migrated"),
         ("stale-key-set-writes-held", "encrypted-zone-reset", "a write sealed under the key set a zone reset replaced is held as undecryptable even by the device that holds it, so no device ever reads the record"),
+        ("unique-external-compared-as-bytes", "files-unique-content", "a save compares an external-storage value's bytes with rows that hold its file's reference, so an insert of unique content another record holds is neither an upsert nor refused"),
     ]
 
     /// Every canary the library has, in the library's order.

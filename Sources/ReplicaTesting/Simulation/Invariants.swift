@@ -538,6 +538,17 @@ extension SimulationRun {
 
     // MARK: Unique keys
 
+    /// A unique key's part as text that tells every two values apart (unlike ``show(_:encrypted:)``, which shortens
+    /// text and shows only a blob's size: every 512-byte external value was one key): text whole, a blob by its size
+    /// and SHA-256.
+    private func uniqueKeyText(_ value: SQLiteValue) -> String {
+        switch value {
+        case let .text(text): return JSONLine.quote(text)
+        case let .blob(bytes) where uuid(from: bytes) == nil: return "blob(\(bytes.count) bytes, sha256 \(CloudAssetReference(of: bytes).hash))"
+        default: return show(value, encrypted: false)
+        }
+    }
+
     private func checkUniqueKeys(_ views: [String: StoreView]) throws {
         for store in scenario.stores {
             for entityName in store.entities {
@@ -550,7 +561,7 @@ extension SimulationRun {
                         for (id, row) in view.rows[entityName] ?? [:] {
                             let key = indices.map { row[$0] }
                             if key.contains(where: \.isNull) { continue }
-                            holders[key.map { show($0, encrypted: false) }.joined(separator: "+"), default: []].append(alias(id))
+                            holders[key.map(uniqueKeyText).joined(separator: "+"), default: []].append(alias(id))
                         }
                         for key in holders.keys { holders[key]!.sort() }
                         let duplicated = holders.filter { $0.value.count > 1 }.sorted { $0.key < $1.key }

@@ -96,10 +96,14 @@ final class ReferenceModel {
 extension SQLiteValue {
     /// Whether the value identifies one write (every written text, blob and number is unique per run; booleans, null
     /// and the shared keys of unique-key collisions are not).
+    /// What the shared keys of unique-key collisions hold: text ends with it, a blob holds it in its first bytes.
+    static let collisionMark = Data("@collide.example".utf8)
+
     var isIdentifying: Bool {
         switch self {
         case let .text(text): return !text.hasSuffix("@collide.example")
-        case .blob, .real: return true
+        case let .blob(bytes): return bytes.range(of: Self.collisionMark, in: 0..<min(bytes.count, 64)) == nil
+        case .real: return true
         case let .integer(value): return value > 1 || value < 0
         case .null: return false
         }

@@ -472,10 +472,13 @@ extension SimulationRun {
         case .bool:
             return .integer(Int64(n % 2))
         case .data:
-            let unit = Array("blob-\(n);".utf8)
+            // A unique key of a colliding insert: one of a small shared pool of values (external ones 512 bytes, so
+            // they are stored in files and compared by reference), marked as a shared key as text keys are.
+            let unit = attribute.isUnique && collide ? Array("\(store.name)-key\(try dice.below(scenario.workload.uniqueKeys))@collide.example;".utf8)
+                : Array("blob-\(n);".utf8)
             guard attribute.options.contains(.externalStorage) else { return .blob(Data((0..<24).map { unit[$0 % unit.count] })) }
             let percent = scenario.workload.largeAssetPercent
-            if percent > 0, try dice.chance(Double(percent) / 100) {
+            if percent > 0, !(attribute.isUnique && collide), try dice.chance(Double(percent) / 100) {
                 let sizes = Scenario.Workload.largeAssetSizes
                 return .blob(Self.repeated(unit, count: sizes[try dice.below(sizes.count)]))
             }
