@@ -524,7 +524,7 @@ final class AssetReader: ExternalValueReader {
             }
             let form = FileHandleForm(hash: hash, size: size, storeName: reader.assets.storeName,
                                       path: reader.assets.path(ofHash: hash)).text
-            sqlite3_result_text(context, form, -1, SQLFunctions.sqliteTransient)
+            sqlite3_result_text(context, form, -1, Connection.sqliteTransient)
         }, nil, nil, { pointer in
             if let pointer { Unmanaged<AssetReader>.fromOpaque(pointer).release() }
         })
