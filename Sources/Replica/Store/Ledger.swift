@@ -146,7 +146,7 @@ enum SyncLedger {
         var storedReason: String? = nil
         /// The bookkeeping columns of the row that could not be read, in column order (empty: all read). Their values
         /// in this state are placeholders until ``rebuildCorrupt(_:entity:store:db:)`` rebuilds them
-        /// (`CorruptBookkeeping.swift`).
+        /// (`LedgerRepair.swift`).
         var corruptColumns: [String] = []
 
         /// The first unreadable column of the row as read, or — for a row already marked `corrupt` (rebuilt, waiting
