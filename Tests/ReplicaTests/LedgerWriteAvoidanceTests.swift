@@ -148,16 +148,16 @@ struct LedgerWriteAvoidanceTests {
         let db = try Connection(location: .memory(name: "replica-largest-id-\(UUID().uuidString)"))
         try db.execute("CREATE TABLE t (id)")
         let key = StatementKey("SELECT max(id) FROM t")
-        #expect(try SyncLedger.MergeBatch.largestID(key, db) == nil)
+        #expect(try SyncLedger.largestID(key, db) == nil)
         try db.run("INSERT INTO t VALUES (42), ('text')")
-        #expect(try SyncLedger.MergeBatch.largestID(key, db) == nil)
+        #expect(try SyncLedger.largestID(key, db) == nil)
         let id = UUID(uuidString: "01234567-89AB-7CDE-8F01-23456789ABCD")!
         try db.run("INSERT INTO t VALUES (?)", [id.sqliteValue])
-        #expect(try SyncLedger.MergeBatch.largestID(key, db) == id)
+        #expect(try SyncLedger.largestID(key, db) == id)
         try db.run("INSERT INTO t VALUES (x'FF01')")
-        #expect(try SyncLedger.MergeBatch.largestID(key, db) == UUID(uuidString: "FF010000-0000-0000-0000-000000000000"))
+        #expect(try SyncLedger.largestID(key, db) == UUID(uuidString: "FF010000-0000-0000-0000-000000000000"))
         try db.run("INSERT INTO t VALUES (x'FF0200000000000000000000000000000000AA')")
-        #expect(try SyncLedger.MergeBatch.largestID(key, db) == UUID(uuidString: "FF020000-0000-0000-0000-000000000000"))
+        #expect(try SyncLedger.largestID(key, db) == UUID(uuidString: "FF020000-0000-0000-0000-000000000000"))
     }
 
     @Test("one save that re-inserts a deleted ID beside new records starts a new incarnation (the ledger bound of the save is shared)")

@@ -109,7 +109,7 @@ extension ModelContext {
                 }
                 return try HistoryLog.fetch(descriptor, storeName: store.configuration.name, identity: store.identity, db: db)
             }
-            result += transactions.map { (index, $0.describingTombstones(with: store.entities, assets: store.assets)) }
+            result += transactions.map { (index, $0.describingTombstones(with: store.entities, assets: store.assets?.read)) }
         }
         guard indices.count > 1 else { return result.map(\.transaction) }
         result.sort { a, b in

@@ -490,7 +490,7 @@ final class QueryEngine: QuerySources, ModelLoading {
         } catch let error as SQLiteError where error.message.contains(SQLFunctions.unwrapFailureMessage) {
             throw PredicateError.forceUnwrapFailure
         } catch let error as SQLiteError where error.message.contains(AssetReader.failureMessage) {
-            guard let failure = db.assetReader?.lastError else { throw error }
+            guard let failure = (db.assetReader as? AssetReader)?.lastError else { throw error }
             throw ReplicaError.externalStorage(failure)
         }
         if !batch.isEmpty { _ = try handle(&batch) }

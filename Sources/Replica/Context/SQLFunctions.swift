@@ -33,7 +33,7 @@ enum SQLFunctions {
                 bytes[i] = high << 4 | low
             }
             bytes.withUnsafeBytes { buffer in
-                sqlite3_result_blob(context, buffer.baseAddress, Int32(buffer.count), SQLFunctions.sqliteTransient)
+                sqlite3_result_blob(context, buffer.baseAddress, Int32(buffer.count), Connection.sqliteTransient)
             }
         }
 
@@ -46,9 +46,9 @@ enum SQLFunctions {
             utf8.withUTF8 { buffer in
                 buffer.withMemoryRebound(to: CChar.self) { chars in
                     if let base = chars.baseAddress {
-                        sqlite3_result_text(context, base, Int32(chars.count), SQLFunctions.sqliteTransient)
+                        sqlite3_result_text(context, base, Int32(chars.count), Connection.sqliteTransient)
                     } else {
-                        sqlite3_result_text(context, "", 0, SQLFunctions.sqliteTransient)
+                        sqlite3_result_text(context, "", 0, Connection.sqliteTransient)
                     }
                 }
             }
@@ -62,9 +62,6 @@ enum SQLFunctions {
             sqlite3_result_value(context, argument)
         }
     }
-
-    /// `SQLITE_TRANSIENT` (a C macro Swift cannot import): SQLite copies the result before the call returns.
-    nonisolated(unsafe) static let sqliteTransient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self)
 }
 
 /// Text folding shared by SQL and Swift evaluation, so that both agree exactly.

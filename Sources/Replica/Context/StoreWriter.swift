@@ -195,9 +195,9 @@ struct StoreWriter {
     /// ID sorts after every ID there, through prepared statements with the ID bound from the statement's own buffer
     /// (no `Data`, no hashing of SQL text).
     private mutating func idBelongsToAnotherEntity(_ snapshot: Snapshot) throws -> Bool {
-        if ledgerBound == nil { ledgerBound = .some(try SyncLedger.MergeBatch.largestID(SyncLedger.MergeBatch.ledgerLargestIDSQL, db)) }
+        if ledgerBound == nil { ledgerBound = .some(try SyncLedger.largestID(SyncLedger.ledgerLargestIDSQL, db)) }
         if !(ledgerBound!.map { $0.bytesPrecede(snapshot.id) } ?? true) {
-            let ledger = try db.cachedStatement(Self.ledgerEntity)
+            let ledger = try db.cachedStatement(SyncLedger.entityOfRecordSQL)
             defer { ledger.reset() }
             if try ledger.withBound(id: snapshot.id, [], { try ledger.step() }),
                case let .text(owner) = ledger.value(0), owner != snapshot.entityName {
@@ -211,9 +211,6 @@ struct StoreWriter {
         }
         return false
     }
-
-    /// The entity of a ledger record, by ID (also read when a remote record is checked, see `SyncLedger`).
-    static let ledgerEntity = StatementKey("SELECT entity FROM replica_sync_record WHERE id = ?")
 
     /// Writes the fields of `snapshot` whose stored value differs. Returns whether anything was written.
     /// - Throws: ``ReplicaError/recordNotFound(_:)`` when the record does not exist.

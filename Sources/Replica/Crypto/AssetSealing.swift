@@ -1,41 +1,6 @@
 import CSodium
 import Foundation
 
-/// The reference a record field holds for a sealed asset — the value of an attribute marked both
-/// ``Schema/Attribute/Options/externalStorage`` and ``Schema/Attribute/Options/allowsCloudEncryption``:
-/// `replica-asset:sealed:<key version>:<hash>:<size>`, where the hash (SHA-256) and size are those of the **sealed**
-/// bytes, so the cloud never holds the plaintext or a hash of it. The field keeps ``CloudField/isEncrypted``.
-public struct SealedAssetReference: Hashable, Sendable, CustomStringConvertible {
-    /// The zone key version the asset was sealed with.
-    public let keyVersion: UInt32
-    /// The sealed bytes as the cloud stores them (their hash and size).
-    public let sealed: CloudAssetReference
-
-    static let prefix = "replica-asset:sealed:"
-
-    /// - Parameters:
-    ///   - keyVersion: the zone key version it was sealed with.
-    ///   - sealed: the sealed bytes' hash and size.
-    public init(keyVersion: UInt32, sealed: CloudAssetReference) {
-        self.keyVersion = keyVersion
-        self.sealed = sealed
-    }
-
-    /// The reference in `text`, or `nil` when `text` is not one.
-    public init?(fieldValue text: String) {
-        guard text.hasPrefix(Self.prefix) else { return nil }
-        let parts = text.dropFirst(Self.prefix.count).split(separator: ":", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0].count <= 10, parts[0].allSatisfy(\.isASCII), let version = UInt32(parts[0]),
-              let sealed = CloudAssetReference(fieldValue: CloudAssetReference.fieldPrefix + parts[1] + ":" + parts[2]) else { return nil }
-        self.init(keyVersion: version, sealed: sealed)
-    }
-
-    /// The text a record field holds.
-    public var fieldValue: String { Self.prefix + String(keyVersion) + ":" + sealed.hash + ":" + String(sealed.size) }
-
-    public var description: String { "sealed \(sealed) (key version \(keyVersion))" }
-}
-
 /// How a sealed asset is laid out and keyed (`Specs/external-storage.md`, "Sealed assets"). Internal.
 ///
 /// The plaintext is sealed with libsodium's `crypto_secretstream_xchacha20poly1305` as a sequence of messages that

@@ -55,15 +55,16 @@ extension HistoryTombstone: CustomStringConvertible {
 
 extension HistoryChange {
     /// This change, its tombstone described with the attribute types of `entities` (the store's).
-    /// With `assets` (a store that keeps external-storage values in files), preserved values that reference a file
-    /// read as its bytes; a file that cannot be read leaves the reference (TEXT `replica-asset:sha256:…`).
-    func describingTombstone(with entities: [Schema.Entity], assets: AssetStore? = nil) -> HistoryChange {
+    /// With `assets` (the reader of a store that keeps external-storage values in files: a reference's bytes, e.g.
+    /// `AssetStore.read`), preserved values that reference a file read as its bytes; a file that cannot be read
+    /// leaves the reference (TEXT `replica-asset:sha256:…`).
+    func describingTombstone(with entities: [Schema.Entity], assets: ((String) throws -> Data)? = nil) -> HistoryChange {
         guard case .delete(let id, var tombstone) = self, !tombstone.values.isEmpty,
               let entity = entities.first(where: { $0.name == id.entityName }) else { return self }
         if let assets {
             var values = tombstone.values
             for attribute in entity.attributes where attribute.options.contains(.externalStorage) {
-                if case let .text(reference)? = values[attribute.name], let data = try? assets.read(reference) {
+                if case let .text(reference)? = values[attribute.name], let data = try? assets(reference) {
                     values[attribute.name] = .blob(data)
                 }
             }
@@ -84,14 +85,14 @@ extension [HistoryChange] {
 
     /// The changes, tombstones described with the attribute types of `entities`; unchanged (no copy) without
     /// preserved values. Complexity: O(changes).
-    func describingTombstones(with entities: [Schema.Entity], assets: AssetStore? = nil) -> [HistoryChange] {
+    func describingTombstones(with entities: [Schema.Entity], assets: ((String) throws -> Data)? = nil) -> [HistoryChange] {
         hasTombstoneValues ? map { $0.describingTombstone(with: entities, assets: assets) } : self
     }
 }
 
 extension HistoryTransaction {
     /// This transaction, its tombstones described with the attribute types of `entities` (the store's).
-    func describingTombstones(with entities: [Schema.Entity], assets: AssetStore? = nil) -> HistoryTransaction {
+    func describingTombstones(with entities: [Schema.Entity], assets: ((String) throws -> Data)? = nil) -> HistoryTransaction {
         guard changes.hasTombstoneValues else { return self }
         return HistoryTransaction(token: token, storeName: storeName, author: author, timestamp: timestamp,
                                   bundleIdentifier: bundleIdentifier, processName: processName, processID: processID,

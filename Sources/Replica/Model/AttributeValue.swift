@@ -114,7 +114,7 @@ extension Data: AttributeValue {
     public init(sqliteValue: SQLiteValue) throws(ValueConversionError) {
         guard case let .blob(v) = sqliteValue else {
             var error = ValueConversionError(expected: "Data", found: sqliteValue)
-            if case let .text(text) = sqliteValue, AssetStore.parse(text) != nil {
+            if case let .text(text) = sqliteValue, AssetReference.parse(text) != nil {
                 error.cause = "the column holds a reference to an external-storage file (the schema that wrote it marks the attribute .externalStorage): declare the attribute .externalStorage too, as the app's schema does"
             }
             throw error

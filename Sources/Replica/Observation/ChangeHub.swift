@@ -231,7 +231,7 @@ final class ChangeHub: Sendable {
                 let change = StoreChange(storeName: stores[store].configuration.name, origin: origin,
                                          token: HistoryToken(storeIdentity: stores[store].identity, value: token), author: author,
                                          timestamp: environment.now(), processIdentity: environment.processIdentity,
-                                         changes: Self.historyChanges(changes).describingTombstones(with: stores[store].entities, assets: stores[store].assets))
+                                         changes: Self.historyChanges(changes).describingTombstones(with: stores[store].entities, assets: stores[store].assets?.read))
                 deliver(change, store: store, state)
                 return
             }
@@ -245,7 +245,7 @@ final class ChangeHub: Sendable {
             guard state.stores[store].subscribers > 0 else { return }
             let change = StoreChange(storeName: stores[store].configuration.name, origin: .localSave, token: nil, author: author,
                                      timestamp: environment.now(), processIdentity: environment.processIdentity,
-                                     changes: Self.historyChanges(changes).describingTombstones(with: stores[store].entities, assets: stores[store].assets))
+                                     changes: Self.historyChanges(changes).describingTombstones(with: stores[store].entities, assets: stores[store].assets?.read))
             deliver(change, store: store, state)
         }
     }
@@ -377,7 +377,7 @@ final class ChangeHub: Sendable {
     static func transactions(of store: Store, after: Int64, db: Connection) throws -> (transactions: [HistoryTransaction], gap: DroppedChanges?) {
         let (read, contiguous) = try HistoryLog.transactions(after: after, storeName: store.configuration.name,
                                                              identity: store.identity, db: db)
-        let transactions = read.map { $0.describingTombstones(with: store.entities, assets: store.assets) }
+        let transactions = read.map { $0.describingTombstones(with: store.entities, assets: store.assets?.read) }
         guard !contiguous || transactions.isEmpty else { return (transactions, nil) }
         let pruned = try HistoryLog.prunedThrough(db)
         guard pruned > after else { return (transactions, nil) }

@@ -26,6 +26,10 @@ extension Connection {
         let code = sqlite3_create_function_v2(handle, name, arguments, SQLITE_UTF8 | SQLITE_DETERMINISTIC, nil, body, nil, nil, nil)
         if code != SQLITE_OK { throw SQLiteError(code: code, connection: handle) }
     }
+
+    /// `SQLITE_TRANSIENT` (a C macro Swift cannot import): SQLite copies a SQL function's result (or a
+    /// bound value) before the call returns.
+    nonisolated(unsafe) static let sqliteTransient = unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self)
 }
 
 extension SQLiteError {

@@ -35,6 +35,11 @@ final class LiveStatementCount: Sendable {
     func decrement() { count.subtract(1, ordering: .releasing) }
 }
 
+/// The reader of externally stored values that a SQL function registered on a connection reads through (Store's
+/// `AssetReader`, the reader of `replica_asset`). The connection only keeps it, as ``Connection/assetReader``: the
+/// function's reader then lives as long as the connection, and a query that fails in it asks it what failed. Internal.
+protocol ExternalValueReader: AnyObject {}
+
 /// One SQLite database connection. Internal.
 ///
 /// A connection is a non-`Sendable` class: Swift 6's isolation checking confines it to the executor that created it
@@ -78,8 +83,8 @@ final class Connection {
     /// its owner: registering them again on a reused connection would replace them, which expires every prepared
     /// statement of the connection (each would be prepared again at its next use).
     var hasSQLFunctions = false
-    /// The reader of `replica_asset` (see ``AssetReader``), once registered for the store this connection serves.
-    var assetReader: AssetReader?
+    /// The reader of `replica_asset` (Store's `AssetReader`), once registered for the store this connection serves.
+    var assetReader: (any ExternalValueReader)?
     /// Nesting depth of `transaction` calls; inner calls use savepoints.
     private var transactionDepth = 0
 

@@ -234,7 +234,7 @@ public struct ExternalData: AttributeValue, Hashable, Codable, CustomStringConve
         case let .text(text):
             guard let file = FileHandleForm(text: text) else {
                 var error = ValueConversionError(expected: "ExternalData", found: sqliteValue)
-                if AssetStore.parse(text) != nil {
+                if AssetReference.parse(text) != nil {
                     error.cause = "a reference to an external-storage file read outside a fetch (only a fetch knows the store's asset directory)"
                 }
                 throw error
@@ -349,7 +349,7 @@ struct FileHandleForm: Sendable, Hashable {
             rest = rest[rest.index(after: colon)...]
             return value
         }
-        guard let hash = field(), AssetStore.isHexDigest(hash),
+        guard let hash = field(), AssetReference.isHexDigest(hash),
               let sizeText = field(), sizeText.utf8.count <= 18, sizeText.utf8.allSatisfy({ (48...57).contains($0) }),
               let size = Int(sizeText),
               let lengthText = field(), lengthText.utf8.count <= 9, lengthText.utf8.allSatisfy({ (48...57).contains($0) }),
@@ -366,7 +366,7 @@ struct FileHandleForm: Sendable, Hashable {
     }
 
     /// The reference a store's row holds for these bytes.
-    var reference: String { AssetStore.prefix + hash + ":" + String(size) }
+    var reference: String { AssetReference.prefix + hash + ":" + String(size) }
 
     var asset: CloudAssetReference { CloudAssetReference(hash: hash, size: Int64(size))! }
 }

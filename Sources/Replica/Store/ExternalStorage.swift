@@ -76,8 +76,6 @@ final class AssetStore: Sendable {
     /// parameter so that a future canary can bring back the old size-only check once the simulator has asset faults).
     let verifiesReuse: Bool
 
-    static let prefix = "replica-asset:sha256:"
-
     /// The asset directory of the store file at `url`: `<url>-assets/`, or, for the copy a migration stage works on
     /// (`migrationCopy`: `<store file>.migrating`), the store's own, which the copy never collects. A store whose file
     /// name merely ends in `.migrating` has a directory of its own (before, the suffix alone decided, and such a store
@@ -95,22 +93,7 @@ final class AssetStore: Sendable {
 
     /// The reference to `data`'s file: its hash and size.
     static func reference(for data: Data) -> String {
-        prefix + hexDigest(data) + ":" + String(data.count)
-    }
-
-    /// The hash and size a reference names, or `nil` when it is not a reference.
-    static func parse(_ reference: String) -> (hash: String, size: Int)? {
-        guard reference.hasPrefix(prefix) else { return nil }
-        let rest = reference.utf8.dropFirst(prefix.utf8.count)
-        guard rest.count > 65, let colon = rest.firstIndex(of: UInt8(ascii: ":")),
-              rest.distance(from: rest.startIndex, to: colon) == 64 else { return nil }
-        let hash = String(decoding: rest[rest.startIndex..<colon], as: UTF8.self)
-        guard isHexDigest(hash), let size = Int(String(decoding: rest[rest.index(after: colon)...], as: UTF8.self)), size >= 0 else { return nil }
-        return (hash, size)
-    }
-
-    static func isHexDigest(_ name: String) -> Bool {
-        name.utf8.count == 64 && name.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
+        AssetReference.prefix + hexDigest(data) + ":" + String(data.count)
     }
 
     static func hexDigest(_ data: Data) -> String { CloudAssetReference.sha256Hex(data) }
@@ -129,7 +112,7 @@ final class AssetStore: Sendable {
     /// - Returns: whether a file was created.
     @discardableResult
     func write(_ data: Data, reference: String) throws(ExternalStorageError.Problem) -> Bool {
-        guard let (hash, _) = Self.parse(reference) else { throw .malformedReference }
+        guard let (hash, _) = AssetReference.parse(reference) else { throw .malformedReference }
         let final = path(ofHash: hash)
         var info = stat()
         if lstat(final, &info) == 0 {
@@ -354,7 +337,7 @@ final class AssetStore: Sendable {
     /// The bytes of the file `reference` names, checked against its size and hash, in a buffer from `malloc` that
     /// the caller owns (SQLite frees it: see ``AssetReader``). Read in chunks into one buffer of the recorded size.
     func readBuffer(_ reference: String) throws(ExternalStorageError.Problem) -> (UnsafeMutableRawPointer?, Int) {
-        guard let (hash, size) = Self.parse(reference) else { throw .malformedReference }
+        guard let (hash, size) = AssetReference.parse(reference) else { throw .malformedReference }
         let fd = open(path(ofHash: hash), O_RDONLY)
         guard fd >= 0 else {
             throw errno == ENOENT ? .missingFile : .fileOperationFailed(operation: "opening the file", code: errno)
@@ -414,24 +397,24 @@ final class AssetStore: Sendable {
             for case let .text(name) in columns.map({ $0[0] }) {
                 let column = quoted(name)
                 for row in try db.rows("SELECT \(column) FROM \(quoted(table)) WHERE typeof(\(column)) = 'text'", cache: false) {
-                    if case let .text(text) = row[0], let (hash, _) = parse(text) { hashes.insert(hash) }
+                    if case let .text(text) = row[0], let (hash, _) = AssetReference.parse(text) { hashes.insert(hash) }
                 }
             }
         }
         var texts = try db.rows("SELECT tombstone FROM replica_history_change WHERE tombstone LIKE '%' || ? || '%'",
-                                [.text(prefix)], cache: false)
+                                [.text(AssetReference.prefix)], cache: false)
         // A synced store's bookkeeping: tombstones the ledger keeps to upload, and versions waiting for their assets
         // (an asset downloaded for a record that still waits for another one stays).
         for (table, column) in [("replica_sync_record", "tombstone"), ("replica_sync_asset_wait", "record"), ("replica_sync_sealed_asset", "plain_ref")]
         where try db.scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [.text(table)]) != nil {
-            texts += try db.rows("SELECT \(column) FROM \(table) WHERE \(column) LIKE '%' || ? || '%'", [.text(prefix)], cache: false)
+            texts += try db.rows("SELECT \(column) FROM \(table) WHERE \(column) LIKE '%' || ? || '%'", [.text(AssetReference.prefix)], cache: false)
         }
         for row in texts {
             guard case let .text(json) = row[0] else { continue }
             var rest = Substring(json)
-            while let range = rest.range(of: prefix) {
+            while let range = rest.range(of: AssetReference.prefix) {
                 let hash = String(rest[range.upperBound...].prefix(64))
-                if isHexDigest(hash) { hashes.insert(hash) }
+                if AssetReference.isHexDigest(hash) { hashes.insert(hash) }
                 rest = rest[range.upperBound...]
             }
         }
@@ -471,7 +454,7 @@ private func posixRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: 
 /// reference (TEXT) becomes the file's bytes (checked against size and hash); a BLOB (a value written before the
 /// store kept files, or an unsaved value of the pending-changes overlay) or NULL passes through. A failure is kept
 /// here, as a typed error, and the function fails with ``failureMessage``, which the query maps back. Internal.
-final class AssetReader {
+final class AssetReader: ExternalValueReader {
     let assets: AssetStore
     /// The error of the last failed call.
     var lastError: ExternalStorageError?
@@ -528,7 +511,7 @@ final class AssetReader {
             let reader = Unmanaged<AssetReader>.fromOpaque(sqlite3_user_data(context)!).takeUnretainedValue()
             let text = String(statementValue: value)
             if text.hasPrefix(FileHandleForm.prefix) { sqlite3_result_value(context, value); return }
-            guard let (hash, size) = AssetStore.parse(text) else {
+            guard let (hash, size) = AssetReference.parse(text) else {
                 func argument(_ index: Int) -> String {
                     guard let argument = arguments[index], sqlite3_value_type(argument) == SQLITE_TEXT else { return "?" }
                     return String(statementValue: argument)
@@ -541,7 +524,7 @@ final class AssetReader {
             }
             let form = FileHandleForm(hash: hash, size: size, storeName: reader.assets.storeName,
                                       path: reader.assets.path(ofHash: hash)).text
-            sqlite3_result_text(context, form, -1, SQLFunctions.sqliteTransient)
+            sqlite3_result_text(context, form, -1, Connection.sqliteTransient)
         }, nil, nil, { pointer in
             if let pointer { Unmanaged<AssetReader>.fromOpaque(pointer).release() }
         })

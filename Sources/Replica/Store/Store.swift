@@ -712,3 +712,10 @@ enum IdempotentSchemaSQL {
 
     private static let parsed = Mutex<[String: [String]?]>([:])
 }
+
+extension Store {
+    /// The entity named `name`, if this store holds it.
+    func entity(named name: String) -> Schema.Entity? { entityIndex[name].map { entities[$0] } }
+    /// The SQL of entity `name`, if this store holds it.
+    func statements(for name: String) -> EntityStatements? { entityIndex[name].map { statements[$0] } }
+}

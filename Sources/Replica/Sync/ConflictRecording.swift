@@ -1,23 +1,9 @@
 import Foundation
 
-/// Which local writes the cloud already holds, and the conflict log entries for the merge decisions in which a local
-/// write it did not hold lost (R16 in `Specs/replication-protocol.md`). Internal; every function runs inside the
-/// caller's write transaction.
-///
-/// A local write is *unsynced* when its stamp is this store's replica's and is newer than the record's upload mark:
-/// the newest stamp of this replica that a version of the record in the cloud is known to carry (an acknowledged
-/// upload, or any fetched version). An upload sends every field's current value, and this replica's clock only moves
-/// forward, so a cloud version carrying this replica's stamp `s` holds every write of this replica to the record up to
-/// `s` (or a newer write of another device to that field).
-enum ConflictRecording {
-    /// The upload mark of each record (absent: none known). A table beside `replica_sync_record`, so old stores open
-    /// unchanged (created by `SyncLedger.createSQL`, which runs on every open of a synced store).
-    static let createSQL = """
-        CREATE TABLE IF NOT EXISTS replica_sync_uploaded (
-            id BLOB PRIMARY KEY NOT NULL,
-            through TEXT NOT NULL);
-        """
+// Upload marks and the conflict log (R16). `ConflictRecording` and its table's DDL (`createSQL`) are declared in
+// Store/Ledger.swift with the ledger's tables.
 
+extension ConflictRecording {
     // Writes only when the mark grows (fixed-width hex orders as the stamps do), so merging a version again writes
     // nothing (LedgerWriteAvoidanceTests).
     private static let noteSQL = StatementKey("""

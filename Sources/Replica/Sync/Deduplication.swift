@@ -152,52 +152,6 @@ extension SyncLedger {
                                 changed.map { entity.fieldNames[$0] }))
     }
 
-    // MARK: Ended incarnations
-
-    /// An earlier incarnation of a record: one that ended as a losing duplicate (its tombstone redirected to `winner`)
-    /// and was re-inserted later, or (`winner` nil, records with unique keys only) one that a plain delete ended. With
-    /// the writes of that incarnation this device knows — local only: the cloud record carries the incarnations and
-    /// winners, and every device hands the writes it holds to the winner.
-    struct EndedIncarnation: Equatable {
-        var incarnation: Int64
-        var winner: UUID?
-        var fields: [String: CloudField]
-
-        var redirect: EndedRedirect? { winner.map { EndedRedirect(incarnation: incarnation, winner: $0) } }
-    }
-
-    /// The ended incarnations of record `id` kept here, in incarnation order.
-    static func endedIncarnations(of id: UUID, _ db: Connection) throws -> [EndedIncarnation] {
-        try db.rows("SELECT incarnation, winner, fields FROM replica_sync_ended_redirect WHERE id = ? ORDER BY incarnation", [id.sqliteValue])
-            .compactMap { row in
-                guard case let .integer(incarnation) = row[0] else { return nil }
-                var fields: [String: CloudField] = [:]
-                if case let .text(json) = row[2] { fields = ReplicaJSON.decode([String: CloudField].self, json) ?? [:] }
-                return EndedIncarnation(incarnation: incarnation, winner: try? UUID(sqliteValue: row[1]), fields: fields)
-            }
-    }
-
-    static func storeEndedIncarnation(id: UUID, entity: String, _ entry: EndedIncarnation, _ db: Connection) throws {
-        try db.run("""
-            INSERT INTO replica_sync_ended_redirect (id, incarnation, entity, winner, fields) VALUES (?, ?, ?, ?, ?)
-            ON CONFLICT (id, incarnation) DO UPDATE SET winner = excluded.winner, fields = excluded.fields
-            """, [id.sqliteValue, .integer(entry.incarnation), .text(entity), entry.winner?.sqliteValue ?? .null,
-                  entry.fields.isEmpty ? .null : .text(try ReplicaJSON.string(entry.fields))])
-    }
-
-    /// Joins into the ended incarnation `incarnation` of record `id` a winner (the smaller ID wins a disagreement)
-    /// and the fields of that incarnation (by stamp).
-    static func noteEndedIncarnation(id: UUID, entity: String, incarnation: Int64, winner: UUID?, fields: [String: CloudField],
-                                     _ db: Connection) throws {
-        var entry = try endedIncarnations(of: id, db).first { $0.incarnation == incarnation }
-            ?? EndedIncarnation(incarnation: incarnation, winner: nil, fields: [:])
-        if let winner, entry.winner.map({ winner.bytesPrecede($0) }) ?? true { entry.winner = winner }
-        for (name, field) in fields where field.stamp.incarnation == incarnation {
-            if entry.fields[name].map({ $0.stamp < field.stamp }) ?? true { entry.fields[name] = field }
-        }
-        try storeEndedIncarnation(id: id, entity: entity, entry, db)
-    }
-
     /// After a batch of merges: winners whose ended incarnations gained writes absorb them (a winner that lost in turn
     /// passes them on to the live record its redirects end at), and so does every winner that just arrived here
     /// while tombstones or ended incarnations already redirected to it.

@@ -450,11 +450,11 @@ extension SyncLedger {
         /// The table's largest ID is read only when the ledger's does not decide it already (a batch of records this
         /// device holds, e.g. its own uploads coming back, reads only the ledger's).
         func isNew(_ id: UUID, entityIndex: Int, store: Store, db: Connection) throws -> Bool {
-            if ledgerMax == nil { ledgerMax = .some(try Self.largestID(Self.ledgerLargestIDSQL, db)) }
+            if ledgerMax == nil { ledgerMax = .some(try SyncLedger.largestID(SyncLedger.ledgerLargestIDSQL, db)) }
             if let bound = ledgerMax!, !bound.bytesPrecede(id) { return false }
             if tableMax.count <= entityIndex { tableMax += [UUID??](repeating: nil, count: entityIndex + 1 - tableMax.count) }
             if tableMax[entityIndex] == nil {
-                tableMax[entityIndex] = .some(try Self.largestID(store.statements[entityIndex].largestIDKey, db))
+                tableMax[entityIndex] = .some(try SyncLedger.largestID(store.statements[entityIndex].largestIDKey, db))
             }
             if let bound = tableMax[entityIndex]!, !bound.bytesPrecede(id) { return false }
             return true
@@ -523,26 +523,6 @@ extension SyncLedger {
             if case let .some(bound) = tableMax[entityIndex], bound.map({ $0.bytesPrecede(id) }) ?? true { tableMax[entityIndex] = .some(id) }
         }
 
-        /// A bound on the IDs `sql` (a `max(id)` query) finds: no 16-byte ID there sorts after it. `nil` when the
-        /// column holds no blob (its largest value is of another storage class, and SQLite orders every blob after
-        /// those). The largest blob itself when it is 16 bytes long; otherwise its first 16 bytes, zero-padded (a
-        /// shorter blob precedes its padding; every 16-byte blob before a longer one is at most its prefix).
-        static let ledgerLargestIDSQL = StatementKey("SELECT max(id) FROM replica_sync_record")
-
-        static func largestID(_ sql: StatementKey, _ db: Connection) throws -> UUID? {
-            let statement = try db.cachedStatement(sql)
-            defer { statement.reset() }
-            guard try statement.step() else { return nil }
-            // The usual case, a record ID, read in place.
-            if let id = statement.uuid(0) { return id }
-            guard sqlite3_column_type(statement.handle, 0) == SQLITE_BLOB else { return nil }
-            let bytes = statement.blob(0)
-            var uuid = UUID.unassigned.uuid
-            withUnsafeMutableBytes(of: &uuid) { raw in
-                for index in 0..<16 { raw[index] = index < bytes.count ? bytes[index] : 0 }
-            }
-            return UUID(uuid: uuid)
-        }
     }
 
     /// The fields of `remote` the entity of `statements` stores, by storage position (`nil`: absent).

@@ -1,9 +1,6 @@
 import Foundation
 
 extension SyncLedger {
-    /// The largest causal length accepted (see ``ReplicationBounds/maxCausalLength``).
-    static var maxCausalLength: Int64 { ReplicationBounds.maxCausalLength }
-
     /// Why `stamp` of `remote` cannot be merged, if it cannot.
     @inline(__always)
     private static func stampProblem(_ stamp: FieldStamp, of remote: CloudRecord, _ site: @autoclosure () -> RecordRejection.StampSite) -> RecordRejection? {
@@ -66,7 +63,7 @@ extension SyncLedger {
             return .malformedLinkSet(field: name)
         }
         guard let entity = store.entity(named: remote.recordType) else { return nil }
-        if case let .text(owner)? = try db.scalar(StoreWriter.ledgerEntity, [remote.recordID.sqliteValue]),
+        if case let .text(owner)? = try db.scalar(SyncLedger.entityOfRecordSQL, [remote.recordID.sqliteValue]),
            owner != entity.name {
             return .idOfAnotherEntity(owner)
         }
@@ -117,7 +114,7 @@ extension SyncLedger {
     static func keepUnreadable(_ entries: [UnreadableCloudRecord], _ db: Connection) throws {
         for entry in entries {
             var type = entry.recordType
-            if type == nil, let id = entry.recordID, case let .text(local)? = try db.scalar(StoreWriter.ledgerEntity, [id.sqliteValue]) {
+            if type == nil, let id = entry.recordID, case let .text(local)? = try db.scalar(SyncLedger.entityOfRecordSQL, [id.sqliteValue]) {
                 type = local
             }
             try db.run("""

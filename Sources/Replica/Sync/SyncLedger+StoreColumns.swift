@@ -141,39 +141,6 @@ extension SyncLedger {
             fields[field.name] = CloudField(value: row[index], stamp: state.stamps[field.name]!, isEncrypted: field.isEncrypted)
         }
     }
-
-    /// For the version that just added columns to a synced store file: every ledger `unknown` entry of a field this
-    /// schema knows — a value an older process merged before the column existed — goes into its column where it is
-    /// newer than the column's stamp (plaintext values this schema can store only; sealed ones wait for the full
-    /// resync the upgrade starts), and leaves `unknown`. Nothing is uploaded: the cloud has these values. Runs inside
-    /// the store's preparing transaction. Complexity: one read of the ledger rows with unknown fields.
-    static func foldUnknownFieldsIntoColumns(entities: [Schema.Entity], statements: [EntityStatements], _ db: Connection) throws {
-        let rows = try db.rows("SELECT id, entity FROM replica_sync_record WHERE unknown IS NOT NULL AND causal_length % 2 = 1 ORDER BY id",
-                               cache: false)
-        for row in rows {
-            guard let id = try? UUID(sqliteValue: row[0]), case let .text(entityName) = row[1],
-                  let entityIndex = entities.firstIndex(where: { $0.name == entityName }), var state = try loadAsStored(id, db), state.corruptColumns.isEmpty else { continue }
-            // (A row whose bookkeeping cannot be read stays as it is: the engine rebuilds and repairs it, R14.)
-            let sql = statements[entityIndex]
-            var changed = false
-            for (name, field) in state.unknown {
-                guard let index = sql.fieldIndex[name], field.stamp.incarnation == state.causalLength else { continue }
-                if let known = state.stamps[name], known >= field.stamp {
-                    state.unknown[name] = nil
-                    changed = true
-                    continue
-                }
-                guard !field.isEncrypted, StoreColumnField(name: name, attribute: sql.attributes[index]).fits(field.value) else { continue }
-                try db.run("UPDATE \(sql.table) SET \(quoted(name)) = ? WHERE \"id\" = ?", [field.value, id.sqliteValue])
-                state.stamps[name] = field.stamp
-                state.unknown[name] = nil
-                changed = true
-            }
-            guard changed else { continue }
-            try db.run("UPDATE replica_sync_record SET stamps = ?, unknown = ? WHERE id = ?",
-                       [.blob(encodeStamps(state.stamps)), state.unknown.isEmpty ? .null : .text(ReplicaJSON.string(state.unknown)), id.sqliteValue])
-        }
-    }
 }
 
 extension SyncLedger.MergeBatch {

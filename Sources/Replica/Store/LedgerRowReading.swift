@@ -2,7 +2,7 @@ import CSQLite
 import Foundation
 
 // Reading a ledger row (`replica_sync_record`) into a `SyncLedger.RecordState`, checking every column: a value that
-// does not decode is reported (`RecordState.corruptColumns`), never read as a default (see CorruptBookkeeping.swift).
+// does not decode is reported (`RecordState.corruptColumns`), never read as a default (see LedgerRepair.swift).
 
 extension SyncLedger {
     /// The columns every read of a ledger row selects, in the order ``readState(_:_:from:stamps:)`` reads them.
