@@ -1,4 +1,3 @@
-import CSQLite
 import Foundation
 
 /// Applies one save's changes to one store inside an open write transaction. Internal.

@@ -1,4 +1,3 @@
-import CSQLite
 import Foundation
 
 /// Merging remote records into the store: field by field under the stamps (R1–R5), tombstones and causal lengths,
