@@ -18,6 +18,7 @@ enum AssetReference {
         return (hash, size)
     }
 
+    /// Whether `name` is 64 lowercase hexadecimal digits (a SHA-256 as hex).
     static func isHexDigest(_ name: String) -> Bool {
         name.utf8.count == 64 && name.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
     }

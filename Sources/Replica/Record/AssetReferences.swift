@@ -29,8 +29,9 @@ public struct CloudAssetReference: Hashable, Sendable, Codable, Comparable, Cust
     /// The largest asset a cloud accepts unless configured otherwise, in bytes: 256 MiB.
     public static let defaultMaximumSize: Int64 = 256 << 20
 
-    /// The prefix of ``fieldValue``.
-    static let fieldPrefix = "replica-asset:sha256:"
+    /// The prefix of ``fieldValue``: the text form of a local row's reference (`AssetReference`, Model/), which a
+    /// cloud asset's reference shares.
+    static let fieldPrefix = AssetReference.prefix
 
     /// A reference; `nil` when `hash` is not 64 lowercase hexadecimal digits or `size` is negative.
     /// - Parameters:
@@ -82,9 +83,7 @@ public struct CloudAssetReference: Hashable, Sendable, Codable, Comparable, Cust
     }
 
     /// Whether `text` is 64 lowercase hexadecimal digits.
-    static func isHexDigest(_ text: String) -> Bool {
-        text.utf8.count == 64 && text.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
-    }
+    static func isHexDigest(_ text: String) -> Bool { AssetReference.isHexDigest(text) }
 
     /// The lowercase hexadecimal SHA-256 of `data` (`SHA256Hasher`).
     static func sha256Hex(_ data: Data) -> String {
