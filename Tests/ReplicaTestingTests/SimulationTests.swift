@@ -304,7 +304,12 @@ struct SimulationRegressionTests {
     /// Traces in Simulations/regressions/ of library bugs that are still open, by the bug part of the file name: replaying
     /// them must still fail (a known issue); when a fix lands the known issue stops reproducing and this list must
     /// shrink.
-    static let open: [String: String] = [:]
+    static let open: [String: String] = [
+        "winner-holds-unmodeled-loser-write": "files-unique-content seed 266 (1 of 300 seeds): the winner of a duplicate of unique "
+            + "external content ends holding a caption write of the tablet, stamped after the laptop's upsert, that the reference "
+            + "model does not find among the winner's or its losers' acknowledged writes; not diagnosed yet (the tablet's re-insert "
+            + "of the phone's record it had never seen, which then lost the duplicate, is the suspect)",
+    ]
 
     static func regressionFiles() -> [String] {
         guard let directory = ScenarioCatalog.directory()?.appendingPathComponent("regressions"),
